@@ -1,0 +1,105 @@
+#pragma once
+// attention(): softmax(scale * Q K^T) V by one of the six variants, on the GPU.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flashvk/context.hpp"
+#include "flashvk/tensor.hpp"
+
+namespace flashvk {
+
+enum class Variant { naive, online, flash1, flash2, flashd, splitkv };
+enum class RopeLayout { none, interleaved, half };
+
+const std::vector<Variant>& all_variants();
+const char* variant_name(Variant variant);
+/// Parses a canonical name ("flash2"); throws Error naming the valid ones otherwise.
+Variant parse_variant(const std::string& name);
+const char* rope_name(RopeLayout layout);
+RopeLayout parse_rope(const std::string& name);
+
+struct RopeParams {
+  RopeLayout layout = RopeLayout::interleaved;
+  double base = 10000.0;
+  int64_t position_offset = 0;  ///< position of the first vector of each sequence
+};
+
+struct AttentionParams {
+  Variant variant = Variant::flash2;
+  std::optional<float> scale;  ///< default 1/sqrt(d)
+  bool causal = false;         ///< bottom-right aligned: query i sees keys j <= i + Nk - Nq
+  uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
+  uint32_t block_rows = 0;     ///< Br, query rows per workgroup; 0 = auto (64)
+  uint32_t block_keys = 0;     ///< Bc, keys per tile; 0 = the most that fit in shared memory
+  RopeLayout rope = RopeLayout::none;  ///< rotate Q and K before attention
+  double rope_base = 10000.0;
+  std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
+  std::vector<uint8_t> key_mask;          ///< optional [B, Nk]; 0 hides key j from batch b
+  bool want_lse = true;
+};
+
+/// The sizes every kernel works with, read from the tensors' shapes.
+struct Dims {
+  uint32_t batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0, dv = 0;
+  std::vector<int64_t> out_shape;  ///< [.., Nq, dv] with the rank of Q
+  std::vector<int64_t> lse_shape;  ///< [.., Nq]
+};
+
+/// Checks that Q [B,H,Nq,d], K [B,Hkv,Nk,d] and V [B,Hkv,Nk,dv] (or rank 2/3 forms) fit
+/// together; throws Error naming the tensor and dimension otherwise.
+Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                  const std::vector<int64_t>& v);
+
+struct AttentionResult {
+  Tensor out;                   ///< float32 [B, H, Nq, dv] (rank of Q)
+  Tensor lse;                   ///< float32 [B, H, Nq], empty unless want_lse
+  double gpu_ms = 0.0;          ///< from timestamp queries; 0 when the device has none
+  uint64_t device_bytes = 0;    ///< bytes this call allocated: outputs and scratch
+};
+
+/// Runs attention on device tensors, submits and waits.
+AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionParams& params = {});
+
+struct HostAttentionResult {
+  HostTensor out;
+  HostTensor lse;
+  double gpu_ms = 0.0;
+  uint64_t device_bytes = 0;
+};
+
+/// Uploads, runs and downloads: the simplest way in.
+HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTensor& k,
+                              const HostTensor& v, const AttentionParams& params = {},
+                              DType dtype = DType::f32);
+
+/// Applies rotary embedding to a [.., N, d] tensor; returns a new tensor of the same dtype.
+Tensor rope(Context& ctx, const Tensor& x, const RopeParams& params);
+
+namespace detail {
+class Plan;
+}
+
+/// Attention recorded into a command buffer the application owns (e.g. its frame's). Holds the
+/// outputs, scratch buffers and descriptor sets, so it must outlive the command buffer's
+/// execution. The caller makes the writes to q, k, v visible before the recorded work; the
+/// recording ends with a barrier that makes out and lse visible to shaders, transfers and host.
+class AttentionRecording {
+ public:
+  AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const AttentionParams& params = {});
+  AttentionRecording(AttentionRecording&&) noexcept;
+  AttentionRecording& operator=(AttentionRecording&&) noexcept;
+  ~AttentionRecording();
+
+  void record(VkCommandBuffer cmd);
+  const Tensor& out() const;
+  const Tensor& lse() const;
+
+ private:
+  std::unique_ptr<detail::Plan> plan_;
+};
+
+}  // namespace flashvk

@@ -1,0 +1,80 @@
+#pragma once
+// Context: the Vulkan instance, device and queue the engine runs on, created by the engine
+// (headless) or borrowed from an application that already has them.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <vulkan/vulkan.h>
+
+namespace flashvk {
+
+namespace detail {
+struct ContextImpl;
+}
+
+/// What the engine needs to know about a device; `flashvk devices` prints it.
+struct DeviceInfo {
+  uint32_t index = 0;
+  std::string name;
+  std::string type;  // "discrete", "integrated", "virtual", "cpu", "other"
+  std::string driver;
+  uint32_t api_version = 0;
+  uint32_t max_shared_memory = 0;          // bytes per workgroup
+  uint32_t max_workgroup_invocations = 0;  // per workgroup
+  uint32_t max_workgroup_count[3] = {0, 0, 0};
+  uint32_t subgroup_size = 0;
+  uint64_t max_storage_buffer_range = 0;  // bytes one storage-buffer binding can see
+  uint64_t max_allocation = 0;            // bytes one allocation may have
+  uint64_t device_local_memory = 0;       // bytes in the largest device-local heap
+  bool fp16_storage = false;              // storageBuffer16BitAccess is supported
+  bool timestamps = false;
+  float timestamp_period_ns = 1.0f;
+};
+
+/// Lists the Vulkan devices the loader finds, in the loader's order (the index used everywhere).
+std::vector<DeviceInfo> list_devices();
+
+struct ContextOptions {
+  int device = -1;          ///< device index; -1 picks the default (first discrete, else first)
+  bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation with synchronization checks
+};
+
+/// Handles of an application's own Vulkan objects. The engine never destroys any of them.
+/// The device must have been created with Vulkan 1.1 or later; `fp16_storage_enabled` says
+/// whether storageBuffer16BitAccess was enabled on it (needed for DType::f16).
+struct ExternalDevice {
+  VkInstance instance = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_device = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;  ///< a queue with compute support
+  uint32_t queue_family = 0;
+  bool fp16_storage_enabled = false;
+};
+
+class Context {
+ public:
+  /// Creates an instance and device of its own (headless, no surface).
+  static Context create(const ContextOptions& options = {});
+  /// Runs on an application's device. Submissions to `queue` are serialised by this context only:
+  /// the application must not use the queue from another thread while the engine submits.
+  static Context adopt(const ExternalDevice& external);
+
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+  ~Context();
+
+  const DeviceInfo& device() const;
+  bool owns_device() const;
+  /// Messages of warning or error severity from the validation layers since the last call.
+  std::vector<std::string> take_validation_messages();
+
+  detail::ContextImpl& impl() const { return *impl_; }
+
+ private:
+  explicit Context(std::unique_ptr<detail::ContextImpl> impl);
+  std::unique_ptr<detail::ContextImpl> impl_;
+};
+
+}  // namespace flashvk

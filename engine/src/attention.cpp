@@ -1,0 +1,164 @@
+#include "flashvk/attention.hpp"
+
+#include <algorithm>
+
+#include "plan.hpp"
+
+namespace flashvk {
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+struct NamedVariant {
+  Variant variant;
+  const char* name;
+};
+constexpr NamedVariant kVariants[] = {
+    {Variant::naive, "naive"},   {Variant::online, "online"}, {Variant::flash1, "flash1"},
+    {Variant::flash2, "flash2"}, {Variant::flashd, "flashd"}, {Variant::splitkv, "splitkv"},
+};
+
+// Reads [N, d], [H, N, d] or [B, H, N, d] as (B, H, N, d).
+std::array<int64_t, 4> as_4d(const std::vector<int64_t>& shape, const char* name) {
+  if (shape.size() < 2 || shape.size() > 4)
+    throw Error(std::string(name) + " must have rank 2 ([N, d]), 3 ([H, N, d]) or 4 " +
+                "([B, H, N, d]); got rank " + std::to_string(shape.size()) + " " +
+                shape_string(shape));
+  std::array<int64_t, 4> dims = {1, 1, 1, 1};
+  std::copy(shape.begin(), shape.end(), dims.begin() + (4 - static_cast<long>(shape.size())));
+  for (int64_t d : dims)
+    if (d < 1)
+      throw Error(std::string(name) + " has an empty dimension: shape " + shape_string(shape));
+  return dims;
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw Error(message);
+}
+
+}  // namespace
+
+const std::vector<Variant>& all_variants() {
+  static const std::vector<Variant> all = {Variant::naive,  Variant::online, Variant::flash1,
+                                           Variant::flash2, Variant::flashd, Variant::splitkv};
+  return all;
+}
+
+const char* variant_name(Variant variant) {
+  for (const auto& v : kVariants)
+    if (v.variant == variant) return v.name;
+  return "unknown";
+}
+
+Variant parse_variant(const std::string& name) {
+  for (const auto& v : kVariants)
+    if (name == v.name) return v.variant;
+  throw Error("unknown variant '" + name +
+              "'; expected one of naive, online, flash1, flash2, flashd, splitkv");
+}
+
+const char* rope_name(RopeLayout layout) {
+  switch (layout) {
+    case RopeLayout::interleaved:
+      return "interleaved";
+    case RopeLayout::half:
+      return "half";
+    default:
+      return "none";
+  }
+}
+
+RopeLayout parse_rope(const std::string& name) {
+  if (name == "none") return RopeLayout::none;
+  if (name == "interleaved") return RopeLayout::interleaved;
+  if (name == "half") return RopeLayout::half;
+  throw Error("unknown rope layout '" + name + "'; expected none, interleaved or half");
+}
+
+Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                  const std::vector<int64_t>& v) {
+  auto qd = as_4d(q, "Q");
+  auto kd = as_4d(k, "K");
+  auto vd = as_4d(v, "V");
+  require(q.size() == k.size() && q.size() == v.size(),
+          "Q, K and V must have the same rank; got Q " + shape_string(q) + ", K " +
+              shape_string(k) + ", V " + shape_string(v));
+  require(qd[0] == kd[0] && kd[0] == vd[0],
+          "batch sizes differ: Q " + shape_string(q) + ", K " + shape_string(k) + ", V " +
+              shape_string(v));
+  require(kd[1] == vd[1], "K and V must have the same number of heads: K " + shape_string(k) +
+                              ", V " + shape_string(v));
+  require(qd[1] % kd[1] == 0, "Q's heads (" + std::to_string(qd[1]) +
+                                  ") must be a multiple of K/V's heads (" +
+                                  std::to_string(kd[1]) + ") for grouped-query attention");
+  require(kd[2] == vd[2], "K and V must have the same number of keys: K " + shape_string(k) +
+                              ", V " + shape_string(v));
+  require(qd[3] == kd[3], "Q and K must have the same head dim: Q " + shape_string(q) + ", K " +
+                              shape_string(k));
+  require(qd[3] <= kMaxHeadDim, "head dim d = " + std::to_string(qd[3]) + " exceeds " +
+                                    std::to_string(kMaxHeadDim));
+  require(vd[3] <= kMaxHeadDim, "V's head dim dv = " + std::to_string(vd[3]) + " exceeds " +
+                                    std::to_string(kMaxHeadDim));
+  const int64_t limit = int64_t(1) << 31;
+  require(qd[0] * qd[1] * qd[2] < limit && kd[0] * kd[1] * kd[2] < limit,
+          "too many rows: B * H * N must stay below 2^31");
+  Dims dims;
+  dims.batch = static_cast<uint32_t>(qd[0]);
+  dims.heads = static_cast<uint32_t>(qd[1]);
+  dims.kv_heads = static_cast<uint32_t>(kd[1]);
+  dims.nq = static_cast<uint32_t>(qd[2]);
+  dims.nk = static_cast<uint32_t>(kd[2]);
+  dims.d = static_cast<uint32_t>(qd[3]);
+  dims.dv = static_cast<uint32_t>(vd[3]);
+  dims.out_shape = q;
+  dims.out_shape.back() = vd[3];
+  dims.lse_shape.assign(q.begin(), q.end() - 1);
+  return dims;
+}
+
+AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionParams& params) {
+  detail::Plan plan(ctx, q, k, v, params);
+  ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
+  AttentionResult result;
+  result.gpu_ms = plan.gpu_ms();
+  result.device_bytes = plan.device_bytes;
+  result.out = std::move(plan.out);
+  result.lse = std::move(plan.lse);
+  return result;
+}
+
+HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTensor& k,
+                              const HostTensor& v, const AttentionParams& params, DType dtype) {
+  check_shapes(q.shape, k.shape, v.shape);  // before any upload
+  Tensor tq = Tensor::upload(ctx, q, dtype);
+  Tensor tk = Tensor::upload(ctx, k, dtype);
+  Tensor tv = Tensor::upload(ctx, v, dtype);
+  AttentionResult r = attention(ctx, tq, tk, tv, params);
+  HostAttentionResult host;
+  host.out = r.out.download();
+  if (!r.lse.empty()) host.lse = r.lse.download();
+  host.gpu_ms = r.gpu_ms;
+  host.device_bytes = r.device_bytes + tq.bytes() + tk.bytes() + tv.bytes();
+  return host;
+}
+
+Tensor rope(Context& ctx, const Tensor& x, const RopeParams& params) {
+  detail::Plan plan(ctx, x, params);
+  ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
+  return std::move(plan.out);
+}
+
+AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const AttentionParams& params)
+    : plan_(std::make_unique<detail::Plan>(ctx, q, k, v, params)) {}
+AttentionRecording::AttentionRecording(AttentionRecording&&) noexcept = default;
+AttentionRecording& AttentionRecording::operator=(AttentionRecording&&) noexcept = default;
+AttentionRecording::~AttentionRecording() = default;
+
+void AttentionRecording::record(VkCommandBuffer cmd) { plan_->record(cmd); }
+const Tensor& AttentionRecording::out() const { return plan_->out; }
+const Tensor& AttentionRecording::lse() const { return plan_->lse; }
+
+}  // namespace flashvk

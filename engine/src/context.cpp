@@ -1,0 +1,411 @@
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "flashvk/context.hpp"
+#include "shader_registry.hpp"
+#include "vk.hpp"
+
+namespace flashvk {
+namespace detail {
+
+void check(VkResult result, const char* call) {
+  if (result != VK_SUCCESS) throw VulkanError(result, call);
+}
+
+namespace {
+
+const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+std::string type_name(VkPhysicalDeviceType type) {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "cpu";
+    default:
+      return "other";
+  }
+}
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                          VkDebugUtilsMessageTypeFlagsEXT,
+                                          const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                          void* user) {
+  if (severity < VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) return VK_FALSE;
+  auto* ctx = static_cast<ContextImpl*>(user);
+  std::lock_guard lock(ctx->message_mutex);
+  ctx->messages.emplace_back(data->pMessage ? data->pMessage : "(no message)");
+  return VK_FALSE;
+}
+
+VkDebugUtilsMessengerCreateInfoEXT messenger_info(ContextImpl* ctx) {
+  VkDebugUtilsMessengerCreateInfoEXT info{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+  info.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                         VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+  info.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+  info.pfnUserCallback = on_message;
+  info.pUserData = ctx;
+  return info;
+}
+
+bool layer_present(const char* name) {
+  uint32_t count = 0;
+  vkEnumerateInstanceLayerProperties(&count, nullptr);
+  std::vector<VkLayerProperties> layers(count);
+  vkEnumerateInstanceLayerProperties(&count, layers.data());
+  return std::any_of(layers.begin(), layers.end(),
+                     [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, name) == 0; });
+}
+
+VkInstance make_instance(ContextImpl* ctx, bool validation) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "flashvk";
+  app.pEngineName = "flashvk";
+  app.apiVersion = VK_API_VERSION_1_1;
+  VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  info.pApplicationInfo = &app;
+  std::vector<const char*> layers;
+  std::vector<const char*> extensions;
+  VkDebugUtilsMessengerCreateInfoEXT debug = messenger_info(ctx);
+  // Synchronization validation catches missing barriers between our dispatches.
+  VkValidationFeatureEnableEXT enables[] = {
+      VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+  VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+  features.enabledValidationFeatureCount = 1;
+  features.pEnabledValidationFeatures = enables;
+  if (validation) {
+    if (!layer_present(kValidationLayer))
+      throw Error(std::string("validation was requested but ") + kValidationLayer +
+                  " is not installed (Debian: vulkan-validationlayers)");
+    layers.push_back(kValidationLayer);
+    extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    debug.pNext = &features;
+    info.pNext = &debug;
+  }
+  info.enabledLayerCount = static_cast<uint32_t>(layers.size());
+  info.ppEnabledLayerNames = layers.data();
+  info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  info.ppEnabledExtensionNames = extensions.data();
+  VkInstance instance = VK_NULL_HANDLE;
+  VkResult result = vkCreateInstance(&info, nullptr, &instance);
+  if (result == VK_ERROR_INCOMPATIBLE_DRIVER)
+    throw Error(
+        "no Vulkan driver found (vkCreateInstance: VK_ERROR_INCOMPATIBLE_DRIVER); install one, "
+        "e.g. Mesa's lavapipe: apt-get install mesa-vulkan-drivers");
+  check(result, "vkCreateInstance");
+  return instance;
+}
+
+std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
+  uint32_t count = 0;
+  check(vkEnumeratePhysicalDevices(instance, &count, nullptr), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> devices(count);
+  check(vkEnumeratePhysicalDevices(instance, &count, devices.data()),
+        "vkEnumeratePhysicalDevices");
+  return devices;
+}
+
+uint32_t default_device(const std::vector<DeviceInfo>& infos) {
+  for (const auto& info : infos)
+    if (info.type == "discrete") return info.index;
+  for (const auto& info : infos)
+    if (info.type == "integrated") return info.index;
+  return 0;
+}
+
+uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical, &count, nullptr);
+  std::vector<VkQueueFamilyProperties> families(count);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical, &count, families.data());
+  for (uint32_t i = 0; i < count; ++i) {
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+      *timestamp_bits = families[i].timestampValidBits;
+      return i;
+    }
+  }
+  throw Error("the device has no queue family with compute support");
+}
+
+void make_device(ContextImpl& ctx) {
+  ctx.family = compute_family(ctx.physical, &ctx.timestamp_bits);
+  float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  queue.queueFamilyIndex = ctx.family;
+  queue.queueCount = 1;
+  queue.pQueuePriorities = &priority;
+  VkPhysicalDevice16BitStorageFeatures storage16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+  storage16.storageBuffer16BitAccess = ctx.info.fp16_storage ? VK_TRUE : VK_FALSE;
+  VkDeviceCreateInfo info{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  info.pNext = &storage16;
+  info.queueCreateInfoCount = 1;
+  info.pQueueCreateInfos = &queue;
+  check(vkCreateDevice(ctx.physical, &info, nullptr, &ctx.device), "vkCreateDevice");
+  vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
+  ctx.fp16_enabled = ctx.info.fp16_storage;
+}
+
+}  // namespace
+
+DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props.pNext = &subgroup;
+  vkGetPhysicalDeviceProperties2(physical, &props);
+  VkPhysicalDeviceMaintenance3Properties m3{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 props_m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props_m3.pNext = &m3;
+  vkGetPhysicalDeviceProperties2(physical, &props_m3);
+  VkPhysicalDevice16BitStorageFeatures storage16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &storage16;
+  vkGetPhysicalDeviceFeatures2(physical, &features);
+  VkPhysicalDeviceMemoryProperties memory{};
+  vkGetPhysicalDeviceMemoryProperties(physical, &memory);
+
+  const VkPhysicalDeviceLimits& limits = props.properties.limits;
+  DeviceInfo info;
+  info.index = index;
+  info.name = props.properties.deviceName;
+  info.type = type_name(props.properties.deviceType);
+  info.api_version = props.properties.apiVersion;
+  uint32_t dv = props.properties.driverVersion;
+  info.driver = std::to_string(VK_API_VERSION_MAJOR(dv)) + "." +
+                std::to_string(VK_API_VERSION_MINOR(dv)) + "." +
+                std::to_string(VK_API_VERSION_PATCH(dv));
+  info.max_shared_memory = limits.maxComputeSharedMemorySize;
+  info.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations;
+  for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = limits.maxComputeWorkGroupCount[i];
+  info.subgroup_size = subgroup.subgroupSize;
+  info.max_storage_buffer_range = limits.maxStorageBufferRange;
+  info.max_allocation = m3.maxMemoryAllocationSize;
+  for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
+    if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+      info.device_local_memory = std::max<uint64_t>(info.device_local_memory,
+                                                    memory.memoryHeaps[h].size);
+  info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
+  info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
+  info.timestamp_period_ns = limits.timestampPeriod;
+  return info;
+}
+
+ContextImpl::~ContextImpl() {
+  if (device != VK_NULL_HANDLE) {
+    vkDeviceWaitIdle(device);
+    dummy = Buffer();
+    for (auto& [key, pipe] : pipelines) vkDestroyPipeline(device, pipe, nullptr);
+    for (auto& [key, module] : modules) vkDestroyShaderModule(device, module, nullptr);
+    vkDestroyPipelineCache(device, cache, nullptr);
+    vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
+    vkDestroyDescriptorSetLayout(device, set_layout, nullptr);
+    vkDestroyFence(device, fence, nullptr);
+    vkDestroyCommandPool(device, pool, nullptr);
+  }
+  if (!owns) return;  // borrowed handles are the application's
+  if (device != VK_NULL_HANDLE) vkDestroyDevice(device, nullptr);
+  if (messenger != VK_NULL_HANDLE) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy) destroy(instance, messenger, nullptr);
+  }
+  if (instance != VK_NULL_HANDLE) vkDestroyInstance(instance, nullptr);
+}
+
+void ContextImpl::init_shared_objects() {
+  vkGetPhysicalDeviceMemoryProperties(physical, &memory);
+  std::array<VkDescriptorSetLayoutBinding, kBindings> bindings{};
+  for (uint32_t i = 0; i < kBindings; ++i) {
+    bindings[i].binding = i;
+    bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    bindings[i].descriptorCount = 1;
+    bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+  }
+  VkDescriptorSetLayoutCreateInfo set_info{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  set_info.bindingCount = kBindings;
+  set_info.pBindings = bindings.data();
+  check(vkCreateDescriptorSetLayout(device, &set_info, nullptr, &set_layout),
+        "vkCreateDescriptorSetLayout");
+  VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};  // the guaranteed minimum
+  VkPipelineLayoutCreateInfo layout_info{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  layout_info.setLayoutCount = 1;
+  layout_info.pSetLayouts = &set_layout;
+  layout_info.pushConstantRangeCount = 1;
+  layout_info.pPushConstantRanges = &push;
+  check(vkCreatePipelineLayout(device, &layout_info, nullptr, &pipeline_layout),
+        "vkCreatePipelineLayout");
+  VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  check(vkCreatePipelineCache(device, &cache_info, nullptr, &cache), "vkCreatePipelineCache");
+  VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pool_info.queueFamilyIndex = family;
+  check(vkCreateCommandPool(device, &pool_info, nullptr, &pool), "vkCreateCommandPool");
+  VkFenceCreateInfo fence_info{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  check(vkCreateFence(device, &fence_info, nullptr, &fence), "vkCreateFence");
+  dummy = Buffer(*this, 16);
+}
+
+uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const {
+  for (uint32_t i = 0; i < memory.memoryTypeCount; ++i)
+    if ((type_bits & (1u << i)) && (memory.memoryTypes[i].propertyFlags & want) == want) return i;
+  return UINT32_MAX;
+}
+
+VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
+  std::lock_guard lock(pipeline_mutex);
+  auto key = std::make_pair(name, spec);
+  if (auto it = pipelines.find(key); it != pipelines.end()) return it->second;
+  VkShaderModule& module = modules[name];
+  if (module == VK_NULL_HANDLE) {
+    const auto& blobs = shader_blobs();
+    auto blob = std::find_if(blobs.begin(), blobs.end(),
+                             [&](const ShaderBlob& b) { return name == b.name; });
+    if (blob == blobs.end()) throw Error("internal: no embedded shader named " + name);
+    VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+    module_info.codeSize = blob->bytes;
+    module_info.pCode = blob->words;
+    check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
+  }
+  std::array<VkSpecializationMapEntry, 4> entries{};
+  for (uint32_t i = 0; i < 4; ++i) entries[i] = {i, i * 4u, 4u};
+  std::array<uint32_t, 4> values = {spec.rows, spec.keys, spec.d, spec.dv};
+  VkSpecializationInfo spec_info{4, entries.data(), sizeof(values), values.data()};
+  VkComputePipelineCreateInfo create{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  create.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  create.stage.module = module;
+  create.stage.pName = "main";
+  create.stage.pSpecializationInfo = &spec_info;
+  create.layout = pipeline_layout;
+  VkPipeline pipe = VK_NULL_HANDLE;
+  check(vkCreateComputePipelines(device, cache, 1, &create, nullptr, &pipe),
+        "vkCreateComputePipelines");
+  pipelines[key] = pipe;
+  return pipe;
+}
+
+void ContextImpl::submit_and_wait(const std::function<void(VkCommandBuffer)>& fill) {
+  std::lock_guard lock(submit_mutex);
+  VkCommandBufferAllocateInfo alloc{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  alloc.commandPool = pool;
+  alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  alloc.commandBufferCount = 1;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  check(vkAllocateCommandBuffers(device, &alloc, &cmd), "vkAllocateCommandBuffers");
+  struct Free {
+    ContextImpl* ctx;
+    VkCommandBuffer cmd;
+    ~Free() { vkFreeCommandBuffers(ctx->device, ctx->pool, 1, &cmd); }
+  } free_on_exit{this, cmd};
+  VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
+  fill(cmd);
+  check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+  VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &cmd;
+  check(vkResetFences(device, 1, &fence), "vkResetFences");
+  check(vkQueueSubmit(queue, 1, &submit, fence), "vkQueueSubmit");
+  check(vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+}
+
+void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
+                     VkAccessFlags dst_access) {
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT;
+  barrier.dstAccessMask = dst_access;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, dst_stages, 0, 1, &barrier, 0,
+                       nullptr, 0, nullptr);
+}
+
+}  // namespace detail
+
+std::vector<DeviceInfo> list_devices() {
+  detail::ContextImpl probe;
+  probe.instance = detail::make_instance(&probe, false);
+  probe.owns = true;
+  std::vector<DeviceInfo> infos;
+  auto devices = detail::physical_devices(probe.instance);
+  for (uint32_t i = 0; i < devices.size(); ++i) infos.push_back(detail::describe(devices[i], i));
+  return infos;
+}
+
+Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)) {}
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+Context::~Context() = default;
+
+Context Context::create(const ContextOptions& options) {
+  auto impl = std::make_unique<detail::ContextImpl>();
+  impl->owns = true;
+  impl->instance = detail::make_instance(impl.get(), options.validation);
+  if (options.validation) {
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(impl->instance, "vkCreateDebugUtilsMessengerEXT"));
+    auto info = detail::messenger_info(impl.get());
+    if (create) detail::check(create(impl->instance, &info, nullptr, &impl->messenger),
+                              "vkCreateDebugUtilsMessengerEXT");
+  }
+  auto devices = detail::physical_devices(impl->instance);
+  if (devices.empty()) throw Error("no Vulkan device found");
+  std::vector<DeviceInfo> infos;
+  for (uint32_t i = 0; i < devices.size(); ++i) infos.push_back(detail::describe(devices[i], i));
+  int index = options.device < 0 ? static_cast<int>(detail::default_device(infos)) : options.device;
+  if (index >= static_cast<int>(devices.size()))
+    throw Error("device " + std::to_string(index) + " does not exist: " +
+                std::to_string(devices.size()) + " Vulkan device(s) found (indices 0.." +
+                std::to_string(devices.size() - 1) + "); see `flashvk devices`");
+  impl->physical = devices[static_cast<size_t>(index)];
+  impl->info = infos[static_cast<size_t>(index)];
+  if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
+      VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
+    throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
+  detail::make_device(*impl);
+  impl->init_shared_objects();
+  return Context(std::move(impl));
+}
+
+Context Context::adopt(const ExternalDevice& external) {
+  if (!external.instance || !external.physical_device || !external.device || !external.queue)
+    throw Error("Context::adopt: instance, physical_device, device and queue must all be set");
+  auto impl = std::make_unique<detail::ContextImpl>();
+  impl->owns = false;
+  impl->instance = external.instance;
+  impl->physical = external.physical_device;
+  impl->device = external.device;
+  impl->queue = external.queue;
+  impl->family = external.queue_family;
+  impl->info = detail::describe(external.physical_device, 0);
+  impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
+  std::vector<VkQueueFamilyProperties> families(count);
+  vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, families.data());
+  if (external.queue_family >= count || !(families[external.queue_family].queueFlags &
+                                          VK_QUEUE_COMPUTE_BIT))
+    throw Error("Context::adopt: queue family " + std::to_string(external.queue_family) +
+                " does not support compute");
+  impl->timestamp_bits = families[external.queue_family].timestampValidBits;
+  impl->init_shared_objects();
+  return Context(std::move(impl));
+}
+
+const DeviceInfo& Context::device() const { return impl_->info; }
+bool Context::owns_device() const { return impl_->owns; }
+
+std::vector<std::string> Context::take_validation_messages() {
+  std::lock_guard lock(impl_->message_mutex);
+  return std::exchange(impl_->messages, {});
+}
+
+}  // namespace flashvk

@@ -1,0 +1,37 @@
+#include "flashvk/error.hpp"
+
+namespace flashvk {
+
+const char* result_name(VkResult result) {
+  switch (result) {
+#define FLASHVK_NAME(r) \
+  case r:               \
+    return #r;
+    FLASHVK_NAME(VK_SUCCESS)
+    FLASHVK_NAME(VK_NOT_READY)
+    FLASHVK_NAME(VK_TIMEOUT)
+    FLASHVK_NAME(VK_INCOMPLETE)
+    FLASHVK_NAME(VK_ERROR_OUT_OF_HOST_MEMORY)
+    FLASHVK_NAME(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+    FLASHVK_NAME(VK_ERROR_INITIALIZATION_FAILED)
+    FLASHVK_NAME(VK_ERROR_DEVICE_LOST)
+    FLASHVK_NAME(VK_ERROR_MEMORY_MAP_FAILED)
+    FLASHVK_NAME(VK_ERROR_LAYER_NOT_PRESENT)
+    FLASHVK_NAME(VK_ERROR_EXTENSION_NOT_PRESENT)
+    FLASHVK_NAME(VK_ERROR_FEATURE_NOT_PRESENT)
+    FLASHVK_NAME(VK_ERROR_INCOMPATIBLE_DRIVER)
+    FLASHVK_NAME(VK_ERROR_TOO_MANY_OBJECTS)
+    FLASHVK_NAME(VK_ERROR_FORMAT_NOT_SUPPORTED)
+    FLASHVK_NAME(VK_ERROR_FRAGMENTED_POOL)
+    FLASHVK_NAME(VK_ERROR_OUT_OF_POOL_MEMORY)
+    FLASHVK_NAME(VK_ERROR_UNKNOWN)
+#undef FLASHVK_NAME
+    default:
+      return "VK_ERROR_(unnamed)";
+  }
+}
+
+VulkanError::VulkanError(VkResult result, const std::string& call)
+    : Error(call + " failed: " + result_name(result)), result_(result) {}
+
+}  // namespace flashvk

@@ -1,0 +1,59 @@
+// Host side of Flash-Decoding: shaders/splitkv.comp runs FlashAttention-2 over one chunk of keys
+// per workgroup (z), then shaders/splitkv_merge.comp merges each row's chunks with log-sum-exp.
+#include <algorithm>
+#include <thread>
+
+#include "../plan.hpp"
+
+namespace flashvk::detail {
+
+// Enough chunks that the device has about as many workgroups in flight as it can run at once:
+// a CPU driver runs one per hardware thread, a GPU several per compute unit.
+uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys) {
+  uint64_t in_flight = info.type == "cpu" ? 2ull * std::max(1u, std::thread::hardware_concurrency())
+                                          : 1024ull;
+  uint64_t splits = (in_flight + groups - 1) / groups;
+  uint64_t max_splits = (uint64_t(nk) + keys - 1) / keys;  // at least one tile per chunk
+  return static_cast<uint32_t>(std::clamp<uint64_t>(splits, 1, std::min<uint64_t>(max_splits, 256)));
+}
+
+void plan_splitkv(Plan& plan) {
+  const Dims& d = plan.dims;
+  uint32_t group = d.heads / d.kv_heads;
+  uint64_t rows = uint64_t(group) * d.nq;
+  uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.rows - 1) / plan.spec.rows);
+  uint32_t keys = plan.spec.keys;
+  uint32_t kps = plan.options.keys_per_split;
+  if (kps == 0) {
+    uint32_t splits = plan.params.splits
+                          ? plan.params.splits
+                          : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
+                                        d.nk, keys);
+    uint32_t per = (d.nk + splits - 1) / splits;
+    kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
+  }
+  // A forced split count may leave trailing chunks empty; they still run and merge as (0, -inf, 0).
+  plan.splits = plan.params.splits ? plan.params.splits : std::max(1u, (d.nk + kps - 1) / kps);
+  plan.keys_per_split = kps;
+  plan.push.splits = plan.splits;
+  plan.push.keys_per_split = kps;
+
+  uint64_t parts = uint64_t(d.batch) * d.heads * d.nq * plan.splits;
+  plan.scratch1 = plan.scratch(parts * d.dv * 4);
+  plan.scratch2 = plan.scratch(parts * 2 * 4);
+  Bindings b = plan.bindings;
+  b[kScratch1] = plan.scratch1.handle();
+  b[kScratch2] = plan.scratch2.handle();
+  VkDescriptorSet set = plan.make_set(b);
+
+  VkPipeline partial = plan.impl.pipeline(plan.shader("splitkv"), plan.spec);
+  plan.add(partial, set, {blocks, d.batch * d.kv_heads, plan.splits});
+  plan.add_barrier();
+  Spec merge_spec = plan.spec;
+  merge_spec.rows = 64;
+  VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
+  uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
+  plan.add(merge, set, {static_cast<uint32_t>((total_rows + 63) / 64), 1, 1});
+}
+
+}  // namespace flashvk::detail

@@ -1,0 +1,259 @@
+#include "plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "flashvk/context.hpp"
+
+namespace flashvk::detail {
+
+namespace {
+
+// Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
+// tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
+// 128 invocations); a device with more shared memory gets longer tiles.
+Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
+                 uint32_t forced_keys) {
+  Spec spec;
+  spec.d = dims.d;
+  spec.dv = dims.dv;
+  spec.rows = params.block_rows ? params.block_rows : 64;
+  uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
+  if (spec.rows > max_rows)
+    throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
+                "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
+  uint32_t budget = std::min(info.max_shared_memory, 48u * 1024u) - 64u;
+  uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
+  uint32_t keys = forced_keys ? forced_keys : params.block_keys;
+  if (keys == 0) keys = std::min(64u, max_keys);
+  if (keys > max_keys)
+    throw Error("block_keys " + std::to_string(keys) + " with d=" + std::to_string(dims.d) +
+                ", dv=" + std::to_string(dims.dv) + " needs " +
+                std::to_string(4u * keys * (dims.d + dims.dv)) + " bytes of shared memory; the " +
+                "device's maxComputeSharedMemorySize is " + std::to_string(info.max_shared_memory));
+  spec.keys = keys;
+  return spec;
+}
+
+}  // namespace
+
+Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
+           const AttentionParams& p, const PlanOptions& opts)
+    : ctx(context), impl(context.impl()), params(p), options(opts) {
+  if (q.empty() || k.empty() || v.empty()) throw Error("attention: q, k and v must be set");
+  if (q.context() != &ctx || k.context() != &ctx || v.context() != &ctx)
+    throw Error("attention: q, k and v must live on the context they are used with");
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
+    throw Error("attention: q, k and v must have the same dtype");
+  dims = check_shapes(q.shape(), k.shape(), v.shape());
+  dtype = q.dtype();
+  spec = choose_spec(ctx.device(), dims, params, options.keys);
+  if (params.scale && !std::isfinite(*params.scale))
+    throw Error("attention: scale must be a finite number");
+
+  create_pools();
+
+  push = Push{dims.batch, dims.heads, dims.kv_heads, dims.nq, dims.nk,
+              params.scale.value_or(1.0f / std::sqrt(static_cast<float>(dims.d))),
+              0, 1, 0, options.trace_bh, options.trace_row, 0};
+  if (params.causal) push.flags |= kFlagCausal;
+  if (params.want_lse) push.flags |= kFlagLse;
+  if (options.trace) push.flags |= kFlagTrace;
+
+  bindings.fill(impl.dummy.handle());
+  bindings[kQ] = q.buffer();
+  bindings[kK] = k.buffer();
+  bindings[kV] = v.buffer();
+  if (params.rope != RopeLayout::none) {
+    int64_t first = params.query_position.value_or(int64_t(dims.nk) - int64_t(dims.nq));
+    plan_rope(*this, q, q_rot, first);
+    plan_rope(*this, k, k_rot, 0);
+    add_barrier();
+    bindings[kQ] = q_rot.buffer();
+    bindings[kK] = k_rot.buffer();
+  }
+  if (!params.key_mask.empty()) {
+    if (params.key_mask.size() != uint64_t(dims.batch) * dims.nk)
+      throw Error("key_mask has " + std::to_string(params.key_mask.size()) +
+                  " entries; expected batch * Nk = " + std::to_string(uint64_t(dims.batch) * dims.nk));
+    std::vector<uint32_t> words(params.key_mask.begin(), params.key_mask.end());
+    mask = scratch(words.size() * 4);
+    mask.write(words.data(), words.size() * 4);
+    bindings[kMask] = mask.handle();
+    push.flags |= kFlagKeyMask;
+  }
+  out = Tensor(ctx, dims.out_shape, DType::f32);
+  bindings[kO] = out.buffer();
+  device_bytes += out.bytes();
+  if (params.want_lse) {
+    lse = Tensor(ctx, dims.lse_shape, DType::f32);
+    bindings[kLse] = lse.buffer();
+    device_bytes += lse.bytes();
+  }
+  if (options.trace) {
+    uint32_t records = params.variant == Variant::naive ? dims.nk : (dims.nk + spec.keys - 1) / spec.keys;
+    trace = Buffer(impl, uint64_t(std::max(records, 1u)) * (6 + dims.dv) * 4);
+    trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
+    bindings[kTrace] = trace.handle();
+  }
+
+  switch (params.variant) {
+    case Variant::naive:
+      plan_naive(*this);
+      break;
+    case Variant::online:
+      plan_fused(*this, "online");
+      break;
+    case Variant::flash1:
+      plan_fused(*this, "flash1");
+      break;
+    case Variant::flash2:
+      plan_fused(*this, "flash2");
+      break;
+    case Variant::flashd:
+      plan_fused(*this, "flashd");
+      break;
+    case Variant::splitkv:
+      plan_splitkv(*this);
+      break;
+  }
+}
+
+Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
+    : ctx(context), impl(context.impl()) {
+  if (x.empty() || x.context() != &ctx) throw Error("rope: x must be a tensor on this context");
+  if (x.shape().size() < 2) throw Error("rope: x must have rank 2 or more ([.., N, d])");
+  if (rope.layout == RopeLayout::none) throw Error("rope: layout must be interleaved or half");
+  params.rope = rope.layout;
+  params.rope_base = rope.base;
+  dtype = x.dtype();
+  create_pools();
+  plan_rope(*this, x, out, rope.position_offset);
+}
+
+void Plan::create_pools() {
+  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kBindings};
+  VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+  pool_info.maxSets = 4;
+  pool_info.poolSizeCount = 1;
+  pool_info.pPoolSizes = &size;
+  check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
+  if (impl.timestamp_bits > 0 && ctx.device().timestamps) {
+    VkQueryPoolCreateInfo query_info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    query_info.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    query_info.queryCount = 2;
+    check(vkCreateQueryPool(impl.device, &query_info, nullptr, &queries_), "vkCreateQueryPool");
+  }
+
+}
+
+Plan::~Plan() {
+  if (queries_) vkDestroyQueryPool(impl.device, queries_, nullptr);
+  if (pool_) vkDestroyDescriptorPool(impl.device, pool_, nullptr);
+}
+
+std::string Plan::shader(const char* family) const {
+  return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
+         (options.trace ? "_trace" : "");
+}
+
+Buffer Plan::scratch(uint64_t bytes) {
+  uint64_t range = ctx.device().max_storage_buffer_range;
+  if (bytes > range)
+    throw Error("attention needs a scratch buffer of " + std::to_string(bytes) +
+                " bytes, more than the device's maxStorageBufferRange (" + std::to_string(range) +
+                " bytes)");
+  device_bytes += bytes;
+  return Buffer(impl, bytes);
+}
+
+VkDescriptorSet Plan::make_set(const Bindings& buffers) {
+  VkDescriptorSetAllocateInfo alloc{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+  alloc.descriptorPool = pool_;
+  alloc.descriptorSetCount = 1;
+  alloc.pSetLayouts = &impl.set_layout;
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  check(vkAllocateDescriptorSets(impl.device, &alloc, &set), "vkAllocateDescriptorSets");
+  std::array<VkDescriptorBufferInfo, kBindings> infos{};
+  std::array<VkWriteDescriptorSet, kBindings> writes{};
+  for (uint32_t i = 0; i < kBindings; ++i) {
+    infos[i] = {buffers[i], 0, VK_WHOLE_SIZE};
+    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    writes[i].dstSet = set;
+    writes[i].dstBinding = i;
+    writes[i].descriptorCount = 1;
+    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[i].pBufferInfo = &infos[i];
+  }
+  vkUpdateDescriptorSets(impl.device, kBindings, writes.data(), 0, nullptr);
+  return set;
+}
+
+void Plan::check_groups(std::array<uint32_t, 3> groups) const {
+  const char* axis[] = {"x", "y", "z"};
+  for (int i = 0; i < 3; ++i)
+    if (groups[i] > ctx.device().max_workgroup_count[i])
+      throw Error(std::string("attention needs ") + std::to_string(groups[i]) +
+                  " workgroups along " + axis[i] + ", more than the device's " +
+                  "maxComputeWorkGroupCount[" + std::to_string(i) + "] (" +
+                  std::to_string(ctx.device().max_workgroup_count[i]) + ")");
+}
+
+void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
+               const void* push_data, uint32_t push_bytes) {
+  check_groups(groups);
+  Dispatch d;
+  d.pipeline = pipeline;
+  d.set = set;
+  d.groups = groups;
+  if (!push_data) {
+    push_data = &push;
+    push_bytes = sizeof(Push);
+  }
+  std::memcpy(d.push.data(), push_data, push_bytes);
+  d.push_bytes = push_bytes;
+  steps_.push_back(d);
+}
+
+void Plan::add_barrier() { steps_.push_back(Dispatch{}); }
+
+void Plan::record(VkCommandBuffer cmd) {
+  if (queries_) {
+    vkCmdResetQueryPool(cmd, queries_, 0, 2);
+    vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, 0);
+  }
+  for (const Dispatch& d : steps_) {
+    if (!d.pipeline) {
+      compute_barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                      VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      continue;
+    }
+    vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline);
+    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, impl.pipeline_layout, 0, 1,
+                            &d.set, 0, nullptr);
+    vkCmdPushConstants(cmd, impl.pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d.push_bytes,
+                       d.push.data());
+    vkCmdDispatch(cmd, d.groups[0], d.groups[1], d.groups[2]);
+  }
+  if (queries_) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
+  // Outputs become visible to whatever comes next: shaders, copies or the host.
+  compute_barrier(cmd,
+                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
+                      VK_PIPELINE_STAGE_HOST_BIT,
+                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                      VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
+}
+
+double Plan::gpu_ms() const {
+  if (!queries_) return 0.0;
+  uint64_t stamps[2] = {0, 0};
+  VkResult r = vkGetQueryPoolResults(impl.device, queries_, 0, 2, sizeof(stamps), stamps,
+                                     sizeof(uint64_t), VK_QUERY_RESULT_64_BIT);
+  if (r != VK_SUCCESS) return 0.0;
+  uint64_t valid = impl.timestamp_bits >= 64 ? ~0ull : ((1ull << impl.timestamp_bits) - 1);
+  uint64_t ticks = (stamps[1] - stamps[0]) & valid;
+  return double(ticks) * ctx.device().timestamp_period_ns * 1e-6;
+}
+
+}  // namespace flashvk::detail

@@ -1,0 +1,95 @@
+#pragma once
+// A Plan is one attention call turned into a list of dispatches with their descriptor sets,
+// scratch buffers and outputs. It can be recorded into any command buffer, ours or the app's.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashvk/attention.hpp"
+#include "vk.hpp"
+
+namespace flashvk::detail {
+
+/// Mirrors `Params` in shaders/common.glsl.
+struct Push {
+  uint32_t batch, heads, kv_heads, nq, nk;
+  float scale;
+  uint32_t flags, splits, keys_per_split, trace_bh, trace_row, bh0;
+};
+constexpr uint32_t kFlagCausal = 1, kFlagKeyMask = 2, kFlagLse = 4, kFlagTrace = 8;
+
+/// Binding slots of shaders/common.glsl.
+enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace };
+using Bindings = std::array<VkBuffer, kBindings>;
+
+struct Dispatch {
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  std::array<uint32_t, 32> push{};
+  uint32_t push_bytes = 0;
+  std::array<uint32_t, 3> groups{1, 1, 1};
+};
+
+/// Tracing asks for a trace build of the kernels and a fixed tiling.
+struct PlanOptions {
+  bool trace = false;
+  uint32_t trace_bh = 0, trace_row = 0;
+  uint32_t keys = 0;            ///< force Bc (1 = the per-key recurrence)
+  uint32_t keys_per_split = 0;  ///< force the splitkv chunk length
+};
+
+class Plan {
+ public:
+  Plan(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+       const AttentionParams& params, const PlanOptions& options = {});
+  /// A plan that only rotates `x` (the standalone RoPE op); the result is `out`.
+  Plan(Context& ctx, const Tensor& x, const RopeParams& rope);
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan();
+
+  void record(VkCommandBuffer cmd);
+  double gpu_ms() const;  ///< after the recorded work has finished
+
+  // Read by the kernel families.
+  Context& ctx;
+  ContextImpl& impl;
+  AttentionParams params;
+  PlanOptions options;
+  Dims dims;
+  DType dtype;
+  Spec spec;
+  Push push{};
+  Bindings bindings{};
+  Tensor out, lse;
+  Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
+  Buffer mask, scratch1, scratch2, trace;
+  std::vector<Buffer> extra;  // RoPE angle tables
+  uint32_t splits = 1, keys_per_split = 0;
+  uint64_t device_bytes = 0;
+
+  std::string shader(const char* family) const;
+  VkDescriptorSet make_set(const Bindings& buffers);
+  /// Adds a dispatch; `push_data` defaults to the plan's Push.
+  void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
+           const void* push_data = nullptr, uint32_t push_bytes = 0);
+  void add_barrier();
+  Buffer scratch(uint64_t bytes);
+  void check_groups(std::array<uint32_t, 3> groups) const;
+
+ private:
+  void create_pools();
+  VkDescriptorPool pool_ = VK_NULL_HANDLE;
+  VkQueryPool queries_ = VK_NULL_HANDLE;
+  std::vector<Dispatch> steps_;  // a null pipeline marks a barrier
+};
+
+// Kernel families, one host file each, next to their shaders.
+void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
+void plan_naive(Plan& plan);
+void plan_splitkv(Plan& plan);
+void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);
+uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys);
+
+}  // namespace flashvk::detail

@@ -1,0 +1,249 @@
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "flashvk/context.hpp"
+#include "flashvk/tensor.hpp"
+#include "vk.hpp"
+
+namespace flashvk {
+namespace detail {
+
+Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx), bytes_(bytes) {
+  const DeviceInfo& info = ctx.info;
+  if (bytes > info.max_allocation)
+    throw Error("a buffer of " + std::to_string(bytes) + " bytes exceeds the device's " +
+                "maxMemoryAllocationSize (" + std::to_string(info.max_allocation) + " bytes)");
+  VkBufferCreateInfo buffer_info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  buffer_info.size = std::max<uint64_t>(bytes, 16);
+  buffer_info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                      VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  buffer_info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  check(vkCreateBuffer(ctx.device, &buffer_info, nullptr, &buffer_), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(ctx.device, buffer_, &req);
+  // Prefer memory that is both device-local and mappable (integrated GPUs, lavapipe, ReBAR):
+  // then uploads are plain copies. Otherwise device-local, reached through a staging buffer.
+  const VkMemoryPropertyFlags mappable =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  uint32_t type = ctx.memory_type(req.memoryTypeBits,
+                                  mappable | (host_visible ? 0 : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT));
+  if (type == UINT32_MAX && !host_visible)
+    type = ctx.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  if (type == UINT32_MAX) {
+    release();
+    throw Error("no suitable Vulkan memory type for a storage buffer");
+  }
+  VkMemoryAllocateInfo alloc{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  alloc.allocationSize = req.size;
+  alloc.memoryTypeIndex = type;
+  VkResult result = vkAllocateMemory(ctx.device, &alloc, nullptr, &memory_);
+  if (result != VK_SUCCESS) {
+    release();
+    throw VulkanError(result, "vkAllocateMemory(" + std::to_string(req.size) + " bytes)");
+  }
+  check(vkBindBufferMemory(ctx.device, buffer_, memory_, 0), "vkBindBufferMemory");
+  if ((ctx.memory.memoryTypes[type].propertyFlags & mappable) == mappable)
+    check(vkMapMemory(ctx.device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    ctx_ = std::exchange(other.ctx_, nullptr);
+    buffer_ = std::exchange(other.buffer_, VK_NULL_HANDLE);
+    memory_ = std::exchange(other.memory_, VK_NULL_HANDLE);
+    bytes_ = std::exchange(other.bytes_, 0);
+    mapped_ = std::exchange(other.mapped_, nullptr);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (!ctx_) return;
+  if (buffer_) vkDestroyBuffer(ctx_->device, buffer_, nullptr);
+  if (memory_) vkFreeMemory(ctx_->device, memory_, nullptr);  // unmaps too
+  buffer_ = VK_NULL_HANDLE;
+  memory_ = VK_NULL_HANDLE;
+  mapped_ = nullptr;
+}
+
+void Buffer::write(const void* data, uint64_t bytes) {
+  if (mapped_) {
+    std::memcpy(mapped_, data, bytes);
+    return;
+  }
+  Buffer staging(*ctx_, bytes, true);
+  std::memcpy(staging.mapped(), data, bytes);
+  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
+    VkBufferCopy region{0, 0, bytes};
+    vkCmdCopyBuffer(cmd, staging.handle(), buffer_, 1, &region);
+  });
+}
+
+void Buffer::read(void* data, uint64_t bytes) const {
+  if (mapped_) {
+    std::memcpy(data, mapped_, bytes);
+    return;
+  }
+  Buffer staging(*ctx_, bytes, true);
+  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
+    VkBufferCopy region{0, 0, bytes};
+    vkCmdCopyBuffer(cmd, buffer_, staging.handle(), 1, &region);
+    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                         &barrier, 0, nullptr, 0, nullptr);
+  });
+  std::memcpy(data, staging.mapped(), bytes);
+}
+
+void Buffer::fill(uint32_t word) {
+  if (mapped_) {
+    auto* words = static_cast<uint32_t*>(mapped_);
+    for (uint64_t i = 0; i < bytes_ / 4; ++i) words[i] = word;
+    return;
+  }
+  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
+    vkCmdFillBuffer(cmd, buffer_, 0, VK_WHOLE_SIZE, word);
+  });
+}
+
+}  // namespace detail
+
+const char* dtype_name(DType dtype) { return dtype == DType::f16 ? "f16" : "f32"; }
+size_t dtype_size(DType dtype) { return dtype == DType::f16 ? 2 : 4; }
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+HostTensor::HostTensor(std::vector<int64_t> dims, std::vector<float> values)
+    : shape(std::move(dims)), data(std::move(values)) {
+  if (data.empty()) data.assign(static_cast<size_t>(flashvk::numel(shape)), 0.0f);
+  if (static_cast<int64_t>(data.size()) != flashvk::numel(shape))
+    throw Error("HostTensor: " + std::to_string(data.size()) + " values do not fill shape " +
+                shape_string(shape));
+}
+
+int64_t HostTensor::numel() const { return flashvk::numel(shape); }
+
+namespace {
+size_t flat_index(const std::vector<int64_t>& shape, std::initializer_list<int64_t> index) {
+  if (index.size() != shape.size()) throw Error("HostTensor::at: wrong number of indices");
+  size_t flat = 0;
+  size_t i = 0;
+  for (int64_t x : index) flat = flat * static_cast<size_t>(shape[i++]) + static_cast<size_t>(x);
+  return flat;
+}
+}  // namespace
+
+float& HostTensor::at(std::initializer_list<int64_t> index) {
+  return data[flat_index(shape, index)];
+}
+float HostTensor::at(std::initializer_list<int64_t> index) const {
+  return data[flat_index(shape, index)];
+}
+
+uint16_t float_to_half(float value) {
+  uint32_t x = std::bit_cast<uint32_t>(value);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xffu) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to infinity
+  if (e <= 0) {                                               // subnormal or zero
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t half = mant >> shift;
+    uint32_t rest = mant & ((1u << shift) - 1u);
+    uint32_t mid = 1u << (shift - 1u);
+    if (rest > mid || (rest == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into exponent
+  return static_cast<uint16_t>(sign | half);
+}
+
+float half_to_float(uint16_t bits) {
+  uint32_t sign = (bits & 0x8000u) << 16;
+  uint32_t exp = (bits >> 10) & 0x1fu;
+  uint32_t mant = bits & 0x3ffu;
+  if (exp == 0) {
+    float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+struct Tensor::Storage {
+  detail::Buffer buffer;
+};
+
+Tensor::Tensor() = default;
+Tensor::Tensor(Tensor&&) noexcept = default;
+Tensor& Tensor::operator=(Tensor&&) noexcept = default;
+Tensor::~Tensor() = default;
+
+Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
+    : ctx_(&ctx), shape_(std::move(shape)), dtype_(dtype) {
+  if (dtype == DType::f16 && !ctx.impl().fp16_enabled)
+    throw Error("fp16 storage needs storageBuffer16BitAccess, which device " +
+                ctx.device().name + " does not offer (or the adopted device did not enable)");
+  for (int64_t d : shape_)
+    if (d < 0) throw Error("negative dimension in shape " + shape_string(shape_));
+  uint64_t bytes = static_cast<uint64_t>(flashvk::numel(shape_)) * dtype_size(dtype);
+  uint64_t range = ctx.device().max_storage_buffer_range;
+  if (bytes > range)
+    throw Error("a tensor of shape " + shape_string(shape_) + " (" + dtype_name(dtype) + ", " +
+                std::to_string(bytes) + " bytes) exceeds the device's maxStorageBufferRange of " +
+                std::to_string(range) + " bytes");
+  buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(ctx.impl(), bytes)});
+}
+
+Tensor Tensor::upload(Context& ctx, const HostTensor& host, DType dtype) {
+  Tensor t(ctx, host.shape, dtype);
+  if (dtype == DType::f32) {
+    t.buffer_->buffer.write(host.data.data(), host.data.size() * 4);
+  } else {
+    std::vector<uint16_t> half(host.data.size());
+    for (size_t i = 0; i < half.size(); ++i) half[i] = float_to_half(host.data[i]);
+    t.buffer_->buffer.write(half.data(), half.size() * 2);
+  }
+  return t;
+}
+
+HostTensor Tensor::download() const {
+  if (!buffer_) throw Error("download of an empty tensor");
+  HostTensor host(shape_);
+  if (dtype_ == DType::f32) {
+    buffer_->buffer.read(host.data.data(), host.data.size() * 4);
+  } else {
+    std::vector<uint16_t> half(host.data.size());
+    buffer_->buffer.read(half.data(), half.size() * 2);
+    for (size_t i = 0; i < half.size(); ++i) host.data[i] = half_to_float(half[i]);
+  }
+  return host;
+}
+
+VkBuffer Tensor::buffer() const { return buffer_ ? buffer_->buffer.handle() : VK_NULL_HANDLE; }
+uint64_t Tensor::bytes() const { return buffer_ ? buffer_->buffer.bytes() : 0; }
+
+}  // namespace flashvk

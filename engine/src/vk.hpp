@@ -1,0 +1,106 @@
+#pragma once
+// Internal Vulkan plumbing: result checks, buffers, and the context's shared objects.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <vulkan/vulkan.h>
+
+#include "flashvk/context.hpp"
+#include "flashvk/error.hpp"
+
+namespace flashvk::detail {
+
+/// Throws VulkanError naming `call` unless `result` is VK_SUCCESS.
+void check(VkResult result, const char* call);
+
+struct ContextImpl;
+
+/// A storage buffer with its own memory. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible = false);
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  ~Buffer();
+
+  VkBuffer handle() const { return buffer_; }
+  uint64_t bytes() const { return bytes_; }
+  void* mapped() const { return mapped_; }
+  void write(const void* data, uint64_t bytes);
+  void read(void* data, uint64_t bytes) const;
+  void fill(uint32_t word);
+
+ private:
+  void release();
+  ContextImpl* ctx_ = nullptr;
+  VkBuffer buffer_ = VK_NULL_HANDLE;
+  VkDeviceMemory memory_ = VK_NULL_HANDLE;
+  uint64_t bytes_ = 0;
+  void* mapped_ = nullptr;
+};
+
+/// Specialization constants shared by every kernel: workgroup size, tile keys, head dims.
+struct Spec {
+  uint32_t rows = 64, keys = 32, d = 64, dv = 64;
+  auto tie() const { return std::tie(rows, keys, d, dv); }
+  bool operator<(const Spec& o) const { return tie() < o.tie(); }
+};
+
+/// Storage-buffer bindings of the one descriptor set layout every kernel uses.
+constexpr uint32_t kBindings = 9;
+
+struct ContextImpl {
+  bool owns = false;
+  VkInstance instance = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t family = 0;
+  uint32_t timestamp_bits = 0;
+  bool fp16_enabled = false;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  DeviceInfo info;
+  VkPhysicalDeviceMemoryProperties memory{};
+
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout pipeline_layout = VK_NULL_HANDLE;
+  VkPipelineCache cache = VK_NULL_HANDLE;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  Buffer dummy;  // bound where a kernel does not use a binding
+
+  std::mutex submit_mutex;  // the queue, the command pool and the fence
+  std::mutex pipeline_mutex;
+  std::map<std::pair<std::string, Spec>, VkPipeline> pipelines;
+  std::map<std::string, VkShaderModule> modules;
+  std::mutex message_mutex;
+  std::vector<std::string> messages;
+
+  ContextImpl() = default;
+  ContextImpl(const ContextImpl&) = delete;
+  ContextImpl& operator=(const ContextImpl&) = delete;
+  ~ContextImpl();
+
+  void init_shared_objects();
+  uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
+  /// The pipeline of embedded shader `name` with these constants, built once and cached.
+  VkPipeline pipeline(const std::string& name, const Spec& spec);
+  /// Records with `fill`, submits, and waits for the queue to finish it.
+  void submit_and_wait(const std::function<void(VkCommandBuffer)>& fill);
+};
+
+/// A compute-to-everything barrier on all memory: the kernels' writes become visible to the next
+/// dispatch, to transfers and to the host.
+void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
+                     VkAccessFlags dst_access);
+
+DeviceInfo describe(VkPhysicalDevice physical, uint32_t index);
+
+}  // namespace flashvk::detail

@@ -1,0 +1,130 @@
+// Shared declarations for every attention kernel: storage type, bindings, push constants and
+// the mapping from invocations to (batch, head, query row).
+//
+// Storage: Q/K/V are ELEM (fp32, or fp16 when compiled with -DFP16); O, LSE and scratch are fp32.
+// Layout: Q [B, H, Nq, D], K [B, Hkv, Nk, D], V [B, Hkv, Nk, DV], O [B, H, Nq, DV], LSE [B, H, Nq].
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
+
+#ifdef FP16
+#define ELEM float16_t
+#else
+#define ELEM float
+#endif
+
+layout(local_size_x_id = 0) in;               // BR: query rows per workgroup, one per invocation
+layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
+layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
+layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
+
+layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
+layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
+layout(std430, binding = 2) readonly buffer VBuf { ELEM v_buf[]; };
+layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
+layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
+layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };  // [B, Nk], 0 = masked
+layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
+layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
+layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
+
+const uint FLAG_CAUSAL = 1u;
+const uint FLAG_KEY_MASK = 2u;
+const uint FLAG_LSE = 4u;
+const uint FLAG_TRACE = 8u;
+
+layout(push_constant) uniform Params {
+  uint batch;
+  uint heads;
+  uint kv_heads;
+  uint nq;
+  uint nk;
+  float scale;
+  uint flags;
+  uint splits;          // splitkv: number of key chunks
+  uint keys_per_split;  // splitkv: keys per chunk, a multiple of BC
+  uint trace_bh;        // traced row: b * H + h
+  uint trace_row;       // traced row: query index
+  uint bh0;             // naive: first (b, h) of this chunk
+}
+pc;
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+// One query row as seen by one invocation.
+struct Row {
+  bool valid;
+  uint bh;       // b * H + h
+  uint kv_base;  // element offset of this row's K/V head, in keys
+  uint i;        // query index in [0, Nq)
+  uint key_end;  // keys [0, key_end) are visible (causal limit)
+  uint b;
+};
+
+uint causal_end(uint i) {
+  if ((pc.flags & FLAG_CAUSAL) == 0u) return pc.nk;
+  // Bottom-right aligned: query i sees keys j <= i + (Nk - Nq).
+  int last = int(i) + int(pc.nk) - int(pc.nq);
+  return uint(clamp(last + 1, 0, int(pc.nk)));
+}
+
+Row make_row(uint b, uint h, uint i, bool valid) {
+  Row r;
+  r.valid = valid;
+  r.b = b;
+  r.bh = b * pc.heads + h;
+  uint group = pc.heads / pc.kv_heads;
+  r.kv_base = (b * pc.kv_heads + h / group) * pc.nk;
+  r.i = i;
+  r.key_end = valid ? causal_end(i) : 0u;
+  return r;
+}
+
+// Fused kernels pack the query rows of all heads that share one KV head into the same
+// workgroups (grouped-query attention), so every K/V tile staged in shared memory serves them
+// all. Workgroup y = b * Hkv + kv head; x = block of BR packed rows (head in group, query).
+Row packed_row() {
+  uint group = pc.heads / pc.kv_heads;
+  uint b = gl_WorkGroupID.y / pc.kv_heads;
+  uint hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint r = gl_GlobalInvocationID.x;
+  bool valid = r < group * pc.nq;
+  uint hg = valid ? r / pc.nq : 0u;
+  uint i = valid ? r % pc.nq : 0u;
+  return make_row(b, hkv * group + hg, i, valid);
+}
+
+bool key_visible(Row r, uint j) {
+  if (j >= r.key_end) return false;
+  if ((pc.flags & FLAG_KEY_MASK) != 0u && mask_buf[r.b * pc.nk + j] == 0u) return false;
+  return true;
+}
+
+// Tracing is compiled in only for the -DTRACE builds, so the kernels users run carry none of it.
+#ifdef TRACE
+bool is_traced(Row r) {
+  return (pc.flags & FLAG_TRACE) != 0u && r.valid && r.bh == pc.trace_bh && r.i == pc.trace_row;
+}
+#else
+bool is_traced(Row r) { return false; }
+#endif
+
+// Trace records, one per tile (or per key when BC = 1): s, m, l, w, lse, spare, then o[DV].
+const uint TRACE_FIELDS = 6u;
+
+void trace_put(uint record, uint field, float v) {
+  trace_buf[record * (TRACE_FIELDS + DV) + field] = v;
+}
+
+float sigmoid(float x) {
+  // Two branches so that neither exp() can overflow: sigma(+inf) = 1, sigma(-inf) = 0.
+  if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+  float e = exp(x);
+  return e / (1.0 + e);
+}
+
+// log(1 + exp(x)) without overflow or cancellation.
+float softplus(float x) {
+  float e = exp(-abs(x));
+  float l1p = e < 1e-4 ? e - 0.5 * e * e : log(1.0 + e);
+  return max(x, 0.0) + l1p;
+}

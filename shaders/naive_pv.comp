@@ -1,0 +1,30 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// Naive attention, step 3 of 3: O = P V, reading the materialised P, with V walked in tiles.
+#include "common.glsl"
+#include "tile.glsl"
+
+void main() {
+  uint bh = pc.bh0 + gl_WorkGroupID.y;
+  uint i = gl_GlobalInvocationID.x;
+  Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
+  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
+  bool traced = is_traced(r);
+  float o[DV];
+  for (uint k = 0; k < DV; ++k) o[k] = 0.0;
+  for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
+    uint n = min(BC, pc.nk - j0);
+    barrier();
+    load_v_tile(r.kv_base, j0, n);
+    barrier();
+    if (!r.valid) continue;
+    for (uint c = 0; c < n; ++c) {
+      float p = scratch1[base + j0 + c];
+      for (uint k = 0; k < DV; ++k) o[k] += p * tile_v[c * DV + k];
+      if (traced)
+        for (uint k = 0; k < DV; ++k) trace_put(j0 + c, TRACE_FIELDS + k, o[k]);
+    }
+  }
+  if (r.valid)
+    for (uint k = 0; k < DV; ++k) o_buf[(r.bh * pc.nq + r.i) * DV + k] = o[k];
+}

@@ -1,0 +1,25 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// Naive attention, step 1 of 3 (seed 000 §1): materialise S = scale * Q K^T in device memory.
+// Masked entries are stored as -inf. Workgroup y = (b, h) within this chunk, x = block of rows.
+#include "common.glsl"
+#include "tile.glsl"
+
+void main() {
+  uint bh = pc.bh0 + gl_WorkGroupID.y;
+  uint i = gl_GlobalInvocationID.x;
+  Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
+  load_q(r);
+  float s[BC];
+  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
+  for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
+    uint n = min(BC, pc.nk - j0);
+    barrier();
+    load_k_tile(r.kv_base, j0, n);
+    barrier();
+    if (r.valid) {
+      tile_scores(r, j0, n, s);
+      for (uint c = 0; c < n; ++c) scratch1[base + j0 + c] = s[c];
+    }
+  }
+}

@@ -1,0 +1,162 @@
+// Every variant x {fp32, fp16} x shapes that cross tile edges, against the float64 reference.
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+struct Shape {
+  uint32_t b, h, hkv, nq, nk, d, dv;
+  bool causal;
+  const char* name;
+};
+
+// Ragged sizes: none is a multiple of any tile, and Nq < Nk, Nq = Nk, Nq > Nk all appear.
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 1, 1, 1, false, "single_key_d1"},
+    {1, 2, 2, 37, 53, 4, 4, false, "ragged_d4"},
+    {2, 4, 2, 65, 129, 16, 16, true, "gqa_causal_nq_lt_nk"},
+    {1, 4, 1, 33, 33, 64, 64, true, "mqa_causal_square"},
+    {1, 2, 2, 70, 45, 80, 80, true, "causal_nq_gt_nk"},
+    {1, 2, 1, 17, 100, 128, 64, false, "dv_differs_d128"},
+    {1, 1, 1, 9, 77, 256, 256, false, "d256"},
+    {1, 8, 2, 1, 300, 64, 64, true, "decode_gqa"},
+};
+
+using Case = std::tuple<Variant, DType, Shape>;
+
+class AttentionTest : public VulkanTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(AttentionTest, MatchesFloat64Reference) {
+  auto [variant, dtype, s] = GetParam();
+  uint32_t seed = s.nq * 131 + s.nk * 7 + s.d;
+  HostTensor q = random_tensor({s.b, s.h, s.nq, s.d}, seed);
+  HostTensor k = random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1);
+  HostTensor v = random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2);
+  if (dtype == DType::f16) {  // the reference sees exactly what the GPU stores
+    q = round_to_half(q);
+    k = round_to_half(k);
+    v = round_to_half(v);
+  }
+  AttentionParams params;
+  params.variant = variant;
+  params.causal = s.causal;
+  HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
+  reference::Result ref = reference::direct(q, k, v, params);
+  double tol = tolerance(q, k, v, params);
+  EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << "tolerance " << tol;
+  EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5);
+  EXPECT_EQ(gpu.out.shape, (std::vector<int64_t>{s.b, s.h, s.nq, s.dv}));
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  auto [variant, dtype, s] = info.param;
+  return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, AttentionTest,
+                         ::testing::Combine(::testing::ValuesIn(all_variants()),
+                                            ::testing::Values(DType::f32, DType::f16),
+                                            ::testing::ValuesIn(kShapes)),
+                         case_name);
+
+TEST_F(VulkanTest, Fp16StorageStaysWithinHalfPrecisionOfUnroundedInputs) {
+  HostTensor q = random_tensor({1, 2, 40, 32}, 5), k = random_tensor({1, 2, 90, 32}, 6),
+             v = random_tensor({1, 2, 90, 32}, 7);
+  AttentionParams params;
+  reference::Result ref = reference::direct(q, k, v, params);
+  for (Variant variant : all_variants()) {
+    params.variant = variant;
+    HostAttentionResult gpu = attention(context(), q, k, v, params, DType::f16);
+    // Rounding q, k, v to fp16 perturbs them by 2^-11 relative.
+    double tol = tolerance(q, k, v, params, std::ldexp(1.0, -11));
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << variant_name(variant);
+  }
+}
+
+TEST_F(VulkanTest, AllVariantsAgreeWithEachOther) {
+  HostTensor q = random_tensor({2, 4, 50, 24}, 11), k = random_tensor({2, 2, 70, 24}, 12),
+             v = random_tensor({2, 2, 70, 40}, 13);
+  AttentionParams params;
+  params.causal = true;
+  params.variant = Variant::naive;
+  HostAttentionResult base = attention(context(), q, k, v, params);
+  double tol = 2 * tolerance(q, k, v, params);
+  for (Variant variant : all_variants()) {
+    params.variant = variant;
+    HostAttentionResult other = attention(context(), q, k, v, params);
+    std::vector<double> as_double(base.out.data.begin(), base.out.data.end());
+    EXPECT_LE(max_error(other.out.data, as_double), tol) << variant_name(variant);
+  }
+}
+
+TEST_F(VulkanTest, RanksTwoAndThreeGiveTheSameRowsAsRankFour) {
+  HostTensor q4 = random_tensor({1, 3, 20, 8}, 21), k4 = random_tensor({1, 3, 30, 8}, 22),
+             v4 = random_tensor({1, 3, 30, 8}, 23);
+  HostTensor q3({3, 20, 8}, q4.data), k3({3, 30, 8}, k4.data), v3({3, 30, 8}, v4.data);
+  HostAttentionResult r4 = attention(context(), q4, k4, v4);
+  HostAttentionResult r3 = attention(context(), q3, k3, v3);
+  EXPECT_EQ(r3.out.shape, (std::vector<int64_t>{3, 20, 8}));
+  EXPECT_EQ(r3.lse.shape, (std::vector<int64_t>{3, 20}));
+  EXPECT_EQ(r3.out.data, r4.out.data);
+  HostTensor q2({20, 8}, std::vector<float>(q4.data.begin(), q4.data.begin() + 160));
+  HostTensor k2({30, 8}, std::vector<float>(k4.data.begin(), k4.data.begin() + 240));
+  HostTensor v2({30, 8}, std::vector<float>(v4.data.begin(), v4.data.begin() + 240));
+  HostAttentionResult r2 = attention(context(), q2, k2, v2);
+  EXPECT_EQ(r2.out.data, std::vector<float>(r4.out.data.begin(), r4.out.data.begin() + 160));
+}
+
+TEST_F(VulkanTest, SplitkvWithForcedSplitsIncludingEmptyOnes) {
+  HostTensor q = random_tensor({1, 2, 3, 16}, 31), k = random_tensor({1, 2, 100, 16}, 32),
+             v = random_tensor({1, 2, 100, 16}, 33);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.causal = true;
+  reference::Result ref = reference::direct(q, k, v, params);
+  for (uint32_t splits : {1u, 2u, 3u, 7u, 40u}) {  // 40 splits of one 32-key tile: most empty
+    params.splits = splits;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params)) << splits;
+  }
+}
+
+TEST_F(VulkanTest, ExplicitTileSizesGiveTheSameAnswer) {
+  HostTensor q = random_tensor({1, 2, 45, 32}, 41), k = random_tensor({1, 2, 61, 32}, 42),
+             v = random_tensor({1, 2, 61, 32}, 43);
+  AttentionParams params;
+  reference::Result ref = reference::direct(q, k, v, params);
+  for (Variant variant : {Variant::flash1, Variant::flash2, Variant::flashd}) {
+    for (auto [rows, keys] : {std::pair{16u, 1u}, std::pair{32u, 7u}, std::pair{128u, 64u}}) {
+      params.variant = variant;
+      params.block_rows = rows;
+      params.block_keys = keys;
+      HostAttentionResult gpu = attention(context(), q, k, v, params);
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
+          << variant_name(variant) << " Br=" << rows << " Bc=" << keys;
+    }
+  }
+}
+
+TEST_F(VulkanTest, BadShapesAreRefusedWithTheTensorNamed) {
+  HostTensor q = random_tensor({1, 3, 4, 8}, 1), k = random_tensor({1, 2, 5, 8}, 2),
+             v = random_tensor({1, 2, 5, 8}, 3);
+  EXPECT_THROW(
+      {
+        try {
+          attention(context(), q, k, v);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("multiple of K/V's heads"), std::string::npos);
+          throw;
+        }
+      },
+      Error);
+  HostTensor k_bad_d = random_tensor({1, 3, 5, 7}, 4);
+  EXPECT_THROW(attention(context(), q, k_bad_d, k_bad_d), Error);
+  HostTensor q_big = random_tensor({1, 1, 2, 257}, 5);
+  EXPECT_THROW(attention(context(), q_big, q_big, q_big), Error);
+  AttentionParams bad_keys;
+  bad_keys.block_keys = 100000;
+  EXPECT_THROW(attention(context(), q, q, q, bad_keys), Error);
+}
+
+}  // namespace
+}  // namespace flashvk::test

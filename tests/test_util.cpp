@@ -1,0 +1,79 @@
+#include "test_util.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+
+namespace flashvk::test {
+
+Context& context() {
+  static std::unique_ptr<Context> ctx = [] {
+    const char* env = std::getenv("FLASHVK_VALIDATION");
+    ContextOptions options;
+    options.validation = !(env && std::string(env) == "0");
+    return std::make_unique<Context>(Context::create(options));
+  }();
+  return *ctx;
+}
+
+void expect_no_validation_messages() {
+  for (const std::string& m : context().take_validation_messages())
+    ADD_FAILURE() << "validation layer: " << m;
+}
+
+HostTensor random_tensor(std::vector<int64_t> shape, uint32_t seed, float scale) {
+  HostTensor t(std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (float& x : t.data) x = dist(rng);
+  return t;
+}
+
+HostTensor round_to_half(const HostTensor& x) {
+  HostTensor r = x;
+  for (float& v : r.data) v = half_to_float(float_to_half(v));
+  return r;
+}
+
+float max_abs(const HostTensor& x) {
+  float m = 0.0f;
+  for (float v : x.data) m = std::max(m, std::abs(v));
+  return m;
+}
+
+double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                 const AttentionParams& params, double u) {
+  Dims d = check_shapes(q.shape, k.shape, v.shape);
+  double scale = params.scale ? std::abs(*params.scale) : 1.0 / std::sqrt(double(d.d));
+  double score_mag = scale * d.d * max_abs(q) * max_abs(k);  // bounds |scale| sum_c |q_c k_c|
+  double vmax = std::max(1e-30f, max_abs(v));
+  double accumulation = 32.0 * (1.0 + std::log2(double(d.nk)));
+  return vmax * u * (4.0 * score_mag + accumulation);
+}
+
+double max_error(const std::vector<float>& gpu, const std::vector<double>& ref) {
+  if (gpu.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double e = 0.0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    if (std::isnan(gpu[i])) return std::numeric_limits<double>::infinity();
+    e = std::max(e, std::abs(double(gpu[i]) - ref[i]));
+  }
+  return e;
+}
+
+double max_lse_error(const std::vector<float>& gpu, const std::vector<double>& ref) {
+  if (gpu.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double e = 0.0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    if (std::isinf(ref[i]) && ref[i] < 0) {
+      if (!(std::isinf(gpu[i]) && gpu[i] < 0)) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (!std::isfinite(gpu[i])) return std::numeric_limits<double>::infinity();
+    e = std::max(e, std::abs(double(gpu[i]) - ref[i]) / std::max(1.0, std::abs(ref[i])));
+  }
+  return e;
+}
+
+}  // namespace flashvk::test

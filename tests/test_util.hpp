@@ -1,0 +1,50 @@
+#pragma once
+// Shared test helpers: one validation-enabled context per test binary, random inputs,
+// dtype-derived tolerances and comparisons against the float64 reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashvk.hpp"
+
+namespace flashvk::test {
+
+/// The context every test shares (validation layers on unless FLASHVK_VALIDATION=0).
+Context& context();
+
+/// Fails the current test if the validation layers said anything since the last call.
+void expect_no_validation_messages();
+
+/// Each test checks the validation layers when it ends.
+class VulkanTest : public ::testing::Test {
+ protected:
+  void TearDown() override { expect_no_validation_messages(); }
+};
+
+HostTensor random_tensor(std::vector<int64_t> shape, uint32_t seed, float scale = 1.0f);
+/// The values an fp16 tensor actually holds.
+HostTensor round_to_half(const HostTensor& x);
+float max_abs(const HostTensor& x);
+
+/// Error bound for fp32 arithmetic on these inputs: score error grows with |scale| * sum|q||k|,
+/// output error with max|v| and the log of the number of keys. `u` is the unit roundoff.
+double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                 const AttentionParams& params, double u = std::ldexp(1.0, -24));
+
+/// Largest |gpu - ref| over all elements; NaN in gpu counts as infinite.
+double max_error(const std::vector<float>& gpu, const std::vector<double>& ref);
+/// Same for LSE, where both may be -inf (rows that see no key).
+double max_lse_error(const std::vector<float>& gpu, const std::vector<double>& ref);
+
+}  // namespace flashvk::test
+
+namespace flashvk::test {
+/// Test-name suffix for a variant parameter.
+inline std::string variant_param_name(const ::testing::TestParamInfo<Variant>& param) {
+  return variant_name(param.param);
+}
+}  // namespace flashvk::test
