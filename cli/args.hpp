@@ -1,0 +1,37 @@
+#pragma once
+// Command-line options: `--name value` and `--flag`, checked strictly so a typo is an error.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace flashvk::cli {
+
+/// Thrown for anything the user typed wrong; main() prints it and exits with status 2.
+struct UsageError {
+  std::string message;
+};
+
+class Args {
+ public:
+  /// `values` are options that take a value, `flags` those that do not.
+  Args(const std::vector<std::string>& argv, const std::set<std::string>& values,
+       const std::set<std::string>& flags);
+
+  bool flag(const std::string& name) const { return flags_.count(name) > 0; }
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string text(const std::string& name, const std::string& fallback = "") const;
+  std::string required(const std::string& name) const;
+  /// Integer in [min, max]; the message names the option and the range.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const;
+  /// Finite number; positive if asked.
+  double number(const std::string& name, double fallback, bool positive = false) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> flags_;
+};
+
+}  // namespace flashvk::cli

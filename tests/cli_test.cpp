@@ -1,0 +1,244 @@
+// The real `flashvk` command on files the test writes itself: a round trip against the float64
+// reference, and one test per class of bad input (exit status, message, no output file).
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "npy.hpp"
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Outcome run_cli(const std::string& args) {
+  std::string command = std::string(FLASHVK_CLI) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  Outcome o;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) o.output.append(buf, n);
+  int raw = pclose(pipe);
+  o.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return o;
+}
+
+// A .npy image as NumPy writes it (format 1.0, or 2.0 with a 4-byte header length).
+std::string npy_bytes(const std::string& descr, const std::string& shape, const std::string& data,
+                      int major = 1) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  size_t prefix = major == 1 ? 10 : 12;
+  header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += char(major);
+  out += char(0);
+  size_t len = header.size();
+  for (size_t i = 0; i < (major == 1 ? 2u : 4u); ++i) out += char((len >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+std::string float_data(const HostTensor& t) {
+  return std::string(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override {
+    dir = fs::temp_directory_path() /
+          ("flashvk_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  void put(const std::string& name, const std::string& bytes) const {
+    std::ofstream(path(name), std::ios::binary) << bytes;
+  }
+  void put_tensor(const std::string& name, const HostTensor& t) const { npy::write(path(name), t); }
+  void write_qkv(std::vector<int64_t> q, std::vector<int64_t> k, std::vector<int64_t> v) const {
+    put_tensor("q.npy", random_tensor(q, 1));
+    put_tensor("k.npy", random_tensor(k, 2));
+    put_tensor("v.npy", random_tensor(v, 3));
+  }
+  std::string qkv() const {
+    return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
+  }
+  // The bad-input contract: non-zero exit, one `flashvk: error:` line naming the problem, no output.
+  void expect_refused(const std::string& args, const std::string& message) const {
+    Outcome o = run_cli(args + " --out " + path("out.npy"));
+    EXPECT_NE(o.status, 0) << o.output;
+    EXPECT_LT(o.status, 128) << "crashed: " << o.output;
+    EXPECT_EQ(o.output.rfind("flashvk: error: ", 0), 0u) << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos) << "expected '" << message << "' in: " << o.output;
+    EXPECT_EQ(std::count(o.output.begin(), o.output.end(), '\n'), 1) << o.output;
+    for (const auto& entry : fs::directory_iterator(dir))
+      EXPECT_EQ(entry.path().string().find("out.npy"), std::string::npos)
+          << "left behind: " << entry.path();
+  }
+};
+
+TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
+  HostTensor q = random_tensor({2, 4, 19, 24}, 1), k = random_tensor({2, 2, 33, 24}, 2),
+             v = random_tensor({2, 2, 33, 8}, 3);
+  put("q.npy", npy_bytes("<f4", "(2, 4, 19, 24)", float_data(q)));
+  put("k.npy", npy_bytes("<f4", "(2, 2, 33, 24)", float_data(k), 2));  // format 2.0
+  put("v.npy", npy_bytes("<f4", "(2, 2, 33, 8)", float_data(v)));
+  for (const char* variant : {"naive", "flashd", "splitkv"}) {
+    Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --lse " + path("lse.npy") +
+                        " --causal --scale 0.3 --variant " + variant);
+    ASSERT_EQ(o.status, 0) << o.output;
+    HostTensor out = npy::read(path("o.npy"), "O"), lse = npy::read(path("lse.npy"), "LSE");
+    EXPECT_EQ(out.shape, (std::vector<int64_t>{2, 4, 19, 8}));
+    EXPECT_EQ(lse.shape, (std::vector<int64_t>{2, 4, 19}));
+    AttentionParams p;
+    p.causal = true;
+    p.scale = 0.3f;
+    reference::Result ref = reference::direct(q, k, v, p);
+    EXPECT_LE(max_error(out.data, ref.out), tolerance(q, k, v, p)) << variant;
+    EXPECT_LE(max_lse_error(lse.data, ref.lse), 1e-5) << variant;
+  }
+}
+
+TEST_F(CliTest, RunReadsFloat16Inputs) {
+  HostTensor q = round_to_half(random_tensor({5, 8}, 4)), k = round_to_half(random_tensor({9, 8}, 5));
+  auto half_data = [](const HostTensor& t) {
+    std::string s;
+    for (float x : t.data) {
+      uint16_t h = float_to_half(x);
+      s.append(reinterpret_cast<const char*>(&h), 2);
+    }
+    return s;
+  };
+  put("q.npy", npy_bytes("<f2", "(5, 8)", half_data(q)));
+  put("k.npy", npy_bytes("<f2", "(9, 8)", half_data(k)));
+  put("v.npy", npy_bytes("<f2", "(9, 8)", half_data(k)));
+  Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --dtype f16");
+  ASSERT_EQ(o.status, 0) << o.output;
+  reference::Result ref = reference::direct(q, k, k, {});
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, k, {}));
+}
+
+TEST_F(CliTest, TraceWritesJsonWithStepsAndTiles) {
+  write_qkv({1, 2, 6, 8}, {1, 2, 70, 8}, {1, 2, 70, 8});
+  Outcome o = run_cli("trace " + qkv() + " --row 4 --head 1 --variant flash2 --out " + path("t.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::ifstream in(path("t.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* key : {"\"variant\":\"flash2\"", "\"row\":4", "\"head\":1", "\"keys\":70",
+                          "\"steps\":{\"s\":[", "\"tiles\":{", "\"out\":[", "\"lse\":"})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+}
+
+TEST_F(CliTest, DevicesAndHelp) {
+  Outcome o = run_cli("devices");
+  EXPECT_EQ(o.status, 0);
+  EXPECT_NE(o.output.find("[default]"), std::string::npos);
+  for (const char* verb : {"run", "trace", "bench", "devices"}) {
+    Outcome h = run_cli(std::string(verb) + " --help");
+    EXPECT_EQ(h.status, 0) << verb;
+    EXPECT_NE(h.output.find("usage: flashvk"), std::string::npos) << verb;
+  }
+}
+
+TEST_F(CliTest, BenchPrintsATableAndJson) {
+  Outcome o = run_cli("bench --variant flash2 --heads 2 --nq 40 --nk 50 --d 16 --repeat 1 --json " +
+                      path("b.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("flash2"), std::string::npos);
+  EXPECT_TRUE(fs::exists(path("b.json")));
+}
+
+TEST_F(CliTest, MissingAndUnreadableFiles) {
+  write_qkv({4, 8}, {6, 8}, {6, 8});
+  expect_refused("run --q " + path("nope.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "Q file '" + path("nope.npy") + "': cannot open");
+  expect_refused("run --q " + dir.string() + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "Q file");
+  expect_refused("run --k " + path("k.npy") + " --v " + path("v.npy"), "missing required option --q");
+}
+
+TEST_F(CliTest, EmptyTruncatedAndForeignFiles) {
+  write_qkv({4, 8}, {6, 8}, {6, 8});
+  put("empty.npy", "");
+  expect_refused("run --q " + path("empty.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "file is empty");
+  put("text.npy", "hello, this is not numpy data at all");
+  expect_refused("run --q " + path("text.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "not a .npy file");
+  put("cut.npy", npy_bytes("<f4", "(4, 8)", "").substr(0, 30));
+  expect_refused("run --q " + path("cut.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "truncated inside the header");
+  // The header promises 2^40 floats: refused before any allocation.
+  put("liar.npy", npy_bytes("<f4", "(1048576, 1048576)", std::string(64, '\0')));
+  expect_refused("run --q " + path("liar.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "header promises shape");
+  put("short.npy", npy_bytes("<f4", "(4, 8)", std::string(100, '\0')));
+  expect_refused("run --q " + path("short.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "holds only 100");
+}
+
+TEST_F(CliTest, UnsupportedDtypesAndRanks) {
+  write_qkv({4, 8}, {6, 8}, {6, 8});
+  put("f64.npy", npy_bytes("<f8", "(4, 8)", std::string(256, '\0')));
+  expect_refused("run --q " + path("f64.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "unsupported dtype '<f8'");
+  put("be.npy", npy_bytes(">f4", "(4, 8)", std::string(128, '\0')));
+  expect_refused("run --q " + path("be.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "unsupported dtype '>f4'");
+  put("r1.npy", npy_bytes("<f4", "(8,)", std::string(32, '\0')));
+  expect_refused("run --q " + path("r1.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "Q must have rank 2");
+  put("r5.npy", npy_bytes("<f4", "(1, 1, 1, 4, 8)", std::string(128, '\0')));
+  expect_refused("run --q " + path("r5.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "got rank 5");
+}
+
+TEST_F(CliTest, ShapesThatDoNotFitTogether) {
+  write_qkv({2, 3, 4, 8}, {2, 2, 6, 8}, {2, 2, 6, 8});
+  expect_refused("run " + qkv(), "must be a multiple of K/V's heads");
+  write_qkv({2, 2, 4, 8}, {1, 2, 6, 8}, {1, 2, 6, 8});
+  expect_refused("run " + qkv(), "batch sizes differ");
+  write_qkv({2, 2, 4, 8}, {2, 2, 6, 8}, {2, 2, 7, 8});
+  expect_refused("run " + qkv(), "same number of keys");
+  write_qkv({2, 2, 4, 8}, {2, 2, 6, 16}, {2, 2, 6, 8});
+  expect_refused("run " + qkv(), "same head dim");
+}
+
+TEST_F(CliTest, TensorTooLargeForTheDeviceNamesTheLimit) {
+  // K of 540000 x 64 floats is 138 MB, over lavapipe's 128 MiB maxStorageBufferRange.
+  put_tensor("q.npy", HostTensor({1, 64}));
+  put_tensor("k.npy", HostTensor({540000, 64}));
+  put_tensor("v.npy", HostTensor({540000, 1}));
+  if (list_devices()[0].max_storage_buffer_range >= 540000ull * 64 * 4) GTEST_SKIP() << "device has a larger range";
+  expect_refused("run " + qkv(), "maxStorageBufferRange");
+}
+
+TEST_F(CliTest, BadOptionValues) {
+  write_qkv({1, 2, 4, 8}, {1, 2, 6, 8}, {1, 2, 6, 8});
+  expect_refused("run " + qkv() + " --variant flash3", "unknown variant 'flash3'");
+  expect_refused("run " + qkv() + " --scale abc", "--scale expects a finite number");
+  expect_refused("run " + qkv() + " --scale inf", "--scale expects a finite number");
+  expect_refused("run " + qkv() + " --splits 0", "--splits must be between 1");
+  expect_refused("run " + qkv() + " --dtype f64", "--dtype must be f32 or f16");
+  expect_refused("run " + qkv() + " --rope sideways", "unknown rope layout");
+  expect_refused("run " + qkv() + " --device 99", "device 99 does not exist");
+  expect_refused("run " + qkv() + " --device -1", "--device must be between 0");
+  expect_refused("run " + qkv() + " --frobnicate", "unknown option '--frobnicate'");
+  expect_refused("trace " + qkv() + " --row 4", "--row 4 is out of range");
+  expect_refused("trace " + qkv() + " --row 0 --head 2", "--head 2 is out of range");
+  expect_refused("trace " + qkv() + " --row 0 --batch 1", "--batch 1 is out of range");
+  expect_refused("trace " + qkv() + " --row -3", "--row must be between 0");
+  expect_refused("frobnicate", "unknown command 'frobnicate'");
+}
+
+}  // namespace
+}  // namespace flashvk::test
