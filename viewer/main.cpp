@@ -1,0 +1,181 @@
+// flashvk-viewer: step through the FlashAttention family on real GPU traces.
+#include <imgui.h>
+#include <imgui_impl_vulkan.h>
+
+#include <cmath>
+#include <limits>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include "../cli/args.hpp"
+#include "../cli/npy.hpp"
+#include "render.hpp"
+#include "window.hpp"
+
+namespace flashvk::viewer {
+namespace {
+
+const char* kHelp = R"(usage: flashvk-viewer [options]
+
+Opens the viewer on the shipped sample. With --headless (or when there is no display) it renders
+one frame offscreen through Vulkan, writes it as PNG and prints a summary.
+
+options:
+  --preset NAME       sample, huge-logits, falling-rising, sink, masked-mid-row,
+                      fully-masked-row, empty-split, fp16-overflow (default sample)
+  --q Q.npy --k K.npy --v V.npy   load inputs instead of a preset
+  --variant A,B,...   variants to step together (default flash1,flash2,flashd)
+  --row R             query row to trace (default: the preset's)
+  --step N            step cursor: the state after key N (default: the last key)
+  --causal            causal mask (for --q/--k/--v inputs)
+  --headless          render offscreen, no window
+  --screenshot FILE   the PNG to write (headless; default viewer.png)
+  --size WxH          headless image size (default 1600x1000)
+  --assets DIR        folder with sample/ (default: assets next to the build, or ./assets)
+  --device N          Vulkan device index
+
+example:
+  flashvk-viewer --headless --screenshot out.png --preset falling-rising --variant flash2,flashd
+)";
+
+std::vector<Variant> parse_variants(const std::string& list) {
+  std::vector<Variant> out;
+  std::stringstream ss(list);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    try {
+      out.push_back(parse_variant(name));
+    } catch (const Error& e) {
+      throw cli::UsageError{std::string("--variant: ") + e.what()};
+    }
+  }
+  if (out.empty()) throw cli::UsageError{"--variant needs at least one variant"};
+  return out;
+}
+
+struct Options {
+  Inputs inputs;
+  UiState ui;
+  std::vector<Variant> variants = {Variant::flash1, Variant::flash2, Variant::flashd};
+  int step = -1, device = -1;
+  bool headless = false;
+  std::string screenshot = "viewer.png";
+  uint32_t width = 1600, height = 1000;
+};
+
+Options parse(const std::vector<std::string>& argv) {
+  cli::Args args(argv, {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets", "device"},
+                 {"headless", "causal"});
+  Options o;
+  o.ui.assets = args.text("assets", FLASHVK_ASSETS);
+  o.headless = args.flag("headless");
+  o.screenshot = args.text("screenshot", o.screenshot);
+  o.device = int(args.integer("device", -1, 0, 1 << 20));
+  o.step = int(args.integer("step", -1, 0, INT32_MAX));
+  if (args.has("variant")) o.variants = parse_variants(args.text("variant"));
+  if (args.has("size")) {
+    unsigned w = 0, h = 0;
+    if (std::sscanf(args.text("size").c_str(), "%ux%u", &w, &h) != 2 || w < 800 || h < 600 || w > 8192 || h > 8192)
+      throw cli::UsageError{"--size must be WxH between 800x600 and 8192x8192, got '" + args.text("size") + "'"};
+    o.width = w, o.height = h;
+  }
+  if (args.has("q") || args.has("k") || args.has("v")) {
+    o.inputs.name = "files";
+    o.inputs.q = npy::read(args.required("q"), "Q");
+    o.inputs.k = npy::read(args.required("k"), "K");
+    o.inputs.v = npy::read(args.required("v"), "V");
+    o.inputs.params.causal = args.flag("causal");
+  } else {
+    std::string preset = args.text("preset", "sample");
+    o.inputs = make_preset(preset, o.ui.assets);
+    const auto& names = preset_names();
+    o.ui.preset = int(std::find(names.begin(), names.end(), preset) - names.begin());
+  }
+  Dims d = check_shapes(o.inputs.q.shape, o.inputs.k.shape, o.inputs.v.shape);
+  if (args.has("row")) {
+    auto row = args.integer("row", 0, 0, int64_t(d.nq) - 1);
+    o.inputs.row = uint32_t(row);
+  }
+  return o;
+}
+
+void print_summary(const Model& model, const std::string& path) {
+  const Dims& d = model.dims();
+  std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(), model.context().device().name.c_str());
+  std::printf("  input B=%u H=%u Nq=%u Nk=%u d=%u dv=%u%s, row %u of head %u, step %d of %d\n", d.batch,
+              d.heads, d.nq, d.nk, d.d, d.dv, model.inputs().params.causal ? " causal" : "", model.row,
+              model.head, model.cursor, model.steps() - 1);
+  for (const auto& t : model.traces()) {
+    double err = 0;
+    for (size_t c = 0; c < model.direct().out.size(); ++c)
+      err = std::max(err, std::abs(double(t.gpu.out[c]) - model.direct().out[c]));
+    int rescales = 0, underflows = 0;
+    for (size_t i = 1; i < t.gpu.steps.size(); ++i)
+      rescales += t.gpu.steps.m[i] > t.gpu.steps.m[i - 1] && std::isfinite(t.gpu.steps.m[i - 1]);
+    for (size_t i = 0; i < t.gpu.steps.size(); ++i) underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > std::numeric_limits<float>::min();
+    std::printf("  %-8s output error vs float64 %.2e, %u tiles of %u keys, %d rescales of m, %d weight underflows\n",
+                variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales, underflows);
+  }
+  if (!model.last_error.empty()) std::printf("  error: %s\n", model.last_error.c_str());
+  std::printf("  wrote %s\n", path.c_str());
+}
+
+int run_headless(Options& o) {
+  Device dev({}, false, o.device);
+  Context ctx = Context::adopt(dev.external());  // the engine runs on the viewer's own device
+  Model model(ctx);
+  model.selected = o.variants;
+  model.load(std::move(o.inputs));
+  if (o.step >= 0) model.cursor = std::min(o.step, model.steps() - 1);
+  Offscreen target(dev, o.width, o.height, VK_FORMAT_R8G8B8A8_UNORM);
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;
+  io.DisplaySize = ImVec2(float(o.width), float(o.height));
+  ImGui::StyleColorsDark();
+  init_imgui_vulkan(dev, target.render_pass(), 2);
+  std::vector<uint8_t> pixels;
+  for (int frame = 0; frame < 3; ++frame) {  // auto-sized widgets settle after a frame or two
+    io.DeltaTime = 1.0f / 60.0f;
+    ImGui_ImplVulkan_NewFrame();
+    ImGui::NewFrame();
+    draw_ui(model, o.ui, 0.0);
+    ImGui::Render();
+    if (frame == 2) pixels = target.render();
+  }
+  write_png(o.screenshot, pixels, o.width, o.height);
+  print_summary(model, o.screenshot);
+  ImGui_ImplVulkan_Shutdown();
+  ImGui::DestroyContext();
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> argv_list(argv + 1, argv + argc);
+  for (const auto& a : argv_list)
+    if (a == "--help" || a == "-h") return std::cout << kHelp, 0;
+  Options o = parse(argv_list);
+  if (!o.headless && !display_available()) {
+    std::fprintf(stderr, "flashvk-viewer: no display; rendering headless to %s\n", o.screenshot.c_str());
+    o.headless = true;
+  }
+  if (o.headless) return run_headless(o);
+  return run_window(o.device, std::move(o.inputs), o.ui, o.variants);
+}
+
+}  // namespace
+}  // namespace flashvk::viewer
+
+int main(int argc, char** argv) {
+  try {
+    return flashvk::viewer::run(argc, argv);
+  } catch (const flashvk::cli::UsageError& e) {
+    std::fprintf(stderr, "flashvk-viewer: error: %s\n", e.message.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashvk-viewer: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,171 @@
+#include "model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace flashvk::viewer {
+namespace {
+
+// A float64 weight below this is 0 in fp32 anyway; only larger ones count as underflow.
+constexpr double kSmallestFloat = std::numeric_limits<float>::min();
+
+// The output the state after step i stands for: FA2 and splitkv keep o unnormalised.
+std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
+  std::vector<std::vector<double>> out;
+  for (size_t i = 0; i < s.o.size(); ++i) {
+    double div = (v == Variant::flash2 || v == Variant::splitkv) && s.l[i] > 0 ? s.l[i] : 1.0;
+    std::vector<double> o(s.o[i].begin(), s.o[i].end());
+    for (double& x : o) x /= div;
+    out.push_back(o);
+  }
+  return out;
+}
+
+std::vector<double> step_errors(const TraceSeries& gpu, const reference::RowTrace& ref) {
+  std::vector<double> err;
+  for (size_t i = 0; i < gpu.o.size() && i < ref.o.size(); ++i) {
+    double e = 0.0;
+    for (size_t c = 0; c < gpu.o[i].size(); ++c) {
+      double d = std::abs(double(gpu.o[i][c]) - ref.o[i][c]);
+      e = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(e, d);
+    }
+    err.push_back(e);
+  }
+  return err;
+}
+
+}  // namespace
+
+void Model::load(Inputs inputs) {
+  dims_ = check_shapes(inputs.q.shape, inputs.k.shape, inputs.v.shape);
+  in_ = std::move(inputs);
+  batch = 0;
+  head = 0;
+  row = std::min(in_.row, dims_.nq - 1);
+  retrace();
+  cursor = last_visible_key();
+}
+
+int Model::last_visible_key() const {
+  for (int i = steps() - 1; i >= 0; --i)
+    if (std::isfinite(scores_[size_t(i)])) return i;
+  return std::max(0, steps() - 1);
+}
+
+void Model::retrace() {
+  last_error.clear();
+  batch = std::min(batch, dims_.batch - 1);
+  head = std::min(head, dims_.heads - 1);
+  row = std::min(row, dims_.nq - 1);
+  scores_ = reference::row_scores(in_.q, in_.k, in_.params, batch, head, row);
+  std::vector<reference::Vec> values = reference::value_rows(in_.v, dims_, batch, head);
+  direct_ = reference::direct_row(scores_, values);
+  fa1_ = reference::flash1_row(scores_, values);
+  fa2_ = reference::flash2_row(scores_, values);
+  fd_ = reference::flashd_row(scores_, values);
+  traces_.clear();
+  for (Variant v : selected) {
+    AttentionParams p = in_.params;
+    p.variant = v;
+    VariantTrace t{v, {}, {}, {}, {}};
+    try {
+      t.gpu = trace(ctx_, in_.q, in_.k, in_.v, p, batch, head, row, in_.dtype);
+    } catch (const Error& e) {
+      last_error = std::string(variant_name(v)) + ": " + e.what();
+      continue;
+    }
+    uint32_t chunk = t.gpu.splits.empty() ? 0 : t.gpu.splits[0].end - t.gpu.splits[0].begin;
+    t.ref = reference::variant_row(v, scores_, values, chunk);
+    t.o_norm = normalised(v, t.gpu.steps);
+    t.error = step_errors(t.gpu.steps, t.ref);
+    traces_.push_back(std::move(t));
+  }
+  cursor = std::clamp(cursor, 0, std::max(0, steps() - 1));
+  build_heatmap();
+}
+
+const reference::RowTrace& Model::ref_of(Variant v) const {
+  if (v == Variant::flash2) return fa2_;
+  if (v == Variant::flashd) return fd_;
+  return fa1_;
+}
+
+uint32_t Model::tile_size() const {
+  for (const auto& t : traces_)
+    if (t.gpu.tile_size) return t.gpu.tile_size;
+  return 0;
+}
+
+bool Model::event_at(Jump jump, int i) const {
+  for (const auto& t : traces_) {
+    const TraceSeries& s = t.gpu.steps;
+    switch (jump) {
+      case Jump::tile:
+        if (t.gpu.tile_size && (i + 1) % int(t.gpu.tile_size) == 0) return true;
+        break;
+      case Jump::rescale:
+        if (i > 0 && s.m[size_t(i)] > s.m[size_t(i - 1)] && std::isfinite(s.m[size_t(i - 1)])) return true;
+        break;
+      case Jump::nonfinite:
+        for (float x : s.o[size_t(i)])
+          if (!std::isfinite(x)) return true;
+        break;
+      case Jump::underflow:
+        if (s.w[size_t(i)] == 0.0f && t.ref.w[size_t(i)] > kSmallestFloat) return true;
+        break;
+      case Jump::error:
+        if (t.error[size_t(i)] > error_threshold) return true;
+        break;
+    }
+  }
+  return false;
+}
+
+int Model::find(Jump jump, int dir) const {
+  for (int i = cursor + dir; i >= 0 && i < steps(); i += dir)
+    if (event_at(jump, i)) return i;
+  return -1;
+}
+
+void Model::build_heatmap() {
+  size_t nq = dims_.nq, nk = dims_.nk;
+  heat_s_.assign(nq * nk, 0.0);
+  heat_p_.assign(nq * nk, 0.0);
+  if (nq * nk > 4'000'000) return;  // too large to show; the panel says so
+  for (uint32_t i = 0; i < nq; ++i) {
+    reference::Vec s = reference::row_scores(in_.q, in_.k, in_.params, batch, head, i);
+    double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+    for (double x : s) m = std::max(m, x);
+    for (double x : s) sum += std::isinf(x) ? 0.0 : std::exp(x - m);
+    for (size_t j = 0; j < nk; ++j) {
+      heat_s_[i * nk + j] = s[j];
+      heat_p_[i * nk + j] = std::isinf(s[j]) || sum == 0 ? 0.0 : std::exp(s[j] - m) / sum;
+    }
+  }
+}
+
+std::string Model::csv() const {
+  std::string out = "variant,step,s,m,l,w,lse,error";
+  uint32_t dv = dims_.dv;
+  for (uint32_t c = 0; c < dv; ++c) out += ",o" + std::to_string(c);
+  out += "\n";
+  char buf[64];
+  auto num = [&](double x) {
+    std::snprintf(buf, sizeof buf, ",%.9g", x);
+    return std::string(buf);
+  };
+  for (const auto& t : traces_) {
+    const TraceSeries& s = t.gpu.steps;
+    for (size_t i = 0; i < s.size(); ++i) {
+      out += std::string(variant_name(t.variant)) + "," + std::to_string(i) + num(s.s[i]) +
+             num(s.m[i]) + num(s.l[i]) + num(s.w[i]) + num(s.lse[i]) + num(t.error[i]);
+      for (float x : s.o[i]) out += num(x);
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace flashvk::viewer

@@ -1,0 +1,95 @@
+#pragma once
+// What the viewer shows, independent of ImGui: the inputs, the traces of the selected variants
+// for one query row (recorded on the GPU), their float64 references, and the step cursor.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flashvk.hpp"
+
+namespace flashvk::viewer {
+
+struct Inputs {
+  std::string name;
+  HostTensor q, k, v;
+  AttentionParams params;  // scale, causal, key mask, splits
+  DType dtype = DType::f32;
+  uint32_t row = 0;        // the row a preset wants shown first
+};
+
+/// Names of the built-in cases, "sample" first.
+const std::vector<std::string>& preset_names();
+/// A one-line description of a preset, for the UI.
+std::string preset_description(const std::string& name);
+/// Builds a preset; `assets` is the folder holding sample/{q,k,v}.npy. Throws Error if unknown.
+Inputs make_preset(const std::string& name, const std::string& assets);
+
+struct RandomSpec {
+  int heads = 2, nq = 32, nk = 128, d = 16;
+  float scale = 0.0f;  // 0: 1/sqrt(d)
+  bool causal = true;
+  int seed = 1;
+};
+Inputs make_random(const RandomSpec& spec);
+
+/// One variant's trace of the current row, with its float64 recurrence beside it.
+struct VariantTrace {
+  Variant variant;
+  Trace gpu;
+  reference::RowTrace ref;
+  std::vector<std::vector<double>> o_norm;  // per step: the output the state stands for
+  std::vector<double> error;                // per step: max |gpu state - float64 state|
+};
+
+enum class Jump { tile, rescale, nonfinite, underflow, error };
+
+class Model {
+ public:
+  explicit Model(Context& ctx) : ctx_(ctx) {}
+
+  void load(Inputs inputs);  ///< replaces the inputs and retraces
+  void retrace();            ///< after a change of variant, row, head, batch or dtype
+
+  Context& context() const { return ctx_; }
+  const Inputs& inputs() const { return in_; }
+  Inputs& mutable_inputs() { return in_; }
+  const Dims& dims() const { return dims_; }
+
+  std::vector<Variant> selected = {Variant::flash1, Variant::flash2, Variant::flashd};
+  uint32_t batch = 0, head = 0, row = 0;
+  int cursor = 0;  ///< step index: the state after key `cursor`
+  double error_threshold = 1e-5;
+
+  const std::vector<VariantTrace>& traces() const { return traces_; }
+  const reference::Vec& scores() const { return scores_; }
+  const reference::RowTrace& direct() const { return direct_; }
+  /// float64 recurrences of FA1, FA2 and FLASH-D for the derivation panel, whatever is selected.
+  const reference::RowTrace& ref_of(Variant v) const;
+  int steps() const { return int(scores_.size()); }
+  int last_visible_key() const;  ///< where the cursor starts: the row's final state
+  uint32_t tile_size() const;
+
+  /// Next (dir = +1) or previous (-1) step with the event, or -1 if there is none.
+  int find(Jump jump, int dir) const;
+
+  /// S (scaled scores, -inf masked) and P for the current (batch, head): [Nq][Nk] row-major.
+  const std::vector<double>& heat_s() const { return heat_s_; }
+  const std::vector<double>& heat_p() const { return heat_p_; }
+
+  std::string csv() const;
+  std::string last_error;  ///< shown in the UI when a retrace failed
+
+ private:
+  void build_heatmap();
+  bool event_at(Jump jump, int step) const;
+
+  Context& ctx_;
+  Inputs in_;
+  Dims dims_;
+  std::vector<VariantTrace> traces_;
+  reference::Vec scores_;
+  reference::RowTrace direct_, fa1_, fa2_, fd_;
+  std::vector<double> heat_s_, heat_p_;
+};
+
+}  // namespace flashvk::viewer

@@ -1,0 +1,137 @@
+// Built-in inputs: the shipped sample, random inputs, and the cases that break naive code.
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "../cli/npy.hpp"
+#include "model.hpp"
+
+namespace flashvk::viewer {
+namespace {
+
+HostTensor gaussian(std::vector<int64_t> shape, uint32_t seed, float sigma = 1.0f) {
+  HostTensor t(std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  for (float& x : t.data) x = dist(rng);
+  return t;
+}
+
+// d = 2 with q = (1, 0): the scores are exactly the given values (scale 1).
+Inputs from_scores(const std::string& name, const std::vector<float>& s, uint32_t dv) {
+  Inputs in;
+  in.name = name;
+  int64_t n = int64_t(s.size());
+  in.q = HostTensor({1, 1, 1, 2}, {1.0f, 0.0f});
+  in.k = HostTensor({1, 1, n, 2});
+  for (int64_t j = 0; j < n; ++j) in.k.data[size_t(2 * j)] = s[size_t(j)];
+  in.v = gaussian({1, 1, n, dv}, 3);
+  in.params.scale = 1.0f;
+  return in;
+}
+
+const std::map<std::string, std::string>& descriptions() {
+  static const std::map<std::string, std::string> d = {
+      {"sample", "the shipped sample (assets/sample): 2 heads, 24 queries, 96 keys, d = 16, causal"},
+      {"huge-logits", "scores in the thousands: exp() overflows without a max"},
+      {"falling-rising", "scores fall to -2000 then rise: the literal FLASH-D ln w underflows"},
+      {"sink", "key 0 dominates every row (attention sink)"},
+      {"masked-mid-row", "keys masked in the middle of the row, the first key too"},
+      {"fully-masked-row", "causal with Nq > Nk: the first rows see no key (zeros, LSE -inf)"},
+      {"empty-split", "splitkv with one chunk fully masked: it must add nothing to the merge"},
+      {"fp16-overflow", "70000 equal fp16 scores: l passes fp16's 65504, accumulated in fp32"},
+  };
+  return d;
+}
+
+}  // namespace
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = {"sample", "huge-logits", "falling-rising", "sink",
+                                                 "masked-mid-row", "fully-masked-row",
+                                                 "empty-split", "fp16-overflow"};
+  return names;
+}
+
+std::string preset_description(const std::string& name) {
+  auto it = descriptions().find(name);
+  return it == descriptions().end() ? "" : it->second;
+}
+
+Inputs make_random(const RandomSpec& r) {
+  Inputs in;
+  in.name = "random";
+  in.q = gaussian({1, r.heads, r.nq, r.d}, uint32_t(r.seed));
+  in.k = gaussian({1, r.heads, r.nk, r.d}, uint32_t(r.seed) + 1);
+  in.v = gaussian({1, r.heads, r.nk, r.d}, uint32_t(r.seed) + 2);
+  if (r.scale > 0) in.params.scale = r.scale;
+  in.params.causal = r.causal;
+  in.row = uint32_t(r.nq - 1);
+  return in;
+}
+
+Inputs make_preset(const std::string& name, const std::string& assets) {
+  Inputs in;
+  if (name == "sample") {
+    in.name = name;
+    in.q = npy::read(assets + "/sample/q.npy", "Q");
+    in.k = npy::read(assets + "/sample/k.npy", "K");
+    in.v = npy::read(assets + "/sample/v.npy", "V");
+    in.params.causal = true;
+    in.row = 20;
+  } else if (name == "huge-logits") {
+    in.name = name;
+    in.q = gaussian({1, 1, 8, 32}, 1, 10.0f);
+    in.k = gaussian({1, 1, 160, 32}, 2, 10.0f);
+    in.v = gaussian({1, 1, 160, 8}, 3);
+    in.params.scale = 1.0f;
+    in.row = 3;
+  } else if (name == "falling-rising") {
+    std::vector<float> s;
+    for (int j = 0; j < 160; ++j) s.push_back(-12.5f * float(j));
+    for (int j = 0; j < 80; ++j) s.push_back(-2000.0f + 25.5f * float(j));
+    in = from_scores(name, s, 6);
+  } else if (name == "sink") {
+    in.name = name;
+    in.q = gaussian({1, 1, 16, 16}, 4);
+    for (float& x : in.q.data) x = std::abs(x) + 0.5f;
+    in.k = gaussian({1, 1, 120, 16}, 5);
+    for (int c = 0; c < 16; ++c) in.k.data[size_t(c)] = 6.0f;
+    in.v = gaussian({1, 1, 120, 8}, 6);
+    in.row = 15;
+  } else if (name == "masked-mid-row") {
+    in.name = name;
+    in.q = gaussian({1, 1, 4, 16}, 7);
+    in.k = gaussian({1, 1, 160, 16}, 8);
+    in.v = gaussian({1, 1, 160, 8}, 9);
+    in.params.key_mask.assign(160, 1);
+    for (int j = 0; j < 160; ++j)
+      if (j == 0 || (j >= 40 && j < 90) || j % 9 == 4) in.params.key_mask[size_t(j)] = 0;
+  } else if (name == "fully-masked-row") {
+    in.name = name;
+    in.q = gaussian({1, 1, 40, 16}, 10);
+    in.k = gaussian({1, 1, 24, 16}, 11);
+    in.v = gaussian({1, 1, 24, 8}, 12);
+    in.params.causal = true;
+    in.row = 3;
+  } else if (name == "empty-split") {
+    in.name = name;
+    in.q = gaussian({1, 1, 2, 16}, 13);
+    in.k = gaussian({1, 1, 256, 16}, 14);
+    in.v = gaussian({1, 1, 256, 8}, 15);
+    in.params.splits = 4;
+    in.params.key_mask.assign(256, 1);
+    for (int j = 64; j < 128; ++j) in.params.key_mask[size_t(j)] = 0;
+  } else if (name == "fp16-overflow") {
+    std::vector<float> s(70000, 0.25f);
+    in = from_scores(name, s, 4);
+    in.dtype = DType::f16;
+  } else {
+    std::string list;
+    for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
+    throw Error("unknown preset '" + name + "'; expected one of " + list);
+  }
+  return in;
+}
+
+}  // namespace flashvk::viewer

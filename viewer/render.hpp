@@ -1,0 +1,66 @@
+#pragma once
+// The viewer's Vulkan objects: one device, created here and lent to the engine through
+// Context::adopt, and an offscreen colour target that ImGui draws into for PNGs.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <vulkan/vulkan.h>
+
+#include "flashvk.hpp"
+
+namespace flashvk::viewer {
+
+struct Device {
+  VkInstance instance = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t family = 0;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkDescriptorPool imgui_pool = VK_NULL_HANDLE;
+
+  /// `instance_extensions` are what the window system needs (none when headless).
+  Device(const std::vector<const char*>& instance_extensions, bool swapchain, int index);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  ExternalDevice external() const { return {instance, physical, device, queue, family, true}; }
+  /// Records with `fill`, submits on the shared queue and waits.
+  void submit(const std::function<void(VkCommandBuffer)>& fill) const;
+};
+
+/// A colour image with a render pass and framebuffer, read back as RGBA8.
+class Offscreen {
+ public:
+  Offscreen(const Device& dev, uint32_t width, uint32_t height, VkFormat format);
+  ~Offscreen();
+  Offscreen(const Offscreen&) = delete;
+  Offscreen& operator=(const Offscreen&) = delete;
+
+  VkRenderPass render_pass() const { return pass_; }
+  /// Draws the current ImGui draw data and returns the pixels, RGBA, row-major.
+  std::vector<uint8_t> render();
+  uint32_t width() const { return width_; }
+  uint32_t height() const { return height_; }
+
+ private:
+  const Device& dev_;
+  uint32_t width_, height_;
+  VkFormat format_;
+  VkImage image_ = VK_NULL_HANDLE;
+  VkDeviceMemory memory_ = VK_NULL_HANDLE;
+  VkImageView view_ = VK_NULL_HANDLE;
+  VkRenderPass pass_ = VK_NULL_HANDLE;
+  VkFramebuffer framebuffer_ = VK_NULL_HANDLE;
+};
+
+/// Writes RGBA pixels (optionally a sub-rectangle) as PNG; throws Error on failure.
+void write_png(const std::string& path, const std::vector<uint8_t>& rgba, uint32_t width,
+               uint32_t height, const float* rect = nullptr);
+
+/// ImGui's Vulkan backend on `dev`, drawing with `pass`; uploads the font.
+void init_imgui_vulkan(Device& dev, VkRenderPass pass, uint32_t image_count);
+
+}  // namespace flashvk::viewer

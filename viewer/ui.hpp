@@ -1,0 +1,34 @@
+#pragma once
+// The viewer's panels, one function each, laid out over the whole display.
+#include <string>
+
+#include "model.hpp"
+
+namespace flashvk::viewer {
+
+struct UiState {
+  std::string assets = "assets";
+  int preset = 0;
+  RandomSpec random;
+  char q_path[256] = "", k_path[256] = "", v_path[256] = "";
+  char csv_path[256] = "trace.csv", png_path[256] = "viewer.png";
+  bool playing = false;
+  float speed = 20.0f;  // steps per second
+  double play_clock = 0.0;
+  bool log_l = true;
+  bool show_p = true;         // heatmap of P (else S)
+  int png_panel = 0;          // 0 = whole window, else a panel index
+  bool png_requested = false; // set by the Export button; the frame loop saves the image
+  std::string status;
+};
+
+/// Panel names in export order (index 0 is the whole window).
+const char* const* panel_names(int* count);
+
+/// Draws every panel for this frame. `dt` advances playback.
+void draw_ui(Model& model, UiState& ui, double dt);
+
+/// The rectangle of panel `index` (1-based) from the last frame, in pixels: x, y, w, h.
+bool panel_rect(int index, float rect[4]);
+
+}  // namespace flashvk::viewer
