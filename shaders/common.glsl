@@ -5,6 +5,10 @@
 // Layout: Q [B, H, Nq, D], K [B, Hkv, Nk, D], V [B, Hkv, Nk, DV], O [B, H, Nq, DV], LSE [B, H, Nq].
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
+// [[unroll]] on every loop whose trip count is a specialization constant. Besides speed, this is
+// about correctness on llvmpipe: it stops every loop of an invocation once all its loops together
+// have run 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS), so only the tile loop may iterate.
+#extension GL_EXT_control_flow_attributes : require
 
 #ifdef FP16
 #define ELEM float16_t
@@ -16,6 +20,9 @@ layout(local_size_x_id = 0) in;               // BR: query rows per workgroup, o
 layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
 layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
 layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
+// Keys per unrolled chunk of a tile (the host makes BC a multiple of it). Loops over keys run
+// BC / CH times per tile and unroll CH keys inside; loops over head dims unroll fully.
+const uint CH = 1u;
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
@@ -93,9 +100,15 @@ Row packed_row() {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-bool key_visible(Row r, uint j) {
-  if (j >= r.key_end) return false;
-  if ((pc.flags & FLAG_KEY_MASK) != 0u && mask_buf[r.b * pc.nk + j] == 0u) return false;
+// Scalars, not the Row struct: llvmpipe gives every by-value struct argument fresh stack space,
+// and a call per key overflowed its fixed per-invocation stack after a few hundred keys.
+bool key_visible(uint b, uint key_end, uint j) {
+  if (j >= key_end) return false;
+  // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
+  // when no mask is bound (the binding then holds a 16-byte placeholder).
+  if ((pc.flags & FLAG_KEY_MASK) != 0u) {
+    if (mask_buf[b * pc.nk + j] == 0u) return false;
+  }
   return true;
 }
 

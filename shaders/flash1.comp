@@ -11,45 +11,51 @@ bool pass_needs_v(uint pass) { return true; }
 float m_run = NEG_INF;
 float l_run = 0.0;
 float o_acc[DV];  // normalised output of the keys seen so far
+float m_start, l_start;
 
 void state_init() {
-  for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]) {
-  float m_tile = NEG_INF;
-  for (uint c = 0; c < BC; ++c) m_tile = max(m_tile, s[c]);
-  float m_new = max(m_run, m_tile);
+void tile_begin(uint pass) {
+  m_start = m_run;
+  l_start = l_run;
+}
+
+void chunk_update(uint pass, uint c0) {
+  float m_new = max(m_run, chunk_max());
   if (m_new == NEG_INF) return;
   float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
-  float l_tile = 0.0;
-  for (uint c = 0; c < BC; ++c) {
-    s[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_new);
-    l_tile += s[c];
+  float p[CH];
+  float l_chunk = 0.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    p[ci] = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_new);
+    l_chunk += p[ci];
   }
-  float l_new = l_run * alpha + l_tile;
+  float l_new = l_run * alpha + l_chunk;
   float keep = l_run * alpha / l_new;  // share of the old output in the new one
   float inv = 1.0 / l_new;
-  for (uint k = 0; k < DV; ++k) {
-    float acc = 0.0;
-    for (uint c = 0; c < BC; ++c) acc += s[c] * tile_v[c * DV + k];
-    o_acc[k] = o_acc[k] * keep + acc * inv;
-  }
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * inv * tile_v[(c0 + ci) * DV + k];
   m_run = m_new;
   l_run = l_new;
-  if (is_traced(r)) {
-    uint t = j0 / BC;
-    trace_put(t, 1u, m_run);
-    trace_put(t, 2u, l_run);
-    trace_put(t, 3u, l_tile * inv);
-    trace_put(t, 4u, m_run + log(l_run));
-    for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
-  }
+}
+
+void tile_end(uint pass, Row r, uint j0) {
+  if (!is_traced(r) || l_run == 0.0) return;
+  uint t = j0 / BC;
+  float before = m_start == NEG_INF ? 0.0 : l_start * exp(m_start - m_run);
+  trace_put(t, 1u, m_run);
+  trace_put(t, 2u, l_run);
+  trace_put(t, 3u, 1.0 - before / l_run);
+  trace_put(t, 4u, m_run + log(l_run));
+  [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }
 
 void state_finish(Row r) {
   uint row = r.bh * pc.nq + r.i;
-  for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
 }
 

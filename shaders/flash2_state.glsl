@@ -11,52 +11,57 @@ bool pass_needs_v(uint pass) { return true; }
 float m_run = NEG_INF;  // running max of the scores seen so far
 float l_run = 0.0;      // running denominator, relative to m_run
 float o_acc[DV];        // unnormalised output
+float m_start, l_start;  // the state the tile started from, for the tile's share in traces
 
 void state_init() {
-  for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]) {
-  float m_tile = NEG_INF;
-  for (uint c = 0; c < BC; ++c) m_tile = max(m_tile, s[c]);
-  float m_new = max(m_run, m_tile);
-  if (m_new == NEG_INF) return;  // nothing visible yet: state stays empty
+void tile_begin(uint pass) {
+  m_start = m_run;
+  l_start = l_run;
+}
+
+void chunk_update(uint pass, uint c0) {
+  float m_new = max(m_run, chunk_max());
+  if (m_new == NEG_INF) return;  // nothing visible yet: the state stays empty
   // exp(-inf) is spelled out as 0: Vulkan does not promise IEEE infinities in exp().
   float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
-  float l_tile = 0.0;
-  for (uint c = 0; c < BC; ++c) {
-    s[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_new);
-    l_tile += s[c];
+  float p[CH];
+  float l_chunk = 0.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    p[ci] = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_new);
+    l_chunk += p[ci];
   }
-  l_run = l_run * alpha + l_tile;
-  for (uint k = 0; k < DV; ++k) {
-    float acc = o_acc[k] * alpha;
-    for (uint c = 0; c < BC; ++c) acc += s[c] * tile_v[c * DV + k];
-    o_acc[k] = acc;
-  }
+  l_run = l_run * alpha + l_chunk;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= alpha;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * tile_v[(c0 + ci) * DV + k];
   m_run = m_new;
-  if (is_traced(r)) {
-    uint t = j0 / BC;
-    trace_put(t, 1u, m_run);
-    trace_put(t, 2u, l_run);
-    trace_put(t, 3u, l_tile / l_run);
-    trace_put(t, 4u, m_run + log(l_run));
-    for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
-  }
+}
+
+void tile_end(uint pass, Row r, uint j0) {
+  if (!is_traced(r) || l_run == 0.0) return;
+  uint t = j0 / BC;
+  float before = m_start == NEG_INF ? 0.0 : l_start * exp(m_start - m_run);
+  trace_put(t, 1u, m_run);
+  trace_put(t, 2u, l_run);
+  trace_put(t, 3u, 1.0 - before / l_run);  // the tile's share of the denominator
+  trace_put(t, 4u, m_run + log(l_run));
+  [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }
 
 void state_finish(Row r) {
   uint row = r.bh * pc.nq + r.i;
+  float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
 #ifdef SPLIT_KV
   // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
   uint part = row * pc.splits + gl_WorkGroupID.z;
-  float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
-  for (uint k = 0; k < DV; ++k) scratch1[part * DV + k] = o_acc[k] * inv;
+  [[unroll]] for (uint k = 0; k < DV; ++k) scratch1[part * DV + k] = o_acc[k] * inv;
   scratch2[part * 2u] = m_run;
   scratch2[part * 2u + 1u] = l_run;
 #else
-  float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
-  for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k] * inv;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k] * inv;
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
 #endif
 }

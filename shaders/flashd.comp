@@ -8,8 +8,8 @@
 // s_{i-1} - ln w_{i-1} = ln(sum_{j<i} e^{s_j}) =: L_{i-1} exactly, we carry the running
 // log-sum-exp L instead: w_i = sigma(s_i - L_{i-1}), L_i = L_{i-1} + softplus(s_i - L_{i-1}).
 // L is bounded by the scores themselves, so it never under- or overflows, and a masked key
-// (s = -inf) gives w = 0 and leaves L alone. Per tile, the tile's own log-sum-exp t plays the
-// part of s: w = sigma(t - L), and the tile's normalised output plays the part of v.
+// (s = -inf) gives w = 0 and leaves L alone. Per chunk of keys, the chunk's own log-sum-exp t
+// plays the part of s: w = sigma(t - L), and the chunk's normalised output plays the part of v.
 // See docs/algorithms.md for the derivation.
 #include "common.glsl"
 #include "tile.glsl"
@@ -19,23 +19,26 @@ bool pass_needs_v(uint pass) { return true; }
 
 float lse_run = NEG_INF;  // L: log of the softmax denominator of the keys seen so far
 float o_acc[DV];          // normalised output
+float lse_start;
 
 void state_init() {
-  for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]) {
-  // The tile's own log-sum-exp, stabilised by the tile's local max (not a running one).
-  float m_tile = NEG_INF;
-  for (uint c = 0; c < BC; ++c) m_tile = max(m_tile, s[c]);
-  if (m_tile == NEG_INF) return;  // every key of the tile is masked: w = 0
-  float l_tile = 0.0;
-  for (uint c = 0; c < BC; ++c) {
-    s[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_tile);
-    l_tile += s[c];
+void tile_begin(uint pass) { lse_start = lse_run; }
+
+void chunk_update(uint pass, uint c0) {
+  // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
+  float m_chunk = chunk_max();
+  if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
+  float p[CH];
+  float l_chunk = 0.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    p[ci] = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_chunk);
+    l_chunk += p[ci];
   }
-  float t = m_tile + log(l_tile);
-  float w = 1.0;   // the first visible tile takes the whole weight
+  float t = m_chunk + log(l_chunk);
+  float w = 1.0;  // the first visible chunk takes the whole weight
   float keep = 0.0;
   if (lse_run != NEG_INF) {
     float x = t - lse_run;
@@ -45,23 +48,24 @@ void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]) {
   } else {
     lse_run = t;
   }
-  float wt = w / l_tile;
-  for (uint k = 0; k < DV; ++k) {
-    float acc = 0.0;
-    for (uint c = 0; c < BC; ++c) acc += s[c] * tile_v[c * DV + k];
-    o_acc[k] = o_acc[k] * keep + acc * wt;
-  }
-  if (is_traced(r)) {
-    uint t_idx = j0 / BC;
-    trace_put(t_idx, 3u, w);
-    trace_put(t_idx, 4u, lse_run);
-    for (uint k = 0; k < DV; ++k) trace_put(t_idx, TRACE_FIELDS + k, o_acc[k]);
-  }
+  float wt = w / l_chunk;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * wt * tile_v[(c0 + ci) * DV + k];
+}
+
+void tile_end(uint pass, Row r, uint j0) {
+  if (!is_traced(r) || lse_run == NEG_INF) return;
+  uint t = j0 / BC;
+  // The tile's weight: sigma(t_tile - L_start) = 1 - e^(L_start - L_end).
+  trace_put(t, 3u, lse_start == NEG_INF ? 1.0 : 1.0 - exp(lse_start - lse_run));
+  trace_put(t, 4u, lse_run);
+  [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }
 
 void state_finish(Row r) {
   uint row = r.bh * pc.nq + r.i;
-  for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = lse_run;
 }
 

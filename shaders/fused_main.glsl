@@ -1,11 +1,15 @@
 // The loop shared by every fused kernel (online, flash1, flash2, flashd, splitkv): one invocation
-// owns one query row, the workgroup walks K/V in tiles of BC keys staged in shared memory, and the
-// including file supplies the per-tile update of its own recurrence:
-//   const uint PASSES;                     1, or 2 for the two-pass online softmax
+// owns one query row, the workgroup walks K/V in tiles of BC keys staged in shared memory, and
+// each invocation applies its recurrence to the tile CH keys at a time. The including file
+// supplies its own recurrence:
+//   const uint PASSES;                               1, or 2 for the two-pass online softmax
 //   bool pass_needs_v(uint pass);
 //   void state_init();
-//   void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]);
+//   void tile_begin(uint pass);                      remembers the state the tile starts from
+//   void chunk_update(uint pass, uint c0);           the recurrence over the scores in sc[]
+//   void tile_end(uint pass, Row r, uint j0);        records the trace
 //   void state_finish(Row r);
+// With BC = 1 (and so CH = 1) a chunk is one key: the seeds' per-key loops, used for traces.
 
 void main() {
   Row r = packed_row();
@@ -18,7 +22,6 @@ void main() {
 #endif
   end = min(end, workgroup_key_end(r));
   state_init();
-  float s[BC];
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
       uint n = min(BC, end - j0);
@@ -26,11 +29,14 @@ void main() {
       load_k_tile(r.kv_base, j0, n);
       if (pass_needs_v(pass)) load_v_tile(r.kv_base, j0, n);
       barrier();  // the tile is complete in shared memory
-      if (r.valid) {
-        tile_scores(r, j0, n, s);
-        if (BC == 1u && is_traced(r)) trace_put(j0, 0u, s[0]);  // per-key trace: the score
-        state_tile(pass, r, j0, n, s);
+      if (!r.valid) continue;
+      tile_begin(pass);
+      for (uint c0 = 0u; c0 < n; c0 += CH) {
+        chunk_scores(r, j0, c0, n);
+        chunk_update(pass, c0);
       }
+      if (BC == 1u && is_traced(r)) trace_put(j0, 0u, sc[0]);  // per-key trace: the score
+      tile_end(pass, r, j0);
     }
   }
   if (r.valid) state_finish(r);

@@ -11,20 +11,24 @@ void main() {
   uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
   bool traced = is_traced(r);
   float o[DV];
-  for (uint k = 0; k < DV; ++k) o[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o[k] = 0.0;
   for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
     uint n = min(BC, pc.nk - j0);
     barrier();
     load_v_tile(r.kv_base, j0, n);
     barrier();
     if (!r.valid) continue;
-    for (uint c = 0; c < n; ++c) {
-      float p = scratch1[base + j0 + c];
-      for (uint k = 0; k < DV; ++k) o[k] += p * tile_v[c * DV + k];
-      if (traced)
-        for (uint k = 0; k < DV; ++k) trace_put(j0 + c, TRACE_FIELDS + k, o[k]);
+    for (uint c0 = 0u; c0 < n; c0 += CH) {
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+        uint c = c0 + ci;
+        float p = 0.0;
+        if (c < n) p = scratch1[base + j0 + c];  // a branch: a select would read past the row
+        [[unroll]] for (uint k = 0; k < DV; ++k) o[k] += p * tile_v[c * DV + k];
+        if (traced && c < n)
+          [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(j0 + c, TRACE_FIELDS + k, o[k]);
+      }
     }
   }
   if (r.valid)
-    for (uint k = 0; k < DV; ++k) o_buf[(r.bh * pc.nq + r.i) * DV + k] = o[k];
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[(r.bh * pc.nq + r.i) * DV + k] = o[k];
 }

@@ -10,16 +10,17 @@ void main() {
   uint i = gl_GlobalInvocationID.x;
   Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
   load_q(r);
-  float s[BC];
   uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
   for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
     uint n = min(BC, pc.nk - j0);
     barrier();
     load_k_tile(r.kv_base, j0, n);
     barrier();
-    if (r.valid) {
-      tile_scores(r, j0, n, s);
-      for (uint c = 0; c < n; ++c) scratch1[base + j0 + c] = s[c];
+    if (!r.valid) continue;
+    for (uint c0 = 0u; c0 < n; c0 += CH) {
+      chunk_scores(r, j0, c0, n);
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+        if (c0 + ci < n) scratch1[base + j0 + c0 + ci] = sc[ci];
     }
   }
 }

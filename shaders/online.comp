@@ -12,58 +12,59 @@ bool pass_needs_v(uint pass) { return pass == 1u; }
 float m_run = NEG_INF;
 float l_run = 0.0;
 float o_acc[DV];
+float w_tile;  // pass 2: the weight the tile's keys add to the output
 
 void state_init() {
-  for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void first_pass(Row r, uint j0, float s[BC]) {
-  float m_tile = NEG_INF;
-  for (uint c = 0; c < BC; ++c) m_tile = max(m_tile, s[c]);
-  float m_new = max(m_run, m_tile);
+void tile_begin(uint pass) { w_tile = 0.0; }
+
+void first_pass() {
+  float m_new = max(m_run, chunk_max());
   if (m_new == NEG_INF) return;
   float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
-  float l_tile = 0.0;
-  for (uint c = 0; c < BC; ++c) l_tile += s[c] == NEG_INF ? 0.0 : exp(s[c] - m_new);
-  l_run = l_run * alpha + l_tile;
+  float l_chunk = 0.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    l_chunk += sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_new);
+  l_run = l_run * alpha + l_chunk;
   m_run = m_new;
-  if (is_traced(r)) {
-    trace_put(j0 / BC, 1u, m_run);
-    trace_put(j0 / BC, 2u, l_run);
-    trace_put(j0 / BC, 4u, m_run + log(l_run));
-  }
 }
 
-void second_pass(Row r, uint j0, float s[BC]) {
+void second_pass(uint c0) {
   if (l_run == 0.0) return;  // the row sees no key
   float inv = 1.0 / l_run;
-  float w_tile = 0.0;
-  for (uint c = 0; c < BC; ++c) {
-    s[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_run) * inv;
-    w_tile += s[c];
-  }
-  for (uint k = 0; k < DV; ++k) {
-    float acc = o_acc[k];
-    for (uint c = 0; c < BC; ++c) acc += s[c] * tile_v[c * DV + k];
-    o_acc[k] = acc;
-  }
-  if (is_traced(r)) {
-    trace_put(j0 / BC, 3u, w_tile);
-    for (uint k = 0; k < DV; ++k) trace_put(j0 / BC, TRACE_FIELDS + k, o_acc[k]);
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    float a = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_run) * inv;
+    w_tile += a;
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += a * tile_v[(c0 + ci) * DV + k];
   }
 }
 
-void state_tile(uint pass, Row r, uint j0, uint n, inout float s[BC]) {
+void chunk_update(uint pass, uint c0) {
   if (pass == 0u) {
-    first_pass(r, j0, s);
+    first_pass();
   } else {
-    second_pass(r, j0, s);
+    second_pass(c0);
+  }
+}
+
+void tile_end(uint pass, Row r, uint j0) {
+  if (!is_traced(r) || l_run == 0.0) return;
+  uint t = j0 / BC;
+  if (pass == 0u) {
+    trace_put(t, 1u, m_run);
+    trace_put(t, 2u, l_run);
+    trace_put(t, 4u, m_run + log(l_run));
+  } else {
+    trace_put(t, 3u, w_tile);
+    [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
   }
 }
 
 void state_finish(Row r) {
   uint row = r.bh * pc.nq + r.i;
-  for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
 }
 

@@ -16,16 +16,16 @@ void main() {
     float m = scratch2[(first + c) * 2u];
     l_all += m == NEG_INF ? 0.0 : scratch2[(first + c) * 2u + 1u] * exp(m - m_all);
   }
-  float inv = l_all > 0.0 ? 1.0 / l_all : 0.0;
-  for (uint k = 0u; k < DV; ++k) {
-    float acc = 0.0;
-    for (uint c = 0u; c < pc.splits; ++c) {
-      float m = scratch2[(first + c) * 2u];
-      if (m == NEG_INF) continue;
-      float weight = scratch2[(first + c) * 2u + 1u] * exp(m - m_all);
-      acc += scratch1[(first + c) * DV + k] * weight;
-    }
-    o_buf[row * DV + k] = acc * inv;
+  // Chunks outside, head dim inside (unrolled): llvmpipe counts loop iterations per invocation.
+  float acc[DV];
+  [[unroll]] for (uint k = 0; k < DV; ++k) acc[k] = 0.0;
+  for (uint c = 0u; c < pc.splits; ++c) {
+    float m = scratch2[(first + c) * 2u];
+    if (m == NEG_INF) continue;
+    float weight = scratch2[(first + c) * 2u + 1u] * exp(m - m_all);
+    [[unroll]] for (uint k = 0; k < DV; ++k) acc[k] += scratch1[(first + c) * DV + k] * weight;
   }
+  float inv = l_all > 0.0 ? 1.0 / l_all : 0.0;
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = acc[k] * inv;
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l_all > 0.0 ? m_all + log(l_all) : NEG_INF;
 }

@@ -316,11 +316,13 @@ void draw_plots(const Model& model, const UiState& ui) {
     for (int i = 1; i < int(m.size()); ++i)
       if (m[size_t(i)] > m[size_t(i - 1)] && std::isfinite(m[size_t(i - 1)])) rescales.push_back(i);
   }
-  double fp16_max = model.inputs().dtype == DType::f16 ? 65504.0 : NAN;
-  plot("scores s", s_series, n, model.cursor, false, size);
+  // In fp16, e^s overflows above ln 65504 = 11.09: the line a max-free fp16 kernel cannot cross.
+  double fp16_exp_limit = model.inputs().dtype == DType::f16 ? std::log(65504.0) : NAN;
+  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: e^s overflows fp16 above)" : "scores s", s_series, n,
+       model.cursor, false, size, {}, fp16_exp_limit);
   ImGui::SameLine();
   plot("running max m (flashd: log-sum-exp L); red = rescale", m_series, n, model.cursor, false, size, rescales);
-  plot(ui.log_l ? "denominator l (log)" : "denominator l", l_series, n, model.cursor, ui.log_l, size, {}, fp16_max);
+  plot(ui.log_l ? "denominator l (log)" : "denominator l", l_series, n, model.cursor, ui.log_l, size);
   ImGui::SameLine();
   plot("weight w of the new key (white: float64)", w_series, n, model.cursor, false, size);
   plot("error vs float64 recurrence (log)", e_series, n, model.cursor, true, size, {}, model.error_threshold);

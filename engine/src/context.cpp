@@ -367,6 +367,7 @@ Context Context::create(const ContextOptions& options) {
                 std::to_string(devices.size() - 1) + "); see `flashvk devices`");
   impl->physical = devices[static_cast<size_t>(index)];
   impl->info = infos[static_cast<size_t>(index)];
+  impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
@@ -386,6 +387,7 @@ Context Context::adopt(const ExternalDevice& external) {
   impl->queue = external.queue;
   impl->family = external.queue_family;
   impl->info = detail::describe(external.physical_device, 0);
+  impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);

@@ -10,6 +10,8 @@ namespace flashvk::detail {
 
 namespace {
 
+constexpr uint32_t kChunk = 1;  // CH in shaders/common.glsl
+
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
@@ -27,6 +29,11 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
   uint32_t keys = forced_keys ? forced_keys : params.block_keys;
   if (keys == 0) keys = std::min(64u, max_keys);
+  if (keys > kChunk) keys -= forced_keys || params.block_keys ? 0 : keys % kChunk;
+  if (keys > kChunk && keys % kChunk != 0)
+    throw Error("block_keys " + std::to_string(keys) + " must be at most " +
+                std::to_string(kChunk) + " or a multiple of it (keys are unrolled in chunks of " +
+                std::to_string(kChunk) + ")");
   if (keys > max_keys)
     throw Error("block_keys " + std::to_string(keys) + " with d=" + std::to_string(dims.d) +
                 ", dv=" + std::to_string(dims.dv) + " needs " +
@@ -130,6 +137,22 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
   dtype = x.dtype();
   create_pools();
   plan_rope(*this, x, out, rope.position_offset);
+}
+
+uint64_t Plan::loop_iterations(uint64_t keys) const {
+  uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
+  uint64_t chunks = (spec.keys + kChunk - 1) / kChunk;
+  uint64_t passes = params.variant == Variant::online ? 2 : 1;
+  return passes * tiles * (1 + chunks) + 64;  // tile loop and chunk loop, plus set-up
+}
+
+void Plan::check_loop_budget(uint64_t keys) const {
+  if (!impl.loop_limited || loop_iterations(keys) <= kLoopBudget) return;
+  throw Error(std::string(variant_name(params.variant)) + " over " + std::to_string(keys) +
+              " keys with tiles of " + std::to_string(spec.keys) + " needs about " +
+              std::to_string(loop_iterations(keys)) + " loop iterations per invocation, but " +
+              ctx.device().name + " (llvmpipe) stops every shader loop after 65535; use splitkv, "
+              "which splits the keys to fit, or fewer keys");
 }
 
 void Plan::create_pools() {

@@ -77,6 +77,11 @@ class Plan {
   void add_barrier();
   Buffer scratch(uint64_t bytes);
   void check_groups(std::array<uint32_t, 3> groups) const;
+  /// Loop iterations one invocation runs over `keys` keys (llvmpipe caps them; see below).
+  uint64_t loop_iterations(uint64_t keys) const;
+  /// Throws on llvmpipe when one invocation would loop past its cap of 65535 iterations.
+  void check_loop_budget(uint64_t keys) const;
+  static constexpr uint64_t kLoopBudget = 60000;
 
  private:
   void create_pools();

@@ -65,6 +65,9 @@ struct ContextImpl {
   uint32_t family = 0;
   uint32_t timestamp_bits = 0;
   bool fp16_enabled = false;
+  // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together
+  // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
+  bool loop_limited = false;
   VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
   DeviceInfo info;
   VkPhysicalDeviceMemoryProperties memory{};

@@ -16,6 +16,7 @@ void plan_naive(Plan& plan) {
                 std::to_string(d.nq) + " x " + std::to_string(d.nk) + " scores (" +
                 std::to_string(slice) + " bytes) exceed the device's maxStorageBufferRange (" +
                 std::to_string(range) + " bytes); use a fused variant such as flash2");
+  plan.check_loop_budget(d.nk);
   uint32_t total = d.batch * d.heads;
   uint32_t per_chunk = static_cast<uint32_t>(std::min<uint64_t>(total, range / slice));
   plan.scratch1 = plan.scratch(slice * per_chunk);

@@ -31,7 +31,11 @@ void plan_splitkv(Plan& plan) {
                                         d.nk, keys);
     uint32_t per = (d.nk + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
+    while (!plan.params.splits && plan.impl.loop_limited && kps > keys &&
+           plan.loop_iterations(kps) > Plan::kLoopBudget)
+      kps = (kps / 2 + keys - 1) / keys * keys;  // more, shorter chunks for llvmpipe
   }
+  plan.check_loop_budget(kps);
   // A forced split count may leave trailing chunks empty; they still run and merge as (0, -inf, 0).
   plan.splits = plan.params.splits ? plan.params.splits : std::max(1u, (d.nk + kps - 1) / kps);
   plan.keys_per_split = kps;

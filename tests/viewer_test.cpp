@@ -1,0 +1,142 @@
+// Headless screenshots of every preset, checked against what each panel should show.
+#include <stb/stb_image.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Layout of ui.cpp at 1600 x 1000: controls 360 wide, derivation/output 470 wide on the right,
+// plots above 62% of the height in the middle, the heatmap below.
+constexpr int kWidth = 1600, kHeight = 1000, kLeft = 360, kRight = 470;
+constexpr int kPlotsBottom = 620;
+
+struct Image {
+  int w = 0, h = 0;
+  std::vector<uint8_t> rgba;
+  bool near(int x, int y, int r, int g, int b, int tol = 12) const {
+    const uint8_t* p = &rgba[(size_t(y) * size_t(w) + size_t(x)) * 4];
+    return std::abs(p[0] - r) <= tol && std::abs(p[1] - g) <= tol && std::abs(p[2] - b) <= tol;
+  }
+  int count(int x0, int y0, int x1, int y1, int r, int g, int b, int tol = 12) const {
+    int n = 0;
+    for (int y = y0; y < y1; ++y)
+      for (int x = x0; x < x1; ++x) n += near(x, y, r, g, b, tol);
+    return n;
+  }
+};
+
+Image screenshot(const std::string& args, std::string* output = nullptr) {
+  fs::path png = fs::temp_directory_path() / ("flashvk_viewer_" + std::to_string(::getpid()) + ".png");
+  std::string cmd = std::string(FLASHVK_VIEWER) + " --headless --screenshot " + png.string() + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  int status = pclose(pipe);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  if (output) *output = out;
+  Image img;
+  int channels = 0;
+  uint8_t* data = stbi_load(png.string().c_str(), &img.w, &img.h, &channels, 4);
+  if (!data) {
+    ADD_FAILURE() << "no PNG written: " << out;
+    return img;
+  }
+  img.rgba.assign(data, data + size_t(img.w) * size_t(img.h) * 4);
+  stbi_image_free(data);
+  fs::remove(png);
+  return img;
+}
+
+// The first plot (scores) occupies the top-left of the plots panel.
+struct Box {
+  int x0, y0, x1, y1;
+};
+Box scores_plot(const Image& img) {
+  // Find the plot's dark background (25, 27, 33) starting from the panel's top left.
+  Box b{kLeft + 4, 0, kLeft + (kWidth - kLeft - kRight) / 2, kPlotsBottom / 3};
+  for (int y = 20; y < b.y1; ++y)
+    if (img.count(b.x0, y, b.x1, y + 1, 25, 27, 33, 3) > 200) return {b.x0, y, b.x1, y + (kPlotsBottom - y) / 3 - 10};
+  return b;
+}
+
+// Mean y of the white score line in a band of columns, or -1 if absent.
+double line_y(const Image& img, const Box& box, double from, double to) {
+  int x0 = box.x0 + int((box.x1 - box.x0) * from), x1 = box.x0 + int((box.x1 - box.x0) * to);
+  double sum = 0;
+  int n = 0;
+  for (int y = box.y0 + 20; y < box.y1; ++y)
+    for (int x = x0; x < x1; ++x)
+      if (img.near(x, y, 220, 220, 220, 25)) sum += y, ++n;
+  return n ? sum / n : -1;
+}
+
+TEST(Viewer, EveryPresetRendersAllPanels) {
+  for (const char* preset : {"sample", "huge-logits", "falling-rising", "sink", "masked-mid-row",
+                             "fully-masked-row", "empty-split", "fp16-overflow"}) {
+    std::string out;
+    Image img = screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
+    ASSERT_EQ(img.w, kWidth) << preset;
+    ASSERT_EQ(img.h, kHeight) << preset;
+    // Plot backgrounds fill much of the plots panel.
+    EXPECT_GT(img.count(kLeft, 0, kWidth - kRight, kPlotsBottom, 25, 27, 33, 3), 100000) << preset;
+    // The step cursor (yellow) is drawn in the plots.
+    EXPECT_GT(img.count(kLeft, 0, kWidth - kRight, kPlotsBottom, 255, 220, 0, 30), 100) << preset;
+    // Each variant's colour appears (flashd magenta, splitkv cyan, flash2 green).
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 230, 90, 230, 30), 50) << preset << " flashd";
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 60, 220, 220, 30), 50) << preset << " splitkv";
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 90, 210, 90, 30), 50) << preset << " flash2";
+    // Text in the controls and derivation panels (light grey glyph pixels).
+    EXPECT_GT(img.count(0, 0, kLeft, kHeight, 255, 255, 255, 40), 500) << preset;
+    EXPECT_GT(img.count(kWidth - kRight, 0, kWidth, kHeight, 255, 255, 255, 40), 500) << preset;
+    EXPECT_NE(out.find("wrote"), std::string::npos) << out;
+  }
+}
+
+TEST(Viewer, FallingRisingScoresHaveTheirShape) {
+  Image img = screenshot("--preset falling-rising --variant flashd");
+  Box box = scores_plot(img);
+  double start = line_y(img, box, 0.02, 0.06), bottom = line_y(img, box, 0.64, 0.68),
+         end = line_y(img, box, 0.95, 0.98);
+  ASSERT_GT(start, 0);
+  ASSERT_GT(bottom, 0);
+  ASSERT_GT(end, 0);
+  EXPECT_GT(bottom - start, (box.y1 - box.y0) * 0.6) << "the fall to -2000 reaches the bottom";
+  EXPECT_LT(end, bottom - (box.y1 - box.y0) * 0.6) << "the rise comes back up";
+}
+
+TEST(Viewer, SummaryReportsExactOutputs) {
+  std::string out;
+  screenshot("--preset masked-mid-row --variant naive,online,flash1,flash2,flashd,splitkv --step 10", &out);
+  for (const char* v : {"naive", "online", "flash1", "flash2", "flashd", "splitkv"})
+    EXPECT_NE(out.find(v), std::string::npos) << out;
+  // Every variant's error against float64 is printed in the form "error vs float64 X.XXe-YY".
+  size_t at = 0;
+  int checked = 0;
+  while ((at = out.find("error vs float64 ", at)) != std::string::npos) {
+    at += 17;
+    EXPECT_LT(std::stod(out.substr(at, 8)), 1e-5) << out;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+TEST(Viewer, BadOptionsAreRefused) {
+  std::string cmd = std::string(FLASHVK_VIEWER) + " --headless --preset nope 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  char buf[512] = {0};
+  size_t n = fread(buf, 1, sizeof buf - 1, pipe);
+  int status = pclose(pipe);
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(std::string(buf, n).find("unknown preset 'nope'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashvk::test
