@@ -11,16 +11,13 @@ bool pass_needs_v(uint pass) { return true; }
 float m_run = NEG_INF;
 float l_run = 0.0;
 float o_acc[DV];  // normalised output of the keys seen so far
-float m_start, l_start;
+float l_tile;  // the current tile's part of l_run, for its share in traces
 
 void state_init() {
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void tile_begin(uint pass) {
-  m_start = m_run;
-  l_start = l_run;
-}
+void tile_begin(uint pass) { l_tile = 0.0; }
 
 void chunk_update(uint pass, uint c0) {
   float m_new = max(m_run, chunk_max());
@@ -33,6 +30,7 @@ void chunk_update(uint pass, uint c0) {
     l_chunk += p[ci];
   }
   float l_new = l_run * alpha + l_chunk;
+  l_tile = l_tile * alpha + l_chunk;
   float keep = l_run * alpha / l_new;  // share of the old output in the new one
   float inv = 1.0 / l_new;
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= keep;
@@ -45,10 +43,9 @@ void chunk_update(uint pass, uint c0) {
 void tile_end(uint pass, Row r, uint j0) {
   if (!is_traced(r) || l_run == 0.0) return;
   uint t = j0 / BC;
-  float before = m_start == NEG_INF ? 0.0 : l_start * exp(m_start - m_run);
   trace_put(t, 1u, m_run);
   trace_put(t, 2u, l_run);
-  trace_put(t, 3u, 1.0 - before / l_run);
+  trace_put(t, 3u, l_tile / l_run);
   trace_put(t, 4u, m_run + log(l_run));
   [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }

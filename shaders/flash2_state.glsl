@@ -11,16 +11,13 @@ bool pass_needs_v(uint pass) { return true; }
 float m_run = NEG_INF;  // running max of the scores seen so far
 float l_run = 0.0;      // running denominator, relative to m_run
 float o_acc[DV];        // unnormalised output
-float m_start, l_start;  // the state the tile started from, for the tile's share in traces
+float l_tile;  // the current tile's part of l_run, for its share in traces
 
 void state_init() {
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void tile_begin(uint pass) {
-  m_start = m_run;
-  l_start = l_run;
-}
+void tile_begin(uint pass) { l_tile = 0.0; }
 
 void chunk_update(uint pass, uint c0) {
   float m_new = max(m_run, chunk_max());
@@ -34,6 +31,7 @@ void chunk_update(uint pass, uint c0) {
     l_chunk += p[ci];
   }
   l_run = l_run * alpha + l_chunk;
+  l_tile = l_tile * alpha + l_chunk;
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= alpha;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
     [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * tile_v[(c0 + ci) * DV + k];
@@ -43,10 +41,9 @@ void chunk_update(uint pass, uint c0) {
 void tile_end(uint pass, Row r, uint j0) {
   if (!is_traced(r) || l_run == 0.0) return;
   uint t = j0 / BC;
-  float before = m_start == NEG_INF ? 0.0 : l_start * exp(m_start - m_run);
   trace_put(t, 1u, m_run);
   trace_put(t, 2u, l_run);
-  trace_put(t, 3u, 1.0 - before / l_run);  // the tile's share of the denominator
+  trace_put(t, 3u, l_tile / l_run);  // the tile's share of the denominator
   trace_put(t, 4u, m_run + log(l_run));
   [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }

@@ -19,13 +19,13 @@ bool pass_needs_v(uint pass) { return true; }
 
 float lse_run = NEG_INF;  // L: log of the softmax denominator of the keys seen so far
 float o_acc[DV];          // normalised output
-float lse_start;
+float t_tile;  // log-sum-exp of the current tile's scores, for its weight in traces
 
 void state_init() {
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
 }
 
-void tile_begin(uint pass) { lse_start = lse_run; }
+void tile_begin(uint pass) { t_tile = NEG_INF; }
 
 void chunk_update(uint pass, uint c0) {
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
@@ -38,6 +38,7 @@ void chunk_update(uint pass, uint c0) {
     l_chunk += p[ci];
   }
   float t = m_chunk + log(l_chunk);
+  t_tile = t_tile == NEG_INF ? t : max(t_tile, t) + softplus(-abs(t_tile - t));
   float w = 1.0;  // the first visible chunk takes the whole weight
   float keep = 0.0;
   if (lse_run != NEG_INF) {
@@ -57,8 +58,8 @@ void chunk_update(uint pass, uint c0) {
 void tile_end(uint pass, Row r, uint j0) {
   if (!is_traced(r) || lse_run == NEG_INF) return;
   uint t = j0 / BC;
-  // The tile's weight: sigma(t_tile - L_start) = 1 - e^(L_start - L_end).
-  trace_put(t, 3u, lse_start == NEG_INF ? 1.0 : 1.0 - exp(lse_start - lse_run));
+  // The tile's weight in the output: e^(t_tile - L_end), which is sigma(t_tile - L_start).
+  trace_put(t, 3u, t_tile == NEG_INF ? 0.0 : exp(t_tile - lse_run));
   trace_put(t, 4u, lse_run);
   [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
 }

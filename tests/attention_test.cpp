@@ -160,3 +160,40 @@ TEST_F(VulkanTest, BadShapesAreRefusedWithTheTensorNamed) {
 
 }  // namespace
 }  // namespace flashvk::test
+
+namespace flashvk::test {
+namespace {
+
+// Long rows: every loop of an invocation counts against llvmpipe's cap of 65535 iterations,
+// which once dropped outputs past ~450 keys. 5000 keys at d = 64 must be exact for every variant.
+TEST_F(VulkanTest, LongKeySequencesStayExact) {
+  HostTensor q = random_tensor({1, 2, 3, 64}, 51), k = random_tensor({1, 1, 5000, 64}, 52),
+             v = random_tensor({1, 1, 5000, 64}, 53);
+  AttentionParams params;
+  reference::Result ref = reference::direct(q, k, v, params);
+  for (Variant variant : all_variants()) {
+    params.variant = variant;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params)) << variant_name(variant);
+  }
+}
+
+// On llvmpipe a per-key trace (Bc = 1) of 70000 keys would pass the loop cap: it must be refused
+// with the reason, never return a wrong trace. Elsewhere it runs.
+TEST_F(VulkanTest, LoopCapIsRefusedNotSilentlyWrong) {
+  HostTensor q = random_tensor({1, 4}, 54), k = random_tensor({70000, 4}, 55), v = random_tensor({70000, 2}, 56);
+  AttentionParams params;
+  params.variant = Variant::flash2;
+  bool llvmpipe = context().device().name.rfind("llvmpipe", 0) == 0;
+  try {
+    Trace t = trace(context(), q, k, v, params, 0, 0, 0);
+    EXPECT_FALSE(llvmpipe) << "expected a refusal on llvmpipe";
+    EXPECT_EQ(t.steps.size(), 70000u);
+  } catch (const Error& e) {
+    EXPECT_TRUE(llvmpipe) << e.what();
+    EXPECT_NE(std::string(e.what()).find("65535"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flashvk::test

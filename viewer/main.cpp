@@ -61,6 +61,7 @@ struct Options {
   std::vector<Variant> variants = {Variant::flash1, Variant::flash2, Variant::flashd};
   int step = -1, device = -1;
   bool headless = false;
+  std::string window_screenshot;  // --screenshot without --headless: save the window, then exit
   std::string screenshot = "viewer.png";
   uint32_t width = 1600, height = 1000;
 };
@@ -72,6 +73,7 @@ Options parse(const std::vector<std::string>& argv) {
   o.ui.assets = args.text("assets", FLASHVK_ASSETS);
   o.headless = args.flag("headless");
   o.screenshot = args.text("screenshot", o.screenshot);
+  if (!o.headless && args.has("screenshot")) o.window_screenshot = o.screenshot;
   o.device = int(args.integer("device", -1, 0, 1 << 20));
   o.step = int(args.integer("step", -1, 0, INT32_MAX));
   if (args.has("variant")) o.variants = parse_variants(args.text("variant"));
@@ -114,7 +116,7 @@ void print_summary(const Model& model, const std::string& path) {
     int rescales = 0, underflows = 0;
     for (size_t i = 1; i < t.gpu.steps.size(); ++i)
       rescales += t.gpu.steps.m[i] > t.gpu.steps.m[i - 1] && std::isfinite(t.gpu.steps.m[i - 1]);
-    for (size_t i = 0; i < t.gpu.steps.size(); ++i) underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > std::numeric_limits<float>::min();
+    for (size_t i = 0; i < t.gpu.steps.size(); ++i) underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > 1e-30;  // as Model::find
     std::printf("  %-8s output error vs float64 %.2e, %u tiles of %u keys, %d rescales of m, %d weight underflows\n",
                 variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales, underflows);
   }
@@ -162,7 +164,7 @@ int run(int argc, char** argv) {
     o.headless = true;
   }
   if (o.headless) return run_headless(o);
-  return run_window(o.device, std::move(o.inputs), o.ui, o.variants);
+  return run_window(o.device, std::move(o.inputs), o.ui, o.variants, o.window_screenshot);
 }
 
 }  // namespace

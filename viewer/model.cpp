@@ -8,8 +8,9 @@
 namespace flashvk::viewer {
 namespace {
 
-// A float64 weight below this is 0 in fp32 anyway; only larger ones count as underflow.
-constexpr double kSmallestFloat = std::numeric_limits<float>::min();
+// A float64 weight below this is at the edge of fp32 (where GPUs flush to zero) and harmless;
+// a GPU weight of 0 where the float64 one is larger is a real underflow.
+constexpr double kUnderflowFloor = 1e-30;
 
 // The output the state after step i stands for: FA2 and splitkv keep o unnormalised.
 std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
@@ -113,7 +114,7 @@ bool Model::event_at(Jump jump, int i) const {
           if (!std::isfinite(x)) return true;
         break;
       case Jump::underflow:
-        if (s.w[size_t(i)] == 0.0f && t.ref.w[size_t(i)] > kSmallestFloat) return true;
+        if (s.w[size_t(i)] == 0.0f && t.ref.w[size_t(i)] > kUnderflowFloor) return true;
         break;
       case Jump::error:
         if (t.error[size_t(i)] > error_threshold) return true;

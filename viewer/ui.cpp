@@ -217,6 +217,8 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
   ImGui::SameLine();
   if (ImGui::Button(">|")) model.cursor = last;
   ImGui::SliderFloat("steps/s", &ui.speed, 1.0f, 500.0f, "%.0f", ImGuiSliderFlags_Logarithmic);
+  ImGui::SameLine();
+  ImGui::Checkbox("log l", &ui.log_l);
   if (ui.playing) {
     ui.play_clock += dt * ui.speed;
     int advance = int(ui.play_clock);
@@ -240,7 +242,7 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
   }
   float thr = float(model.error_threshold);
   if (ImGui::InputFloat("error threshold", &thr, 0, 0, "%.1e")) model.error_threshold = thr;
-  help_marker("underflow: a step where the GPU's weight is 0 but the float64 recurrence's is not.");
+  help_marker("underflow: a step where the GPU's weight is 0 but the float64 weight is above 1e-30.");
 }
 
 void controls_export(Model& model, UiState& ui) {

@@ -113,7 +113,8 @@ bool display_available() {
   return ok;
 }
 
-int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants) {
+int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants,
+               const std::string& screenshot) {
   if (!glfwInit()) throw Error("GLFW could not start (no display?); use --headless --screenshot FILE");
   glfwWindowHint(GLFW_CLIENT_API, GLFW_NO_API);
   GLFWwindow* window = glfwCreateWindow(1600, 1000, "flashvk viewer", nullptr, nullptr);
@@ -137,7 +138,11 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   ImGui_ImplGlfw_InitForVulkan(window, true);
   init_imgui_vulkan(dev, sc.wd.RenderPass, sc.wd.ImageCount);
   auto last = std::chrono::steady_clock::now();
+  int frames = 0;
+  if (!screenshot.empty()) std::snprintf(ui.png_path, sizeof ui.png_path, "%s", screenshot.c_str());
   while (!glfwWindowShouldClose(window)) {
+    if (!screenshot.empty() && ++frames == 4) ui.png_requested = true;  // layout has settled
+    if (!screenshot.empty() && frames == 6) break;
     glfwPollEvents();
     if (sc.rebuild) {
       glfwGetFramebufferSize(window, &w, &h);

@@ -6,7 +6,9 @@
 namespace flashvk::viewer {
 
 /// The interactive viewer in a GLFW window. Returns the exit status.
-int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants);
+/// With `screenshot` set, saves the window as PNG after a few frames and closes.
+int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants,
+               const std::string& screenshot = "");
 
 /// True when GLFW can open a window here (a display is reachable).
 bool display_available();
