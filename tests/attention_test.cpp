@@ -197,3 +197,27 @@ TEST_F(VulkanTest, LoopCapIsRefusedNotSilentlyWrong) {
 
 }  // namespace
 }  // namespace flashvk::test
+
+namespace flashvk::test {
+namespace {
+
+// Vulkan guarantees only 16 KiB of shared memory; the kernels must fit it at every head dim.
+TEST_F(VulkanTest, FitsVulkansGuaranteedSharedMemory) {
+  for (int64_t d : {64, 128, 256}) {
+    HostTensor q = random_tensor({1, 2, 20, d}, 61), k = random_tensor({1, 2, 70, d}, 62),
+               v = random_tensor({1, 2, 70, d}, 63);
+    AttentionParams params;
+    params.max_shared_memory = 16384;
+    params.causal = true;
+    reference::Result ref = reference::direct(q, k, v, params);
+    for (Variant variant : {Variant::naive, Variant::flash2, Variant::flashd, Variant::splitkv}) {
+      params.variant = variant;
+      HostAttentionResult gpu = attention(context(), q, k, v, params);
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
+          << variant_name(variant) << " d=" << d;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashvk::test

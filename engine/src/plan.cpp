@@ -25,7 +25,8 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  uint32_t budget = std::min(info.max_shared_memory, 48u * 1024u) - 64u;
+  uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
+  uint32_t budget = std::min({limit, info.max_shared_memory, 48u * 1024u}) - 64u;
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
   uint32_t keys = forced_keys ? forced_keys : params.block_keys;
   if (keys == 0) keys = std::min(64u, max_keys);

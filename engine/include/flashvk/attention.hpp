@@ -33,6 +33,9 @@ struct AttentionParams {
   uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
   uint32_t block_rows = 0;     ///< Br, query rows per workgroup; 0 = auto (64)
   uint32_t block_keys = 0;     ///< Bc, keys per tile; 0 = the most that fit in shared memory
+  /// Shared memory the kernels may use per workgroup; 0 = the device's (at most 48 KiB).
+  /// 16384 runs them as on a device with only Vulkan's guaranteed minimum.
+  uint32_t max_shared_memory = 0;
   RopeLayout rope = RopeLayout::none;  ///< rotate Q and K before attention
   double rope_base = 10000.0;
   std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
