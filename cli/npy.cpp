@@ -115,6 +115,7 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
   t.shape = shape;
   t.data.resize(size_t(count));
   const char* data = bytes.data() + data_start;
+  if (need == 0) return t;  // a zero-sized dimension: no data (and no memcpy from null)
   if (item == 4) {
     std::memcpy(t.data.data(), data, need);
   } else {

@@ -9,7 +9,7 @@ packages=(
   mesa-vulkan-drivers vulkan-validationlayers
   libglfw3-dev libimgui-dev libstb-dev libpng-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  xvfb xauth clang-format
+  xvfb xauth clang-format clang libclang-rt-14-dev
 )
 
 missing=()
