@@ -85,13 +85,14 @@ std::string json(const DeviceInfo& dev, const Dims& d, bool causal, DType dtype,
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "%s\n  {\"variant\": \"%s\", \"batch\": %u, \"heads\": %u, \"kv_heads\": %u, "
-                  "\"nq\": %u, \"nk\": %u, \"d\": %u, \"dv\": %u, \"causal\": %s, \"dtype\": \"%s\", "
-                  "\"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu",
-                  i ? "," : "", variant_name(r.variant), d.batch, d.heads, d.kv_heads, d.nq, d.nk,
-                  d.d, d.dv, causal ? "true" : "false", dtype_name(dtype), r.ms, r.gflops,
-                  static_cast<unsigned long long>(r.bytes));
+    std::snprintf(
+        buf, sizeof buf,
+        "%s\n  {\"variant\": \"%s\", \"batch\": %u, \"heads\": %u, \"kv_heads\": %u, "
+        "\"nq\": %u, \"nk\": %u, \"d\": %u, \"dv\": %u, \"causal\": %s, \"dtype\": \"%s\", "
+        "\"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu",
+        i ? "," : "", variant_name(r.variant), d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d, d.dv,
+        causal ? "true" : "false", dtype_name(dtype), r.ms, r.gflops,
+        static_cast<unsigned long long>(r.bytes));
     s += buf;
     if (r.max_err >= 0) {
       std::snprintf(buf, sizeof buf, ", \"max_err\": %.3g", r.max_err);
@@ -105,9 +106,11 @@ std::string json(const DeviceInfo& dev, const Dims& d, bool causal, DType dtype,
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
-  if (std::find(argv.begin(), argv.end(), "--help") != argv.end()) return std::cout << kBenchHelp, 0;
-  Args args(argv, {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype",
-                   "repeat", "json", "device"},
+  if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
+    return std::cout << kBenchHelp, 0;
+  Args args(argv,
+            {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
+             "json", "device"},
             {"causal", "check"});
   const int64_t big = 1 << 24;
   auto batch = args.integer("batch", 1, 1, 4096);
@@ -119,7 +122,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   auto dv = args.integer("dv", d, 1, 256);
   int repeat = static_cast<int>(args.integer("repeat", 3, 1, 1000));
   std::string dtype_text = args.text("dtype", "f32");
-  if (dtype_text != "f32" && dtype_text != "f16") throw UsageError{"--dtype must be f32 or f16, got '" + dtype_text + "'"};
+  if (dtype_text != "f32" && dtype_text != "f16")
+    throw UsageError{"--dtype must be f32 or f16, got '" + dtype_text + "'"};
   DType dtype = dtype_text == "f16" ? DType::f16 : DType::f32;
   std::vector<Variant> variants = all_variants();
   if (args.text("variant", "all") != "all") {
@@ -129,7 +133,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       throw UsageError{std::string("--variant: ") + e.what()};
     }
   }
-  HostTensor q = random_input({batch, heads, nq, d}, 1), k = random_input({batch, kv_heads, nk, d}, 2),
+  HostTensor q = random_input({batch, heads, nq, d}, 1),
+             k = random_input({batch, kv_heads, nk, d}, 2),
              v = random_input({batch, kv_heads, nk, dv}, 3);
   Dims dims = check_shapes(q.shape, k.shape, v.shape);
   ContextOptions options;
@@ -140,15 +145,18 @@ int cmd_bench(const std::vector<std::string>& argv) {
   bool causal = args.flag("causal");
   double flops = 4.0 * dims.batch * dims.heads * visible_pairs(dims, causal) * dims.d;
 
-  std::printf("device: %s\nshape: B=%lld H=%lld Hkv=%lld Nq=%lld Nk=%lld d=%lld dv=%lld %s %s, median of %d\n\n",
-              ctx.device().name.c_str(), (long long)batch, (long long)heads, (long long)kv_heads,
-              (long long)nq, (long long)nk, (long long)d, (long long)dv, causal ? "causal" : "full",
-              dtype_name(dtype), repeat);
+  std::printf(
+      "device: %s\nshape: B=%lld H=%lld Hkv=%lld Nq=%lld Nk=%lld d=%lld dv=%lld %s %s, median of "
+      "%d\n\n",
+      ctx.device().name.c_str(), (long long)batch, (long long)heads, (long long)kv_heads,
+      (long long)nq, (long long)nk, (long long)d, (long long)dv, causal ? "causal" : "full",
+      dtype_name(dtype), repeat);
   std::printf("%-8s %12s %10s %12s%s\n", "variant", "time (ms)", "GFLOP/s", "memory (MiB)",
               args.flag("check") ? "    max error" : "");
   std::vector<Row> rows;
   for (size_t i = 0; i < variants.size(); ++i) {
-    if (isatty(2)) std::fprintf(stderr, "[%zu/%zu] %s ...\r", i + 1, variants.size(), variant_name(variants[i]));
+    if (isatty(2))
+      std::fprintf(stderr, "[%zu/%zu] %s ...\r", i + 1, variants.size(), variant_name(variants[i]));
     AttentionParams params;
     params.variant = variants[i];
     params.causal = causal;
@@ -157,7 +165,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     r.ms = measure(ctx, tq, tk, tv, params, repeat, &r.bytes);
     r.gflops = r.ms > 0 ? flops / (r.ms * 1e6) : 0;
     if (args.flag("check")) r.max_err = check_error(ctx, q, k, v, params, dtype);
-    std::printf("%-8s %12.3f %10.2f %12.2f", variant_name(r.variant), r.ms, r.gflops, double(r.bytes) / (1 << 20));
+    std::printf("%-8s %12.3f %10.2f %12.2f", variant_name(r.variant), r.ms, r.gflops,
+                double(r.bytes) / (1 << 20));
     if (r.max_err >= 0) std::printf("    %.2e", r.max_err);
     std::printf("\n");
     std::fflush(stdout);

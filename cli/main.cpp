@@ -53,7 +53,8 @@ example:
               --out o.npy --lse lse.npy --variant flashd --causal
 )";
 
-const char* kTraceHelp = R"(usage: flashvk trace --q Q.npy --k K.npy --v V.npy --row R --out trace.json [options]
+const char* kTraceHelp =
+    R"(usage: flashvk trace --q Q.npy --k K.npy --v V.npy --row R --out trace.json [options]
 
 Records, on the GPU, what the chosen variant holds for one query row after every key (the
 seeds' per-key loop) and after every tile (the tiled kernel), plus the final output.
@@ -74,7 +75,9 @@ const char* kDevicesHelp = R"(usage: flashvk devices
 Lists the Vulkan devices the loader finds, with the limits flashvk uses, and marks the default.
 )";
 
-[[noreturn]] void usage_fail(const std::string& message) { throw UsageError{message}; }
+[[noreturn]] void usage_fail(const std::string& message) {
+  throw UsageError{message};
+}
 
 std::vector<std::string> tail(int argc, char** argv) {
   return std::vector<std::string>(argv + 2, argv + argc);
@@ -130,8 +133,10 @@ struct Inputs {
 };
 
 Inputs read_inputs(const Args& args) {
-  Inputs in{npy::read(args.required("q"), "Q"), npy::read(args.required("k"), "K"),
-            npy::read(args.required("v"), "V"), {}};
+  Inputs in{npy::read(args.required("q"), "Q"),
+            npy::read(args.required("k"), "K"),
+            npy::read(args.required("v"), "V"),
+            {}};
   in.dims = check_shapes(in.q.shape, in.k.shape, in.v.shape);
   return in;
 }
@@ -160,8 +165,9 @@ Variant default_variant(const Dims& d) {
 
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << kRunHelp, 0;
-  Args args(argv, {"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits", "rope",
-                   "rope-base", "device"},
+  Args args(argv,
+            {"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits", "rope",
+             "rope-base", "device"},
             {"causal"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
@@ -173,7 +179,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   Context ctx = open_device(args);
   auto start = std::chrono::steady_clock::now();
   HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, dtype);
-  double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  double wall =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   npy::write(out_path, r.out);
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
   std::fprintf(stderr, "flashvk: %s (%s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
@@ -184,8 +191,8 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_trace(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << kTraceHelp, 0;
-  Args args(argv, {"q", "k", "v", "out", "row", "batch", "head", "variant", "scale", "dtype",
-                   "device"},
+  Args args(argv,
+            {"q", "k", "v", "out", "row", "batch", "head", "variant", "scale", "dtype", "device"},
             {"causal"});
   std::string out_path = args.required("out");
   if (!args.has("row")) usage_fail("missing required option --row");
@@ -198,13 +205,20 @@ int cmd_trace(const std::vector<std::string>& argv) {
   auto batch = static_cast<uint32_t>(args.integer("batch", 0, 0, INT32_MAX));
   auto head = static_cast<uint32_t>(args.integer("head", 0, 0, INT32_MAX));
   Inputs in = read_inputs(args);
-  if (row >= in.dims.nq) usage_fail("--row " + std::to_string(row) + " is out of range: Q has " + std::to_string(in.dims.nq) + " rows (0.." + std::to_string(in.dims.nq - 1) + ")");
-  if (head >= in.dims.heads) usage_fail("--head " + std::to_string(head) + " is out of range: Q has " + std::to_string(in.dims.heads) + " heads");
-  if (batch >= in.dims.batch) usage_fail("--batch " + std::to_string(batch) + " is out of range: Q has batch " + std::to_string(in.dims.batch));
+  if (row >= in.dims.nq)
+    usage_fail("--row " + std::to_string(row) + " is out of range: Q has " +
+               std::to_string(in.dims.nq) + " rows (0.." + std::to_string(in.dims.nq - 1) + ")");
+  if (head >= in.dims.heads)
+    usage_fail("--head " + std::to_string(head) + " is out of range: Q has " +
+               std::to_string(in.dims.heads) + " heads");
+  if (batch >= in.dims.batch)
+    usage_fail("--batch " + std::to_string(batch) + " is out of range: Q has batch " +
+               std::to_string(in.dims.batch));
   Context ctx = open_device(args);
   Trace t = trace(ctx, in.q, in.k, in.v, params, batch, head, row, dtype);
   write_text(out_path, trace_to_json(t));
-  std::fprintf(stderr, "flashvk: traced row %u of (batch %u, head %u) with %s: %u keys, %zu tiles of %u\n",
+  std::fprintf(stderr,
+               "flashvk: traced row %u of (batch %u, head %u) with %s: %u keys, %zu tiles of %u\n",
                row, batch, head, variant_name(params.variant), t.keys, t.tiles.size(), t.tile_size);
   return 0;
 }
@@ -217,16 +231,19 @@ int cmd_devices(const std::vector<std::string>& argv) {
   Context ctx = Context::create();  // its choice is the default
   for (const DeviceInfo& d : devices) {
     bool is_default = d.index == ctx.device().index && d.name == ctx.device().name;
-    std::printf("%u: %s (%s)%s\n", d.index, d.name.c_str(), d.type.c_str(), is_default ? "  [default]" : "");
+    std::printf("%u: %s (%s)%s\n", d.index, d.name.c_str(), d.type.c_str(),
+                is_default ? "  [default]" : "");
     std::printf("   Vulkan %u.%u.%u, driver %s\n", VK_API_VERSION_MAJOR(d.api_version),
-                VK_API_VERSION_MINOR(d.api_version), VK_API_VERSION_PATCH(d.api_version), d.driver.c_str());
-    std::printf("   shared memory %u B, workgroup %u invocations, subgroup %u\n", d.max_shared_memory,
-                d.max_workgroup_invocations, d.subgroup_size);
+                VK_API_VERSION_MINOR(d.api_version), VK_API_VERSION_PATCH(d.api_version),
+                d.driver.c_str());
+    std::printf("   shared memory %u B, workgroup %u invocations, subgroup %u\n",
+                d.max_shared_memory, d.max_workgroup_invocations, d.subgroup_size);
     std::printf("   storage buffer range %llu MiB, allocation %llu MiB, device memory %llu MiB\n",
                 static_cast<unsigned long long>(d.max_storage_buffer_range >> 20),
                 static_cast<unsigned long long>(d.max_allocation >> 20),
                 static_cast<unsigned long long>(d.device_local_memory >> 20));
-    std::printf("   fp16 storage %s, timestamps %s\n", d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no");
+    std::printf("   fp16 storage %s, timestamps %s\n", d.fp16_storage ? "yes" : "no",
+                d.timestamps ? "yes" : "no");
   }
   return 0;
 }

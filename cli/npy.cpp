@@ -81,7 +81,8 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
     for (int i = 0; i < 4; ++i) header_len |= size_t(uint8_t(bytes[8 + size_t(i)])) << (8 * i);
     header_start = 12;
   } else {
-    fail(what, "unsupported .npy format version " + std::to_string(major) + " (expected 1.0 or 2.0)");
+    fail(what,
+         "unsupported .npy format version " + std::to_string(major) + " (expected 1.0 or 2.0)");
   }
   if (header_start + header_len > bytes.size()) fail(what, "file is truncated inside the header");
   std::string header = bytes.substr(header_start, header_len);
@@ -94,12 +95,14 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
   } else if (descr == "'<f2'" || descr == "'=f2'") {
     item = 2;
   } else {
-    fail(what, "unsupported dtype " + descr + " (expected little-endian float32 '<f4' or float16 '<f2')");
+    fail(what,
+         "unsupported dtype " + descr + " (expected little-endian float32 '<f4' or float16 '<f2')");
   }
   if (order != "False") fail(what, "Fortran-ordered arrays are not supported (save with C order)");
   int64_t count = 1;
   for (int64_t d : shape) {
-    if (d != 0 && count > kMaxElements / d) fail(what, "shape " + shape_string(shape) + " is too large");
+    if (d != 0 && count > kMaxElements / d)
+      fail(what, "shape " + shape_string(shape) + " is too large");
     count *= d;
   }
   size_t data_start = header_start + header_len;
@@ -141,7 +144,8 @@ HostTensor read(const std::string& path, const std::string& what) {
 void write(const std::string& path, const HostTensor& tensor) {
   std::string shape = "(";
   for (size_t i = 0; i < tensor.shape.size(); ++i)
-    shape += std::to_string(tensor.shape[i]) + (tensor.shape.size() == 1 || i + 1 < tensor.shape.size() ? "," : "");
+    shape += std::to_string(tensor.shape[i]) +
+             (tensor.shape.size() == 1 || i + 1 < tensor.shape.size() ? "," : "");
   shape += ")";
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
   size_t total = 10 + header.size() + 1;

@@ -10,8 +10,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> argv(1);
   for (size_t i = 0; i < size; ++i) {
-    if (data[i] == 0) argv.emplace_back();
-    else argv.back() += static_cast<char>(data[i]);
+    if (data[i] == 0)
+      argv.emplace_back();
+    else
+      argv.back() += static_cast<char>(data[i]);
   }
   try {
     flashvk::cli::Args args(argv, {"q", "k", "v", "out", "scale", "splits", "device", "rope-base"},

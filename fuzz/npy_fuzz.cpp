@@ -9,7 +9,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    flashvk::HostTensor t = flashvk::npy::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+    flashvk::HostTensor t =
+        flashvk::npy::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
     if (static_cast<int64_t>(t.data.size()) != t.numel()) __builtin_trap();
   } catch (const flashvk::Error&) {
   }

@@ -174,14 +174,16 @@ TEST_F(VulkanTest, LongKeySequencesStayExact) {
   for (Variant variant : all_variants()) {
     params.variant = variant;
     HostAttentionResult gpu = attention(context(), q, k, v, params);
-    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params)) << variant_name(variant);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
+        << variant_name(variant);
   }
 }
 
 // On llvmpipe a per-key trace (Bc = 1) of 70000 keys would pass the loop cap: it must be refused
 // with the reason, never return a wrong trace. Elsewhere it runs.
 TEST_F(VulkanTest, LoopCapIsRefusedNotSilentlyWrong) {
-  HostTensor q = random_tensor({1, 4}, 54), k = random_tensor({70000, 4}, 55), v = random_tensor({70000, 2}, 56);
+  HostTensor q = random_tensor({1, 4}, 54), k = random_tensor({70000, 4}, 55),
+             v = random_tensor({70000, 2}, 56);
   AttentionParams params;
   params.variant = Variant::flash2;
   bool llvmpipe = context().device().name.rfind("llvmpipe", 0) == 0;

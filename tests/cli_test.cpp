@@ -33,7 +33,8 @@ Outcome run_cli(const std::string& args) {
 // A .npy image as NumPy writes it (format 1.0, or 2.0 with a 4-byte header length).
 std::string npy_bytes(const std::string& descr, const std::string& shape, const std::string& data,
                       int major = 1) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   size_t prefix = major == 1 ? 10 : 12;
   header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');
   header += '\n';
@@ -72,13 +73,15 @@ class CliTest : public ::testing::Test {
   std::string qkv() const {
     return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
   }
-  // The bad-input contract: non-zero exit, one `flashvk: error:` line naming the problem, no output.
+  // The bad-input contract: non-zero exit, one `flashvk: error:` line naming the problem, no
+  // output.
   void expect_refused(const std::string& args, const std::string& message) const {
     Outcome o = run_cli(args + " --out " + path("out.npy"));
     EXPECT_NE(o.status, 0) << o.output;
     EXPECT_LT(o.status, 128) << "crashed: " << o.output;
     EXPECT_EQ(o.output.rfind("flashvk: error: ", 0), 0u) << o.output;
-    EXPECT_NE(o.output.find(message), std::string::npos) << "expected '" << message << "' in: " << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos)
+        << "expected '" << message << "' in: " << o.output;
     EXPECT_EQ(std::count(o.output.begin(), o.output.end(), '\n'), 1) << o.output;
     for (const auto& entry : fs::directory_iterator(dir))
       EXPECT_EQ(entry.path().string().find("out.npy"), std::string::npos)
@@ -109,7 +112,8 @@ TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
 }
 
 TEST_F(CliTest, RunReadsFloat16Inputs) {
-  HostTensor q = round_to_half(random_tensor({5, 8}, 4)), k = round_to_half(random_tensor({9, 8}, 5));
+  HostTensor q = round_to_half(random_tensor({5, 8}, 4)),
+             k = round_to_half(random_tensor({9, 8}, 5));
   auto half_data = [](const HostTensor& t) {
     std::string s;
     for (float x : t.data) {
@@ -129,7 +133,8 @@ TEST_F(CliTest, RunReadsFloat16Inputs) {
 
 TEST_F(CliTest, TraceWritesJsonWithStepsAndTiles) {
   write_qkv({1, 2, 6, 8}, {1, 2, 70, 8}, {1, 2, 70, 8});
-  Outcome o = run_cli("trace " + qkv() + " --row 4 --head 1 --variant flash2 --out " + path("t.json"));
+  Outcome o =
+      run_cli("trace " + qkv() + " --row 4 --head 1 --variant flash2 --out " + path("t.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   std::ifstream in(path("t.json"));
   std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -163,7 +168,8 @@ TEST_F(CliTest, MissingAndUnreadableFiles) {
                  "Q file '" + path("nope.npy") + "': cannot open");
   expect_refused("run --q " + dir.string() + " --k " + path("k.npy") + " --v " + path("v.npy"),
                  "Q file");
-  expect_refused("run --k " + path("k.npy") + " --v " + path("v.npy"), "missing required option --q");
+  expect_refused("run --k " + path("k.npy") + " --v " + path("v.npy"),
+                 "missing required option --q");
 }
 
 TEST_F(CliTest, EmptyTruncatedAndForeignFiles) {
@@ -218,7 +224,8 @@ TEST_F(CliTest, TensorTooLargeForTheDeviceNamesTheLimit) {
   put_tensor("q.npy", HostTensor({1, 64}));
   put_tensor("k.npy", HostTensor({540000, 64}));
   put_tensor("v.npy", HostTensor({540000, 1}));
-  if (list_devices()[0].max_storage_buffer_range >= 540000ull * 64 * 4) GTEST_SKIP() << "device has a larger range";
+  if (list_devices()[0].max_storage_buffer_range >= 540000ull * 64 * 4)
+    GTEST_SKIP() << "device has a larger range";
   expect_refused("run " + qkv(), "maxStorageBufferRange");
 }
 

@@ -32,7 +32,8 @@ struct AppVulkan {
     qi.queueFamilyIndex = family;
     qi.queueCount = 1;
     qi.pQueuePriorities = &priority;
-    VkPhysicalDevice16BitStorageFeatures f16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+    VkPhysicalDevice16BitStorageFeatures f16{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
     f16.storageBuffer16BitAccess = VK_TRUE;
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
     di.pNext = &f16;

@@ -31,8 +31,8 @@ class ExtremeTest : public VulkanTest, public ::testing::WithParamInterface<Vari
 };
 
 TEST_P(ExtremeTest, HugeLogits) {
-  HostTensor q = random_tensor({1, 2, 20, 64}, 1, 12.0f), k = random_tensor({1, 2, 150, 64}, 2, 12.0f),
-             v = random_tensor({1, 2, 150, 64}, 3);
+  HostTensor q = random_tensor({1, 2, 20, 64}, 1, 12.0f),
+             k = random_tensor({1, 2, 150, 64}, 2, 12.0f), v = random_tensor({1, 2, 150, 64}, 3);
   AttentionParams params;
   params.scale = 1.0f;  // scores of several thousand
   expect_exact(q, k, v, params, "huge logits");
@@ -72,7 +72,8 @@ TEST_P(ExtremeTest, MaskedKeysMidRow) {
 }
 
 TEST_P(ExtremeTest, UniformRows) {
-  HostTensor q = random_tensor({1, 1, 5, 4}, 11), k({1, 1, 131, 4}), v = random_tensor({1, 1, 131, 6}, 12);
+  HostTensor q = random_tensor({1, 1, 5, 4}, 11), k({1, 1, 131, 4}),
+             v = random_tensor({1, 1, 131, 6}, 12);
   for (float& x : k.data) x = 0.5f;  // every score in a row is equal: w_i = 1/i
   expect_exact(q, k, v, {}, "uniform rows");
 }

@@ -60,7 +60,8 @@ void expect_threads_match(int threads, ContextFor ctx_for) {
   for (int t = 0; t < threads; ++t) {
     ASSERT_EQ(errors[size_t(t)], "") << "thread " << t;
     for (size_t v = 0; v < expected.size(); ++v)
-      EXPECT_EQ(got[size_t(t)][v], expected[v]) << "thread " << t << " " << variant_name(all_variants()[v]);
+      EXPECT_EQ(got[size_t(t)][v], expected[v])
+          << "thread " << t << " " << variant_name(all_variants()[v]);
   }
 }
 

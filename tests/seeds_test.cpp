@@ -25,9 +25,12 @@ TEST(SeedRecurrences, AllAgreeWithTheDirectFormulaInFloat64) {
   s[10] = s[50] = -std::numeric_limits<double>::infinity();  // masked keys mid-row
   reference::RowTrace direct = reference::direct_row(s, v);
   const std::pair<const char*, reference::RowTrace> rows[] = {
-      {"naive", reference::naive_row(s, v)},       {"online", reference::online_row(s, v)},
-      {"flash1", reference::flash1_row(s, v)},     {"flash2", reference::flash2_row(s, v)},
-      {"flashd", reference::flashd_row(s, v)},     {"flashd_seed", reference::flashd_seed_row(s, v)},
+      {"naive", reference::naive_row(s, v)},
+      {"online", reference::online_row(s, v)},
+      {"flash1", reference::flash1_row(s, v)},
+      {"flash2", reference::flash2_row(s, v)},
+      {"flashd", reference::flashd_row(s, v)},
+      {"flashd_seed", reference::flashd_seed_row(s, v)},
       {"splitkv", reference::splitkv_row(s, v, 13)},
   };
   for (const auto& [name, row] : rows) {
@@ -67,7 +70,8 @@ TEST_F(VulkanTest, Seed004ScalarAttentionExample) {
       double m = -1e300, sum = 0.0, z = 0.0;
       for (int j = 0; j < 200; ++j) m = std::max(m, double(q.data[i]) * k.data[j]);
       for (int j = 0; j < 200; ++j) sum += std::exp(double(q.data[i]) * k.data[j] - m);
-      for (int j = 0; j < 200; ++j) z += std::exp(double(q.data[i]) * k.data[j] - m) / sum * v.data[j];
+      for (int j = 0; j < 200; ++j)
+        z += std::exp(double(q.data[i]) * k.data[j] - m) / sum * v.data[j];
       EXPECT_NEAR(gpu.out.data[i], z, 1e-5) << variant_name(variant) << " row " << i;
     }
   }

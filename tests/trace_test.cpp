@@ -26,9 +26,12 @@ void check_trace(Variant variant, const HostTensor& q, const HostTensor& k, cons
   Trace t = trace(context(), q, k, v, params, 0, head, row);
   Dims d = check_shapes(q.shape, k.shape, v.shape);
   reference::Vec s = reference::row_scores(q, k, params, 0, head, row);
-  uint32_t chunk = variant == Variant::splitkv ? t.splits.empty() ? 0 : t.splits[0].end - t.splits[0].begin : 0;
-  reference::RowTrace ref = reference::variant_row(variant, s, reference::value_rows(v, d, 0, head), chunk);
-  if (variant == Variant::splitkv) ref = reference::splitkv_row(s, reference::value_rows(v, d, 0, head), chunk);
+  uint32_t chunk =
+      variant == Variant::splitkv ? t.splits.empty() ? 0 : t.splits[0].end - t.splits[0].begin : 0;
+  reference::RowTrace ref =
+      reference::variant_row(variant, s, reference::value_rows(v, d, 0, head), chunk);
+  if (variant == Variant::splitkv)
+    ref = reference::splitkv_row(s, reference::value_rows(v, d, 0, head), chunk);
   double tol = 1e-4;
   expect_series_near(t.steps.s, s, tol, "s");
   expect_series_near(t.steps.m, ref.m, tol, "m");

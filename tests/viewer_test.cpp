@@ -33,8 +33,10 @@ struct Image {
 };
 
 Image screenshot(const std::string& args, std::string* output = nullptr) {
-  fs::path png = fs::temp_directory_path() / ("flashvk_viewer_" + std::to_string(::getpid()) + ".png");
-  std::string cmd = std::string(FLASHVK_VIEWER) + " --headless --screenshot " + png.string() + " " + args + " 2>&1";
+  fs::path png =
+      fs::temp_directory_path() / ("flashvk_viewer_" + std::to_string(::getpid()) + ".png");
+  std::string cmd = std::string(FLASHVK_VIEWER) + " --headless --screenshot " + png.string() + " " +
+                    args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -63,7 +65,8 @@ Box scores_plot(const Image& img) {
   // Find the plot's dark background (25, 27, 33) starting from the panel's top left.
   Box b{kLeft + 4, 0, kLeft + (kWidth - kLeft - kRight) / 2, kPlotsBottom / 3};
   for (int y = 20; y < b.y1; ++y)
-    if (img.count(b.x0, y, b.x1, y + 1, 25, 27, 33, 3) > 200) return {b.x0, y, b.x1, y + (kPlotsBottom - y) / 3 - 10};
+    if (img.count(b.x0, y, b.x1, y + 1, 25, 27, 33, 3) > 200)
+      return {b.x0, y, b.x1, y + (kPlotsBottom - y) / 3 - 10};
   return b;
 }
 
@@ -82,7 +85,8 @@ TEST(Viewer, EveryPresetRendersAllPanels) {
   for (const char* preset : {"sample", "huge-logits", "falling-rising", "sink", "masked-mid-row",
                              "fully-masked-row", "empty-split", "fp16-overflow"}) {
     std::string out;
-    Image img = screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
+    Image img =
+        screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
     ASSERT_EQ(img.w, kWidth) << preset;
     ASSERT_EQ(img.h, kHeight) << preset;
     // Plot backgrounds fill much of the plots panel.
@@ -114,7 +118,9 @@ TEST(Viewer, FallingRisingScoresHaveTheirShape) {
 
 TEST(Viewer, SummaryReportsExactOutputs) {
   std::string out;
-  screenshot("--preset masked-mid-row --variant naive,online,flash1,flash2,flashd,splitkv --step 10", &out);
+  screenshot(
+      "--preset masked-mid-row --variant naive,online,flash1,flash2,flashd,splitkv --step 10",
+      &out);
   for (const char* v : {"naive", "online", "flash1", "flash2", "flashd", "splitkv"})
     EXPECT_NE(out.find(v), std::string::npos) << out;
   // Every variant's error against float64 is printed in the form "error vs float64 X.XXe-YY".

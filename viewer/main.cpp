@@ -3,10 +3,10 @@
 #include <imgui_impl_vulkan.h>
 
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "../cli/args.hpp"
@@ -67,8 +67,10 @@ struct Options {
 };
 
 Options parse(const std::vector<std::string>& argv) {
-  cli::Args args(argv, {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets", "device"},
-                 {"headless", "causal"});
+  cli::Args args(
+      argv,
+      {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets", "device"},
+      {"headless", "causal"});
   Options o;
   o.ui.assets = args.text("assets", FLASHVK_ASSETS);
   o.headless = args.flag("headless");
@@ -79,8 +81,10 @@ Options parse(const std::vector<std::string>& argv) {
   if (args.has("variant")) o.variants = parse_variants(args.text("variant"));
   if (args.has("size")) {
     unsigned w = 0, h = 0;
-    if (std::sscanf(args.text("size").c_str(), "%ux%u", &w, &h) != 2 || w < 800 || h < 600 || w > 8192 || h > 8192)
-      throw cli::UsageError{"--size must be WxH between 800x600 and 8192x8192, got '" + args.text("size") + "'"};
+    if (std::sscanf(args.text("size").c_str(), "%ux%u", &w, &h) != 2 || w < 800 || h < 600 ||
+        w > 8192 || h > 8192)
+      throw cli::UsageError{"--size must be WxH between 800x600 and 8192x8192, got '" +
+                            args.text("size") + "'"};
     o.width = w, o.height = h;
   }
   if (args.has("q") || args.has("k") || args.has("v")) {
@@ -105,10 +109,12 @@ Options parse(const std::vector<std::string>& argv) {
 
 void print_summary(const Model& model, const std::string& path) {
   const Dims& d = model.dims();
-  std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(), model.context().device().name.c_str());
-  std::printf("  input B=%u H=%u Nq=%u Nk=%u d=%u dv=%u%s, row %u of head %u, step %d of %d\n", d.batch,
-              d.heads, d.nq, d.nk, d.d, d.dv, model.inputs().params.causal ? " causal" : "", model.row,
-              model.head, model.cursor, model.steps() - 1);
+  std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(),
+              model.context().device().name.c_str());
+  std::printf("  input B=%u H=%u Nq=%u Nk=%u d=%u dv=%u%s, row %u of head %u, step %d of %d\n",
+              d.batch, d.heads, d.nq, d.nk, d.d, d.dv,
+              model.inputs().params.causal ? " causal" : "", model.row, model.head, model.cursor,
+              model.steps() - 1);
   for (const auto& t : model.traces()) {
     double err = 0;
     for (size_t c = 0; c < model.direct().out.size(); ++c)
@@ -116,9 +122,13 @@ void print_summary(const Model& model, const std::string& path) {
     int rescales = 0, underflows = 0;
     for (size_t i = 1; i < t.gpu.steps.size(); ++i)
       rescales += t.gpu.steps.m[i] > t.gpu.steps.m[i - 1] && std::isfinite(t.gpu.steps.m[i - 1]);
-    for (size_t i = 0; i < t.gpu.steps.size(); ++i) underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > 1e-30;  // as Model::find
-    std::printf("  %-8s output error vs float64 %.2e, %u tiles of %u keys, %d rescales of m, %d weight underflows\n",
-                variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales, underflows);
+    for (size_t i = 0; i < t.gpu.steps.size(); ++i)
+      underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > 1e-30;  // as Model::find
+    std::printf(
+        "  %-8s output error vs float64 %.2e, %u tiles of %u keys, %d rescales of m, %d weight "
+        "underflows\n",
+        variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales,
+        underflows);
   }
   if (!model.last_error.empty()) std::printf("  error: %s\n", model.last_error.c_str());
   std::printf("  wrote %s\n", path.c_str());
@@ -160,7 +170,8 @@ int run(int argc, char** argv) {
     if (a == "--help" || a == "-h") return std::cout << kHelp, 0;
   Options o = parse(argv_list);
   if (!o.headless && !display_available()) {
-    std::fprintf(stderr, "flashvk-viewer: no display; rendering headless to %s\n", o.screenshot.c_str());
+    std::fprintf(stderr, "flashvk-viewer: no display; rendering headless to %s\n",
+                 o.screenshot.c_str());
     o.headless = true;
   }
   if (o.headless) return run_headless(o);

@@ -107,7 +107,8 @@ bool Model::event_at(Jump jump, int i) const {
         if (t.gpu.tile_size && (i + 1) % int(t.gpu.tile_size) == 0) return true;
         break;
       case Jump::rescale:
-        if (i > 0 && s.m[size_t(i)] > s.m[size_t(i - 1)] && std::isfinite(s.m[size_t(i - 1)])) return true;
+        if (i > 0 && s.m[size_t(i)] > s.m[size_t(i - 1)] && std::isfinite(s.m[size_t(i - 1)]))
+          return true;
         break;
       case Jump::nonfinite:
         for (float x : s.o[size_t(i)])

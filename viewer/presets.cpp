@@ -32,7 +32,8 @@ Inputs from_scores(const std::string& name, const std::vector<float>& s, uint32_
 
 const std::map<std::string, std::string>& descriptions() {
   static const std::map<std::string, std::string> d = {
-      {"sample", "the shipped sample (assets/sample): 2 heads, 24 queries, 96 keys, d = 16, causal"},
+      {"sample",
+       "the shipped sample (assets/sample): 2 heads, 24 queries, 96 keys, d = 16, causal"},
       {"huge-logits", "scores in the thousands: exp() overflows without a max"},
       {"falling-rising", "scores fall to -2000 then rise: the literal FLASH-D ln w underflows"},
       {"sink", "key 0 dominates every row (attention sink)"},
@@ -47,9 +48,9 @@ const std::map<std::string, std::string>& descriptions() {
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> names = {"sample", "huge-logits", "falling-rising", "sink",
-                                                 "masked-mid-row", "fully-masked-row",
-                                                 "empty-split", "fp16-overflow"};
+  static const std::vector<std::string> names = {
+      "sample",         "huge-logits",      "falling-rising", "sink",
+      "masked-mid-row", "fully-masked-row", "empty-split",    "fp16-overflow"};
   return names;
 }
 
@@ -126,7 +127,8 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     // A kernel that forms e^s (or its sum) in fp16 overflows here; flashvk stores fp16 but keeps
     // its state in fp32 relative to the running max.
     std::vector<float> s;
-    for (int j = 0; j < 200; ++j) s.push_back(16.0f * std::sin(0.05f * float(j)) * std::sin(0.011f * float(j)));
+    for (int j = 0; j < 200; ++j)
+      s.push_back(16.0f * std::sin(0.05f * float(j)) * std::sin(0.011f * float(j)));
     in = from_scores(name, s, 4);
     in.dtype = DType::f16;
   } else {

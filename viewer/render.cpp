@@ -38,7 +38,8 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
   std::vector<VkPhysicalDevice> devices(count);
   vkEnumeratePhysicalDevices(instance, &count, devices.data());
   if (devices.empty()) throw Error("no Vulkan device found");
-  if (index >= int(devices.size())) throw Error("device " + std::to_string(index) + " does not exist");
+  if (index >= int(devices.size()))
+    throw Error("device " + std::to_string(index) + " does not exist");
   physical = devices[size_t(std::max(0, index))];
   vkGetPhysicalDeviceQueueFamilyProperties(physical, &count, nullptr);
   std::vector<VkQueueFamilyProperties> families(count);
@@ -52,7 +53,8 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
   qi.queueCount = 1;
   qi.pQueuePriorities = &priority;
   // The engine's fp16 storage path needs this feature on the device we lend it.
-  VkPhysicalDevice16BitStorageFeatures f16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+  VkPhysicalDevice16BitStorageFeatures f16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
   f16.storageBuffer16BitAccess = VK_TRUE;
   const char* swapchain_ext = VK_KHR_SWAPCHAIN_EXTENSION_NAME;
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
@@ -122,7 +124,8 @@ Offscreen::Offscreen(const Device& dev, uint32_t width, uint32_t height, VkForma
   vkGetImageMemoryRequirements(dev.device, image_, &req);
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
-  ai.memoryTypeIndex = memory_type(dev.physical, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  ai.memoryTypeIndex =
+      memory_type(dev.physical, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   check(vkAllocateMemory(dev.device, &ai, nullptr, &memory_), "vkAllocateMemory");
   vkBindImageMemory(dev.device, image_, memory_, 0);
   VkImageViewCreateInfo vi{VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO};
@@ -191,8 +194,9 @@ std::vector<uint8_t> Offscreen::render() {
   vkGetBufferMemoryRequirements(dev_.device, buffer, &req);
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
-  ai.memoryTypeIndex = memory_type(dev_.physical, req.memoryTypeBits,
-                                   VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  ai.memoryTypeIndex =
+      memory_type(dev_.physical, req.memoryTypeBits,
+                  VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
   VkDeviceMemory memory;
   check(vkAllocateMemory(dev_.device, &ai, nullptr, &memory), "vkAllocateMemory");
   vkBindBufferMemory(dev_.device, buffer, memory, 0);
@@ -215,7 +219,8 @@ std::vector<uint8_t> Offscreen::render() {
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
     mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb,
+                         0, nullptr, 0, nullptr);
   });
   std::vector<uint8_t> pixels(bytes);
   void* mapped = nullptr;

@@ -19,12 +19,18 @@ std::map<int, ImVec4> g_panel_rects;
 
 ImU32 variant_color(Variant v) {
   switch (v) {
-    case Variant::naive: return IM_COL32(170, 170, 170, 255);
-    case Variant::online: return IM_COL32(255, 150, 40, 255);
-    case Variant::flash1: return IM_COL32(80, 150, 255, 255);
-    case Variant::flash2: return IM_COL32(90, 210, 90, 255);
-    case Variant::flashd: return IM_COL32(230, 90, 230, 255);
-    case Variant::splitkv: return IM_COL32(60, 220, 220, 255);
+    case Variant::naive:
+      return IM_COL32(170, 170, 170, 255);
+    case Variant::online:
+      return IM_COL32(255, 150, 40, 255);
+    case Variant::flash1:
+      return IM_COL32(80, 150, 255, 255);
+    case Variant::flash2:
+      return IM_COL32(90, 210, 90, 255);
+    case Variant::flashd:
+      return IM_COL32(230, 90, 230, 255);
+    case Variant::splitkv:
+      return IM_COL32(60, 220, 220, 255);
   }
   return IM_COL32_WHITE;
 }
@@ -47,8 +53,9 @@ bool begin_panel(int index, float x, float y, float w, float h) {
   ImGui::SetNextWindowPos(ImVec2(x, y), ImGuiCond_Always);
   ImGui::SetNextWindowSize(ImVec2(w, h), ImGuiCond_Always);
   g_panel_rects[index] = ImVec4(x, y, w, h);
-  return ImGui::Begin(kPanels[index], nullptr,
-                      ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
+  return ImGui::Begin(
+      kPanels[index], nullptr,
+      ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
 }
 
 struct Series {
@@ -83,7 +90,8 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
   std::snprintf(label, sizeof label, "%s   [%s%.3g, %s%.3g]", title, log_y ? "1e" : "", lo,
                 log_y ? "1e" : "", hi);
   dl->AddText(ImVec2(p0.x + 4, p0.y + 2), IM_COL32(220, 220, 220, 255), label);
-  if (std::isfinite(hline)) dl->AddLine(ImVec2(x0, Y(hline)), ImVec2(x1, Y(hline)), IM_COL32(255, 80, 80, 160));
+  if (std::isfinite(hline))
+    dl->AddLine(ImVec2(x0, Y(hline)), ImVec2(x1, Y(hline)), IM_COL32(255, 80, 80, 160));
   int stride = std::max(1, steps / int(std::max(1.0f, x1 - x0)));
   for (const auto& s : series) {
     bool have = false;
@@ -95,16 +103,22 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
         continue;
       }
       ImVec2 pt(X(i), Y(v));
-      if (have) dl->AddLine(prev, pt, s.color, s.thin ? 1.0f : 2.0f);
-      else if (s.y.size() == 1 || stride > 1) dl->AddCircleFilled(pt, 2.0f, s.color);
+      if (have)
+        dl->AddLine(prev, pt, s.color, s.thin ? 1.0f : 2.0f);
+      else if (s.y.size() == 1 || stride > 1)
+        dl->AddCircleFilled(pt, 2.0f, s.color);
       prev = pt;
       have = true;
     }
   }
-  for (int m : markers) dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0), IM_COL32(255, 90, 90, 255));
+  for (int m : markers)
+    dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0),
+                          IM_COL32(255, 90, 90, 255));
   dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
   if (ImGui::IsItemHovered() && steps > 0) {
-    int i = std::clamp(int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0, steps - 1);
+    int i = std::clamp(
+        int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0,
+        steps - 1);
     ImGui::BeginTooltip();
     ImGui::Text("key %d", i);
     for (const auto& s : series)
@@ -113,7 +127,9 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
   }
 }
 
-std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> as_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 void retrace(Model& model, UiState& ui) {
   model.retrace();
@@ -175,15 +191,19 @@ void controls_inputs(Model& model, UiState& ui) {
 void controls_selection(Model& model, UiState& ui) {
   ImGui::Separator();
   ImGui::Text("Variants");
-  help_marker("Each selected variant is traced on the GPU for the chosen row and stepped in lockstep.");
+  help_marker(
+      "Each selected variant is traced on the GPU for the chosen row and stepped in lockstep.");
   bool changed = false;
   for (Variant v : all_variants()) {
     bool on = std::find(model.selected.begin(), model.selected.end(), v) != model.selected.end();
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(variant_color(v)));
     if (ImGui::Checkbox(variant_name(v), &on)) {
       changed = true;
-      if (on) model.selected.push_back(v);
-      else model.selected.erase(std::remove(model.selected.begin(), model.selected.end(), v), model.selected.end());
+      if (on)
+        model.selected.push_back(v);
+      else
+        model.selected.erase(std::remove(model.selected.begin(), model.selected.end(), v),
+                             model.selected.end());
     }
     ImGui::PopStyleColor();
     if (v != Variant::flash1 && v != Variant::splitkv) ImGui::SameLine();
@@ -194,12 +214,15 @@ void controls_selection(Model& model, UiState& ui) {
   if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) model.head = uint32_t(h), changed = true;
   if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) model.row = uint32_t(r), changed = true;
   bool causal = model.inputs().params.causal;
-  if (ImGui::Checkbox("causal", &causal)) model.mutable_inputs().params.causal = causal, changed = true;
+  if (ImGui::Checkbox("causal", &causal))
+    model.mutable_inputs().params.causal = causal, changed = true;
   ImGui::SameLine();
   int f16 = model.inputs().dtype == DType::f16;
-  if (ImGui::RadioButton("fp32", f16 == 0)) model.mutable_inputs().dtype = DType::f32, changed = true;
+  if (ImGui::RadioButton("fp32", f16 == 0))
+    model.mutable_inputs().dtype = DType::f32, changed = true;
   ImGui::SameLine();
-  if (ImGui::RadioButton("fp16", f16 == 1)) model.mutable_inputs().dtype = DType::f16, changed = true;
+  if (ImGui::RadioButton("fp16", f16 == 1))
+    model.mutable_inputs().dtype = DType::f16, changed = true;
   if (changed) retrace(model, ui);
 }
 
@@ -230,19 +253,25 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
   struct JumpButton {
     const char* label;
     Jump jump;
-  } jumps[] = {{"tile", Jump::tile}, {"rescale of m", Jump::rescale}, {"NaN/Inf", Jump::nonfinite},
-               {"underflow", Jump::underflow}, {"error", Jump::error}};
+  } jumps[] = {{"tile", Jump::tile},
+               {"rescale of m", Jump::rescale},
+               {"NaN/Inf", Jump::nonfinite},
+               {"underflow", Jump::underflow},
+               {"error", Jump::error}};
   for (const auto& j : jumps) {
     if (ImGui::Button(j.label)) {
       int to = model.find(j.jump, +1);
-      if (to >= 0) model.cursor = to;
-      else ui.status = std::string("no further ") + j.label;
+      if (to >= 0)
+        model.cursor = to;
+      else
+        ui.status = std::string("no further ") + j.label;
     }
     if (j.jump != Jump::rescale && j.jump != Jump::error) ImGui::SameLine();
   }
   float thr = float(model.error_threshold);
   if (ImGui::InputFloat("error threshold", &thr, 0, 0, "%.1e")) model.error_threshold = thr;
-  help_marker("underflow: a step where the GPU's weight is 0 but the float64 weight is above 1e-30.");
+  help_marker(
+      "underflow: a step where the GPU's weight is 0 but the float64 weight is above 1e-30.");
 }
 
 void controls_export(Model& model, UiState& ui) {
@@ -277,7 +306,8 @@ void draw_controls(Model& model, UiState& ui, double dt) {
 
 void legend(const Model& model) {
   for (const auto& t : model.traces()) {
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)), "-- %s", variant_name(t.variant));
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)), "-- %s",
+                       variant_name(t.variant));
     ImGui::SameLine();
   }
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kReference), "-- float64 reference");
@@ -320,14 +350,17 @@ void draw_plots(const Model& model, const UiState& ui) {
   }
   // In fp16, e^s overflows above ln 65504 = 11.09: the line a max-free fp16 kernel cannot cross.
   double fp16_exp_limit = model.inputs().dtype == DType::f16 ? std::log(65504.0) : NAN;
-  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: e^s overflows fp16 above)" : "scores s", s_series, n,
-       model.cursor, false, size, {}, fp16_exp_limit);
+  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: e^s overflows fp16 above)" : "scores s",
+       s_series, n, model.cursor, false, size, {}, fp16_exp_limit);
   ImGui::SameLine();
-  plot("running max m (flashd: log-sum-exp L); red = rescale", m_series, n, model.cursor, false, size, rescales);
-  plot(ui.log_l ? "denominator l (log)" : "denominator l", l_series, n, model.cursor, ui.log_l, size);
+  plot("running max m (flashd: log-sum-exp L); red = rescale", m_series, n, model.cursor, false,
+       size, rescales);
+  plot(ui.log_l ? "denominator l (log)" : "denominator l", l_series, n, model.cursor, ui.log_l,
+       size);
   ImGui::SameLine();
   plot("weight w of the new key (white: float64)", w_series, n, model.cursor, false, size);
-  plot("error vs float64 recurrence (log)", e_series, n, model.cursor, true, size, {}, model.error_threshold);
+  plot("error vs float64 recurrence (log)", e_series, n, model.cursor, true, size, {},
+       model.error_threshold);
   ImGui::SameLine();
   plot("output o[0] (normalised)", o_series, n, model.cursor, false, size);
 }
@@ -338,7 +371,8 @@ void draw_heatmap(Model& model, UiState& ui) {
   ImGui::SameLine();
   uint32_t br = 64, bc = model.tile_size();
   ImGui::Text(" Br x Bc = %u x %u; yellow: current tile, shaded: masked tiles", br, bc);
-  help_marker("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
+  help_marker(
+      "Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
@@ -362,21 +396,26 @@ void draw_heatmap(Model& model, UiState& ui) {
         col = ImGui::ColorConvertFloat4ToU32(ImVec4(t, 0.3f * t + 0.1f, 1.0f - t, 1.0f));
       }
       float fx = float(c), fy = float(r);
-      dl->AddRectFilled(ImVec2(p0.x + fx * cw, p0.y + fy * ch), ImVec2(p0.x + (fx + 1) * cw, p0.y + (fy + 1) * ch), col);
+      dl->AddRectFilled(ImVec2(p0.x + fx * cw, p0.y + fy * ch),
+                        ImVec2(p0.x + (fx + 1) * cw, p0.y + (fy + 1) * ch), col);
     }
   }
   float sx = avail.x / float(d.nk), sy = avail.y / float(d.nq);
   for (uint32_t i0 = 0; bc && i0 < d.nq; i0 += br) {
     for (uint32_t j0 = 0; j0 < d.nk; j0 += bc) {
       ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
-      ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx, p0.y + float(std::min(d.nq, i0 + br)) * sy);
+      ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
+               p0.y + float(std::min(d.nq, i0 + br)) * sy);
       int64_t last_row = std::min<int64_t>(d.nq, i0 + br) - 1;
-      bool masked = model.inputs().params.causal && int64_t(j0) > last_row + int64_t(d.nk) - int64_t(d.nq);
+      bool masked =
+          model.inputs().params.causal && int64_t(j0) > last_row + int64_t(d.nk) - int64_t(d.nq);
       if (masked) dl->AddRectFilled(a, b, IM_COL32(0, 0, 0, 150));
       dl->AddRect(a, b, IM_COL32(255, 255, 255, 60));
-      bool current = model.row >= i0 && model.row < i0 + br && uint32_t(model.cursor) >= j0 && uint32_t(model.cursor) < j0 + bc;
+      bool current = model.row >= i0 && model.row < i0 + br && uint32_t(model.cursor) >= j0 &&
+                     uint32_t(model.cursor) < j0 + bc;
       if (current) dl->AddRect(a, b, kCursor, 0, 0, 2.5f);
-      if (ImGui::IsItemClicked() && ImGui::IsMouseHoveringRect(a, b)) model.cursor = int(std::min(d.nk, j0 + bc)) - 1;
+      if (ImGui::IsItemClicked() && ImGui::IsMouseHoveringRect(a, b))
+        model.cursor = int(std::min(d.nk, j0 + bc)) - 1;
     }
   }
   float ry = p0.y + (float(model.row) + 0.5f) * sy;
@@ -389,25 +428,33 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
   double m = r.m[size_t(i)], l = r.l[size_t(i)];
   double resc = std::isfinite(m_prev) ? std::exp(m_prev - m) : 0.0;
   ImGui::Text("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
-  ImGui::Text("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev, s[size_t(i)], m);
+  ImGui::Text("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev, s[size_t(i)],
+              m);
   ImGui::Text("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
-  ImGui::Text("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc, std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
+  ImGui::Text("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
+              std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
   if (lazy) {
-    ImGui::Text("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i, i);
+    ImGui::Text("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i,
+                i);
     ImGui::Text("     factor on o' = %.6g, on v = %.6g; divide by d'_N once at the end", resc,
                 std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0);
   } else {
-    ImGui::Text("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d", i, i - 1, i - 1, i - 1, i, i, i, i, i, i);
-    ImGui::Text("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0, r.w[size_t(i)]);
+    ImGui::Text("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d", i,
+                i - 1, i - 1, i - 1, i, i, i, i, i, i);
+    ImGui::Text("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0,
+                r.w[size_t(i)]);
   }
-  if (resc > 0 && resc < 1) ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1), "m rose: earlier state rescaled by e^(m_prev - m_new) = %.6g", resc);
+  if (resc > 0 && resc < 1)
+    ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1),
+                       "m rose: earlier state rescaled by e^(m_prev - m_new) = %.6g", resc);
 }
 
 void derivation_flashd(const Model& model, int i, const reference::RowTrace& r) {
   const auto& s = model.scores();
   double L_prev = i > 0 ? r.lse[size_t(i - 1)] : -INFINITY;
   ImGui::Text("s_%d = %.6g", i, s[size_t(i)]);
-  ImGui::Text("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i, i - 1);
+  ImGui::Text("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i,
+              i - 1);
   ImGui::Text("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
   ImGui::Text("L_%d = L_%d + ln(1 + e^(s_%d - L_%d)) = %.6g", i, i - 1, i, i - 1, r.lse[size_t(i)]);
   ImGui::Text("o_%d = o_%d (1 - w_%d) + v_%d w_%d", i, i - 1, i, i, i);
@@ -418,7 +465,8 @@ void draw_derivation(const Model& model) {
   int i = model.cursor;
   if (model.steps() == 0) return;
   Variant v = model.selected.empty() ? Variant::flash1 : model.selected[0];
-  ImGui::Text("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1, variant_name(v));
+  ImGui::Text("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1,
+              variant_name(v));
   ImGui::Separator();
   if (!std::isfinite(model.scores()[size_t(i)])) {
     ImGui::Text("key %d is masked: s = -inf, w = 0, the state is unchanged", i);
@@ -431,7 +479,8 @@ void draw_derivation(const Model& model) {
     ImGui::TextDisabled(v == Variant::naive ? "m_N and d_N come from the first two passes over S"
                                             : "m_N and d'_N come from the first (online) pass");
   } else {
-    derivation_flash(model, i, model.ref_of(v == Variant::flash1 ? Variant::flash1 : Variant::flash2),
+    derivation_flash(model, i,
+                     model.ref_of(v == Variant::flash1 ? Variant::flash1 : Variant::flash2),
                      v != Variant::flash1);
   }
   ImGui::Separator();
@@ -442,9 +491,11 @@ void draw_derivation(const Model& model) {
   size_t k = size_t(i);
   if (fa2.l[k] > 0) {
     double diff = 0;
-    for (size_t c = 0; c < fa1.o[k].size(); ++c) diff = std::max(diff, std::abs(fa2.o[k][c] / fa2.l[k] - fa1.o[k][c]));
+    for (size_t c = 0; c < fa1.o[k].size(); ++c)
+      diff = std::max(diff, std::abs(fa2.o[k][c] / fa2.l[k] - fa1.o[k][c]));
     ImGui::Text("FA2 o/l = FA1 o            max |diff| = %.2e", diff);
-    ImGui::Text("FLASH-D w = e^(s-m)/l      %.9g = %.9g", fd.w[k], std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
+    ImGui::Text("FLASH-D w = e^(s-m)/l      %.9g = %.9g", fd.w[k],
+                std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
     ImGui::Text("FLASH-D L = m + ln l       %.9g = %.9g", fd.lse[k], fa1.m[k] + std::log(fa1.l[k]));
   } else {
     ImGui::Text("no key visible yet");
@@ -455,20 +506,25 @@ void draw_derivation(const Model& model) {
     const auto& st = t.gpu.steps;
     ImVec4 color = ImGui::ColorConvertU32ToFloat4(variant_color(t.variant));
     if (t.variant == Variant::flashd)  // FLASH-D keeps no max and no denominator, only L
-      ImGui::TextColored(color, "%-8s L=%-10.5g            w=%-10.5g err=%.1e", variant_name(t.variant), st.lse[k], st.w[k], t.error[k]);
+      ImGui::TextColored(color, "%-8s L=%-10.5g            w=%-10.5g err=%.1e",
+                         variant_name(t.variant), st.lse[k], st.w[k], t.error[k]);
     else
-      ImGui::TextColored(color, "%-8s m=%-10.5g l=%-10.5g w=%-10.5g err=%.1e", variant_name(t.variant), st.m[k], st.l[k], st.w[k], t.error[k]);
+      ImGui::TextColored(color, "%-8s m=%-10.5g l=%-10.5g w=%-10.5g err=%.1e",
+                         variant_name(t.variant), st.m[k], st.l[k], st.w[k], t.error[k]);
   }
 }
 
 void draw_output(const Model& model) {
   const auto& d = model.direct();
-  ImGui::Text("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row, d.final_lse);
+  ImGui::Text("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row,
+              d.final_lse);
   for (const auto& t : model.traces()) {
     double err = 0;
-    for (size_t c = 0; c < d.out.size(); ++c) err = std::max(err, std::abs(double(t.gpu.out[c]) - d.out[c]));
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)), "%-8s max |o - o_ref| = %.2e  LSE %.6g",
-                       variant_name(t.variant), err, t.gpu.lse);
+    for (size_t c = 0; c < d.out.size(); ++c)
+      err = std::max(err, std::abs(double(t.gpu.out[c]) - d.out[c]));
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)),
+                       "%-8s max |o - o_ref| = %.2e  LSE %.6g", variant_name(t.variant), err,
+                       t.gpu.lse);
   }
   for (const auto& t : model.traces()) {
     if (t.variant != Variant::splitkv) continue;
@@ -476,10 +532,11 @@ void draw_output(const Model& model) {
     ImGui::Text("splitkv: %zu chunks merged with log-sum-exp", t.gpu.splits.size());
     ImGui::Text("%-12s %-11s %-11s %-11s", "keys", "m_c", "d'_c", "o'_c[0]");
     for (const auto& s : t.gpu.splits)
-      ImGui::Text("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l, s.o.empty() ? 0.0f : s.o[0],
-                  std::isfinite(s.m) ? "" : "  (empty)");
+      ImGui::Text("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l,
+                  s.o.empty() ? 0.0f : s.o[0], std::isfinite(s.m) ? "" : "  (empty)");
     ImGui::Text("merged: m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N)");
-    ImGui::Text("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0], d.out.empty() ? 0.0 : d.out[0]);
+    ImGui::Text("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0],
+                d.out.empty() ? 0.0 : d.out[0]);
   }
 }
 

@@ -16,9 +16,9 @@ struct UiState {
   float speed = 20.0f;  // steps per second
   double play_clock = 0.0;
   bool log_l = true;
-  bool show_p = true;         // heatmap of P (else S)
-  int png_panel = 0;          // 0 = whole window, else a panel index
-  bool png_requested = false; // set by the Export button; the frame loop saves the image
+  bool show_p = true;          // heatmap of P (else S)
+  int png_panel = 0;           // 0 = whole window, else a panel index
+  bool png_requested = false;  // set by the Export button; the frame loop saves the image
   std::string status;
 };
 

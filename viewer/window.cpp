@@ -42,7 +42,8 @@ void render_frame(Device& dev, Swapchain& sc) {
   ImGui_ImplVulkanH_Window* wd = &sc.wd;
   VkSemaphore acquired = wd->FrameSemaphores[wd->SemaphoreIndex].ImageAcquiredSemaphore;
   VkSemaphore done = wd->FrameSemaphores[wd->SemaphoreIndex].RenderCompleteSemaphore;
-  VkResult r = vkAcquireNextImageKHR(dev.device, wd->Swapchain, UINT64_MAX, acquired, VK_NULL_HANDLE, &wd->FrameIndex);
+  VkResult r = vkAcquireNextImageKHR(dev.device, wd->Swapchain, UINT64_MAX, acquired,
+                                     VK_NULL_HANDLE, &wd->FrameIndex);
   if (r == VK_ERROR_OUT_OF_DATE_KHR || r == VK_SUBOPTIMAL_KHR) {
     sc.rebuild = true;
     return;
@@ -84,8 +85,10 @@ void render_frame(Device& dev, Swapchain& sc) {
   pi.pSwapchains = &wd->Swapchain;
   pi.pImageIndices = &wd->FrameIndex;
   r = vkQueuePresentKHR(dev.queue, &pi);
-  if (r == VK_ERROR_OUT_OF_DATE_KHR || r == VK_SUBOPTIMAL_KHR) sc.rebuild = true;
-  else check(r, "vkQueuePresentKHR");
+  if (r == VK_ERROR_OUT_OF_DATE_KHR || r == VK_SUBOPTIMAL_KHR)
+    sc.rebuild = true;
+  else
+    check(r, "vkQueuePresentKHR");
   wd->SemaphoreIndex = (wd->SemaphoreIndex + 1) % wd->ImageCount;
 }
 
@@ -93,7 +96,8 @@ void render_frame(Device& dev, Swapchain& sc) {
 void export_png(Device& dev, Swapchain& sc, UiState& ui) {
   ui.png_requested = false;
   try {
-    Offscreen target(dev, uint32_t(sc.wd.Width), uint32_t(sc.wd.Height), sc.wd.SurfaceFormat.format);
+    Offscreen target(dev, uint32_t(sc.wd.Width), uint32_t(sc.wd.Height),
+                     sc.wd.SurfaceFormat.format);
     std::vector<uint8_t> pixels = target.render();
     float rect[4];
     bool crop = ui.png_panel > 0 && panel_rect(ui.png_panel, rect);
@@ -115,7 +119,8 @@ bool display_available() {
 
 int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants,
                const std::string& screenshot) {
-  if (!glfwInit()) throw Error("GLFW could not start (no display?); use --headless --screenshot FILE");
+  if (!glfwInit())
+    throw Error("GLFW could not start (no display?); use --headless --screenshot FILE");
   glfwWindowHint(GLFW_CLIENT_API, GLFW_NO_API);
   GLFWwindow* window = glfwCreateWindow(1600, 1000, "flashvk viewer", nullptr, nullptr);
   if (!window) throw Error("could not open a window; use --headless --screenshot FILE");
@@ -127,7 +132,8 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   model.selected = variants;
   model.load(std::move(inputs));
   VkSurfaceKHR surface;
-  check(glfwCreateWindowSurface(dev.instance, window, nullptr, &surface), "glfwCreateWindowSurface");
+  check(glfwCreateWindowSurface(dev.instance, window, nullptr, &surface),
+        "glfwCreateWindowSurface");
   Swapchain sc;
   int w, h;
   glfwGetFramebufferSize(window, &w, &h);
@@ -148,7 +154,8 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
       glfwGetFramebufferSize(window, &w, &h);
       if (w > 0 && h > 0) {
         ImGui_ImplVulkan_SetMinImageCount(2);
-        ImGui_ImplVulkanH_CreateOrResizeWindow(dev.instance, dev.physical, dev.device, &sc.wd, dev.family, nullptr, w, h, 2);
+        ImGui_ImplVulkanH_CreateOrResizeWindow(dev.instance, dev.physical, dev.device, &sc.wd,
+                                               dev.family, nullptr, w, h, 2);
         sc.wd.FrameIndex = 0;
         sc.rebuild = false;
       }

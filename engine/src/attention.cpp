@@ -84,22 +84,21 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
   require(q.size() == k.size() && q.size() == v.size(),
           "Q, K and V must have the same rank; got Q " + shape_string(q) + ", K " +
               shape_string(k) + ", V " + shape_string(v));
-  require(qd[0] == kd[0] && kd[0] == vd[0],
-          "batch sizes differ: Q " + shape_string(q) + ", K " + shape_string(k) + ", V " +
-              shape_string(v));
+  require(qd[0] == kd[0] && kd[0] == vd[0], "batch sizes differ: Q " + shape_string(q) + ", K " +
+                                                shape_string(k) + ", V " + shape_string(v));
   require(kd[1] == vd[1], "K and V must have the same number of heads: K " + shape_string(k) +
                               ", V " + shape_string(v));
   require(qd[1] % kd[1] == 0, "Q's heads (" + std::to_string(qd[1]) +
-                                  ") must be a multiple of K/V's heads (" +
-                                  std::to_string(kd[1]) + ") for grouped-query attention");
+                                  ") must be a multiple of K/V's heads (" + std::to_string(kd[1]) +
+                                  ") for grouped-query attention");
   require(kd[2] == vd[2], "K and V must have the same number of keys: K " + shape_string(k) +
                               ", V " + shape_string(v));
-  require(qd[3] == kd[3], "Q and K must have the same head dim: Q " + shape_string(q) + ", K " +
-                              shape_string(k));
-  require(qd[3] <= kMaxHeadDim, "head dim d = " + std::to_string(qd[3]) + " exceeds " +
-                                    std::to_string(kMaxHeadDim));
-  require(vd[3] <= kMaxHeadDim, "V's head dim dv = " + std::to_string(vd[3]) + " exceeds " +
-                                    std::to_string(kMaxHeadDim));
+  require(qd[3] == kd[3],
+          "Q and K must have the same head dim: Q " + shape_string(q) + ", K " + shape_string(k));
+  require(qd[3] <= kMaxHeadDim,
+          "head dim d = " + std::to_string(qd[3]) + " exceeds " + std::to_string(kMaxHeadDim));
+  require(vd[3] <= kMaxHeadDim,
+          "V's head dim dv = " + std::to_string(vd[3]) + " exceeds " + std::to_string(kMaxHeadDim));
   const int64_t limit = int64_t(1) << 31;
   require(qd[0] * qd[1] * qd[2] < limit && kd[0] * kd[1] * kd[2] < limit,
           "too many rows: B * H * N must stay below 2^31");
@@ -157,8 +156,14 @@ AttentionRecording::AttentionRecording(AttentionRecording&&) noexcept = default;
 AttentionRecording& AttentionRecording::operator=(AttentionRecording&&) noexcept = default;
 AttentionRecording::~AttentionRecording() = default;
 
-void AttentionRecording::record(VkCommandBuffer cmd) { plan_->record(cmd); }
-const Tensor& AttentionRecording::out() const { return plan_->out; }
-const Tensor& AttentionRecording::lse() const { return plan_->lse; }
+void AttentionRecording::record(VkCommandBuffer cmd) {
+  plan_->record(cmd);
+}
+const Tensor& AttentionRecording::out() const {
+  return plan_->out;
+}
+const Tensor& AttentionRecording::lse() const {
+  return plan_->lse;
+}
 
 }  // namespace flashvk

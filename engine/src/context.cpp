@@ -60,8 +60,9 @@ bool layer_present(const char* name) {
   vkEnumerateInstanceLayerProperties(&count, nullptr);
   std::vector<VkLayerProperties> layers(count);
   vkEnumerateInstanceLayerProperties(&count, layers.data());
-  return std::any_of(layers.begin(), layers.end(),
-                     [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, name) == 0; });
+  return std::any_of(layers.begin(), layers.end(), [&](const VkLayerProperties& l) {
+    return std::strcmp(l.layerName, name) == 0;
+  });
 }
 
 VkInstance make_instance(ContextImpl* ctx, bool validation) {
@@ -107,8 +108,7 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
   uint32_t count = 0;
   check(vkEnumeratePhysicalDevices(instance, &count, nullptr), "vkEnumeratePhysicalDevices");
   std::vector<VkPhysicalDevice> devices(count);
-  check(vkEnumeratePhysicalDevices(instance, &count, devices.data()),
-        "vkEnumeratePhysicalDevices");
+  check(vkEnumeratePhysicalDevices(instance, &count, devices.data()), "vkEnumeratePhysicalDevices");
   return devices;
 }
 
@@ -156,7 +156,8 @@ void make_device(ContextImpl& ctx) {
 }  // namespace
 
 DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
-  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceSubgroupProperties subgroup{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props.pNext = &subgroup;
   vkGetPhysicalDeviceProperties2(physical, &props);
@@ -191,8 +192,8 @@ DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
   info.max_allocation = m3.maxMemoryAllocationSize;
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
     if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
-      info.device_local_memory = std::max<uint64_t>(info.device_local_memory,
-                                                    memory.memoryHeaps[h].size);
+      info.device_local_memory =
+          std::max<uint64_t>(info.device_local_memory, memory.memoryHeaps[h].size);
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
@@ -353,8 +354,9 @@ Context Context::create(const ContextOptions& options) {
     auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
         vkGetInstanceProcAddr(impl->instance, "vkCreateDebugUtilsMessengerEXT"));
     auto info = detail::messenger_info(impl.get());
-    if (create) detail::check(create(impl->instance, &info, nullptr, &impl->messenger),
-                              "vkCreateDebugUtilsMessengerEXT");
+    if (create)
+      detail::check(create(impl->instance, &info, nullptr, &impl->messenger),
+                    "vkCreateDebugUtilsMessengerEXT");
   }
   auto devices = detail::physical_devices(impl->instance);
   if (devices.empty()) throw Error("no Vulkan device found");
@@ -393,8 +395,8 @@ Context Context::adopt(const ExternalDevice& external) {
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
   std::vector<VkQueueFamilyProperties> families(count);
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, families.data());
-  if (external.queue_family >= count || !(families[external.queue_family].queueFlags &
-                                          VK_QUEUE_COMPUTE_BIT))
+  if (external.queue_family >= count ||
+      !(families[external.queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT))
     throw Error("Context::adopt: queue family " + std::to_string(external.queue_family) +
                 " does not support compute");
   impl->timestamp_bits = families[external.queue_family].timestampValidBits;
@@ -402,8 +404,12 @@ Context Context::adopt(const ExternalDevice& external) {
   return Context(std::move(impl));
 }
 
-const DeviceInfo& Context::device() const { return impl_->info; }
-bool Context::owns_device() const { return impl_->owns; }
+const DeviceInfo& Context::device() const {
+  return impl_->info;
+}
+bool Context::owns_device() const {
+  return impl_->owns;
+}
 
 std::vector<std::string> Context::take_validation_messages() {
   std::lock_guard lock(impl_->message_mutex);

@@ -8,8 +8,12 @@
 
 namespace flashvk {
 
-const char* dtype_name(DType dtype) { return dtype == DType::f16 ? "f16" : "f32"; }
-size_t dtype_size(DType dtype) { return dtype == DType::f16 ? 2 : 4; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::f16 ? "f16" : "f32";
+}
+size_t dtype_size(DType dtype) {
+  return dtype == DType::f16 ? 2 : 4;
+}
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -31,7 +35,9 @@ HostTensor::HostTensor(std::vector<int64_t> dims, std::vector<float> values)
                 shape_string(shape));
 }
 
-int64_t HostTensor::numel() const { return flashvk::numel(shape); }
+int64_t HostTensor::numel() const {
+  return flashvk::numel(shape);
+}
 
 namespace {
 size_t flat_index(const std::vector<int64_t>& shape, std::initializer_list<int64_t> index) {

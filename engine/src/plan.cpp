@@ -62,9 +62,18 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
 
   create_pools();
 
-  push = Push{dims.batch, dims.heads, dims.kv_heads, dims.nq, dims.nk,
+  push = Push{dims.batch,
+              dims.heads,
+              dims.kv_heads,
+              dims.nq,
+              dims.nk,
               params.scale.value_or(1.0f / std::sqrt(static_cast<float>(dims.d))),
-              0, 1, 0, options.trace_bh, options.trace_row, 0};
+              0,
+              1,
+              0,
+              options.trace_bh,
+              options.trace_row,
+              0};
   if (params.causal) push.flags |= kFlagCausal;
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
@@ -83,8 +92,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   if (!params.key_mask.empty()) {
     if (params.key_mask.size() != uint64_t(dims.batch) * dims.nk)
-      throw Error("key_mask has " + std::to_string(params.key_mask.size()) +
-                  " entries; expected batch * Nk = " + std::to_string(uint64_t(dims.batch) * dims.nk));
+      throw Error(
+          "key_mask has " + std::to_string(params.key_mask.size()) +
+          " entries; expected batch * Nk = " + std::to_string(uint64_t(dims.batch) * dims.nk));
     std::vector<uint32_t> words(params.key_mask.begin(), params.key_mask.end());
     mask = scratch(words.size() * 4);
     mask.write(words.data(), words.size() * 4);
@@ -100,7 +110,8 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     device_bytes += lse.bytes();
   }
   if (options.trace) {
-    uint32_t records = params.variant == Variant::naive ? dims.nk : (dims.nk + spec.keys - 1) / spec.keys;
+    uint32_t records =
+        params.variant == Variant::naive ? dims.nk : (dims.nk + spec.keys - 1) / spec.keys;
     trace = Buffer(impl, uint64_t(std::max(records, 1u)) * (6 + dims.dv) * 4);
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
@@ -152,7 +163,8 @@ void Plan::check_loop_budget(uint64_t keys) const {
   throw Error(std::string(variant_name(params.variant)) + " over " + std::to_string(keys) +
               " keys with tiles of " + std::to_string(spec.keys) + " needs about " +
               std::to_string(loop_iterations(keys)) + " loop iterations per invocation, but " +
-              ctx.device().name + " (llvmpipe) stops every shader loop after 65535; use splitkv, "
+              ctx.device().name +
+              " (llvmpipe) stops every shader loop after 65535; use splitkv, "
               "which splits the keys to fit, or fewer keys");
 }
 
@@ -169,7 +181,6 @@ void Plan::create_pools() {
     query_info.queryCount = 2;
     check(vkCreateQueryPool(impl.device, &query_info, nullptr, &queries_), "vkCreateQueryPool");
   }
-
 }
 
 Plan::~Plan() {
@@ -240,7 +251,9 @@ void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3>
   steps_.push_back(d);
 }
 
-void Plan::add_barrier() { steps_.push_back(Dispatch{}); }
+void Plan::add_barrier() {
+  steps_.push_back(Dispatch{});
+}
 
 void Plan::record(VkCommandBuffer cmd) {
   if (queries_) {
@@ -254,8 +267,8 @@ void Plan::record(VkCommandBuffer cmd) {
       continue;
     }
     vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline);
-    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, impl.pipeline_layout, 0, 1,
-                            &d.set, 0, nullptr);
+    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, impl.pipeline_layout, 0, 1, &d.set,
+                            0, nullptr);
     vkCmdPushConstants(cmd, impl.pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d.push_bytes,
                        d.push.data());
     vkCmdDispatch(cmd, d.groups[0], d.groups[1], d.groups[2]);

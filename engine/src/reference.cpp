@@ -12,9 +12,13 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-size_t width(const std::vector<Vec>& v) { return v.empty() ? 0 : v[0].size(); }
+size_t width(const std::vector<Vec>& v) {
+  return v.empty() ? 0 : v[0].size();
+}
 
-double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x)); }
+double sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
+}
 
 // Records the state after one step.
 void push_step(RowTrace& t, double m, double l, double w, double lse, const Vec& o) {
@@ -114,7 +118,8 @@ RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v) {
       double m_new = std::max(m, s[i]);
       double rescale = m == -kInf ? 0.0 : std::exp(m - m_new);
       l = l * rescale + std::exp(s[i] - m_new);
-      for (size_t k = 0; k < o.size(); ++k) o[k] = o[k] * rescale + v[i][k] * std::exp(s[i] - m_new);
+      for (size_t k = 0; k < o.size(); ++k)
+        o[k] = o[k] * rescale + v[i][k] * std::exp(s[i] - m_new);
       m = m_new;
       w = std::exp(s[i] - m) / l;
     }
@@ -126,7 +131,8 @@ RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v) {
 }
 
 // FLASH-D with the running log-sum-exp L = s_{i-1} - ln w_{i-1} carried instead of ln w:
-// w_i = sigma(s_i - L_{i-1}), L_i = L_{i-1} + ln(1 + e^(s_i - L_{i-1})), o_i = o_{i-1}(1 - w_i) + v_i w_i.
+// w_i = sigma(s_i - L_{i-1}), L_i = L_{i-1} + ln(1 + e^(s_i - L_{i-1})), o_i = o_{i-1}(1 - w_i) +
+// v_i w_i.
 RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v) {
   RowTrace t;
   double L = -kInf;
@@ -234,7 +240,8 @@ RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, u
     case Variant::flashd:
       return flashd_row(s, v);
     case Variant::splitkv:
-      return splitkv_row(s, v, chunk ? chunk : static_cast<uint32_t>(std::max<size_t>(s.size(), 1)));
+      return splitkv_row(s, v,
+                         chunk ? chunk : static_cast<uint32_t>(std::max<size_t>(s.size(), 1)));
   }
   return direct_row(s, v);
 }
@@ -300,7 +307,9 @@ Result run_rows(const HostTensor& q_in, const HostTensor& k_in, const HostTensor
 
 Result attention(Variant variant, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                  const AttentionParams& params) {
-  uint32_t chunk = params.splits ? (uint32_t(k.shape[k.shape.size() - 2]) + params.splits - 1) / params.splits : 0;
+  uint32_t chunk = params.splits
+                       ? (uint32_t(k.shape[k.shape.size() - 2]) + params.splits - 1) / params.splits
+                       : 0;
   return run_rows(q, k, v, params, [&](const Vec& s, const std::vector<Vec>& vr) {
     return variant_row(variant, s, vr, chunk);
   });

@@ -27,8 +27,8 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
   // then uploads are plain copies. Otherwise device-local, reached through a staging buffer.
   const VkMemoryPropertyFlags mappable =
       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  uint32_t type = ctx.memory_type(req.memoryTypeBits,
-                                  mappable | (host_visible ? 0 : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT));
+  uint32_t type = ctx.memory_type(
+      req.memoryTypeBits, mappable | (host_visible ? 0 : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT));
   if (type == UINT32_MAX && !host_visible)
     type = ctx.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   if (type == UINT32_MAX) {
@@ -60,7 +60,9 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 void Buffer::release() {
   if (!ctx_) return;
@@ -108,9 +110,8 @@ void Buffer::fill(uint32_t word) {
     for (uint64_t i = 0; i < bytes_ / 4; ++i) words[i] = word;
     return;
   }
-  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
-    vkCmdFillBuffer(cmd, buffer_, 0, VK_WHOLE_SIZE, word);
-  });
+  ctx_->submit_and_wait(
+      [&](VkCommandBuffer cmd) { vkCmdFillBuffer(cmd, buffer_, 0, VK_WHOLE_SIZE, word); });
 }
 
 }  // namespace detail
@@ -127,8 +128,8 @@ Tensor::~Tensor() = default;
 Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
     : ctx_(&ctx), shape_(std::move(shape)), dtype_(dtype) {
   if (dtype == DType::f16 && !ctx.impl().fp16_enabled)
-    throw Error("fp16 storage needs storageBuffer16BitAccess, which device " +
-                ctx.device().name + " does not offer (or the adopted device did not enable)");
+    throw Error("fp16 storage needs storageBuffer16BitAccess, which device " + ctx.device().name +
+                " does not offer (or the adopted device did not enable)");
   for (int64_t d : shape_)
     if (d < 0) throw Error("negative dimension in shape " + shape_string(shape_));
   uint64_t bytes = static_cast<uint64_t>(flashvk::numel(shape_)) * dtype_size(dtype);
@@ -165,7 +166,11 @@ HostTensor Tensor::download() const {
   return host;
 }
 
-VkBuffer Tensor::buffer() const { return buffer_ ? buffer_->buffer.handle() : VK_NULL_HANDLE; }
-uint64_t Tensor::bytes() const { return buffer_ ? buffer_->buffer.bytes() : 0; }
+VkBuffer Tensor::buffer() const {
+  return buffer_ ? buffer_->buffer.handle() : VK_NULL_HANDLE;
+}
+uint64_t Tensor::bytes() const {
+  return buffer_ ? buffer_->buffer.bytes() : 0;
+}
 
 }  // namespace flashvk

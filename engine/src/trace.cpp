@@ -74,8 +74,9 @@ Run run_traced(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
 
 void check_index(uint32_t value, uint32_t size, const char* name, const char* dim) {
   if (value >= size)
-    throw Error(std::string(name) + " " + std::to_string(value) + " is out of range: the input has " +
-                std::to_string(size) + " " + dim + " (valid: 0.." + std::to_string(size - 1) + ")");
+    throw Error(std::string(name) + " " + std::to_string(value) +
+                " is out of range: the input has " + std::to_string(size) + " " + dim +
+                " (valid: 0.." + std::to_string(size - 1) + ")");
 }
 
 }  // namespace
@@ -114,7 +115,8 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   if (params.variant != Variant::naive) {
     t.tile_size = tp.spec.keys;
     uint32_t tiles = (dims.nk + tp.spec.keys - 1) / tp.spec.keys;
-    t.tiles = to_series(tiled.raw, tiles, dims.dv, kept, splitkv ? tp.keys_per_split / tp.spec.keys : 0);
+    t.tiles =
+        to_series(tiled.raw, tiles, dims.dv, kept, splitkv ? tp.keys_per_split / tp.spec.keys : 0);
     t.tiles.s.clear();  // a tile has no single score
     // The same kernels with Bc = 1 run the seeds' per-key loops.
     options.keys = 1;

@@ -56,10 +56,10 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                   const std::vector<int64_t>& v);
 
 struct AttentionResult {
-  Tensor out;                   ///< float32 [B, H, Nq, dv] (rank of Q)
-  Tensor lse;                   ///< float32 [B, H, Nq], empty unless want_lse
-  double gpu_ms = 0.0;          ///< from timestamp queries; 0 when the device has none
-  uint64_t device_bytes = 0;    ///< bytes this call allocated: outputs and scratch
+  Tensor out;                 ///< float32 [B, H, Nq, dv] (rank of Q)
+  Tensor lse;                 ///< float32 [B, H, Nq], empty unless want_lse
+  double gpu_ms = 0.0;        ///< from timestamp queries; 0 when the device has none
+  uint64_t device_bytes = 0;  ///< bytes this call allocated: outputs and scratch
 };
 
 /// Runs attention on device tensors, submits and waits.

@@ -12,11 +12,11 @@ namespace flashvk {
 /// State after each step. A value a variant does not keep is NaN (null in JSON): flashd keeps no
 /// m or l, only the running log-sum-exp. For masked keys s is -inf and w is 0.
 struct TraceSeries {
-  std::vector<float> s;    ///< scaled score (per-key series only)
-  std::vector<float> m;    ///< running max
-  std::vector<float> l;    ///< running denominator, relative to m
-  std::vector<float> w;    ///< weight of the new key (or tile) in the normalised output
-  std::vector<float> lse;  ///< running log-sum-exp, m + ln l
+  std::vector<float> s;               ///< scaled score (per-key series only)
+  std::vector<float> m;               ///< running max
+  std::vector<float> l;               ///< running denominator, relative to m
+  std::vector<float> w;               ///< weight of the new key (or tile) in the normalised output
+  std::vector<float> lse;             ///< running log-sum-exp, m + ln l
   std::vector<std::vector<float>> o;  ///< the variant's own output state (flash2: unnormalised)
   size_t size() const { return w.size(); }
 };

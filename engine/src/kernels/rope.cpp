@@ -47,8 +47,8 @@ void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_posit
   RopePush push{static_cast<uint32_t>(numel(shape) / dim), seq_len, dim,
                 plan.params.rope == RopeLayout::half ? 1u : 0u};
   uint64_t invocations = uint64_t(push.vectors) * (dim / 2 + dim % 2);
-  VkPipeline pipe = plan.impl.pipeline(std::string("rope") + (x.dtype() == DType::f16 ? "_f16" : "_f32"),
-                                       Spec{64, 1, 1, 1});
+  VkPipeline pipe = plan.impl.pipeline(
+      std::string("rope") + (x.dtype() == DType::f16 ? "_f16" : "_f32"), Spec{64, 1, 1, 1});
   plan.add(pipe, plan.make_set(b), {static_cast<uint32_t>((invocations + 63) / 64), 1, 1}, &push,
            sizeof(push));
 }

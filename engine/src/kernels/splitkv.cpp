@@ -10,11 +10,12 @@ namespace flashvk::detail {
 // Enough chunks that the device has about as many workgroups in flight as it can run at once:
 // a CPU driver runs one per hardware thread, a GPU several per compute unit.
 uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys) {
-  uint64_t in_flight = info.type == "cpu" ? 2ull * std::max(1u, std::thread::hardware_concurrency())
-                                          : 1024ull;
+  uint64_t in_flight =
+      info.type == "cpu" ? 2ull * std::max(1u, std::thread::hardware_concurrency()) : 1024ull;
   uint64_t splits = (in_flight + groups - 1) / groups;
   uint64_t max_splits = (uint64_t(nk) + keys - 1) / keys;  // at least one tile per chunk
-  return static_cast<uint32_t>(std::clamp<uint64_t>(splits, 1, std::min<uint64_t>(max_splits, 256)));
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(splits, 1, std::min<uint64_t>(max_splits, 256)));
 }
 
 void plan_splitkv(Plan& plan) {
@@ -25,10 +26,10 @@ void plan_splitkv(Plan& plan) {
   uint32_t keys = plan.spec.keys;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
-    uint32_t splits = plan.params.splits
-                          ? plan.params.splits
-                          : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
-                                        d.nk, keys);
+    uint32_t splits =
+        plan.params.splits
+            ? plan.params.splits
+            : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads, d.nk, keys);
     uint32_t per = (d.nk + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
     while (!plan.params.splits && plan.impl.loop_limited && kps > keys &&
