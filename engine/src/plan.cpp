@@ -10,8 +10,6 @@ namespace flashvk::detail {
 
 namespace {
 
-constexpr uint32_t kChunk = 1;  // CH in shaders/common.glsl
-
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
@@ -30,11 +28,6 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
   uint32_t keys = forced_keys ? forced_keys : params.block_keys;
   if (keys == 0) keys = std::min(64u, max_keys);
-  if (keys > kChunk) keys -= forced_keys || params.block_keys ? 0 : keys % kChunk;
-  if (keys > kChunk && keys % kChunk != 0)
-    throw Error("block_keys " + std::to_string(keys) + " must be at most " +
-                std::to_string(kChunk) + " or a multiple of it (keys are unrolled in chunks of " +
-                std::to_string(kChunk) + ")");
   if (keys > max_keys)
     throw Error("block_keys " + std::to_string(keys) + " with d=" + std::to_string(dims.d) +
                 ", dv=" + std::to_string(dims.dv) + " needs " +
@@ -153,7 +146,7 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
-  uint64_t chunks = (spec.keys + kChunk - 1) / kChunk;
+  uint64_t chunks = spec.keys;  // the chunk loop runs once per key (CH = 1)
   uint64_t passes = params.variant == Variant::online ? 2 : 1;
   return passes * tiles * (1 + chunks) + 64;  // tile loop and chunk loop, plus set-up
 }
