@@ -67,7 +67,8 @@ struct Series {
 
 // A line plot over the key index with the cursor marked. NaN and infinities leave gaps.
 void plot(const char* title, const std::vector<Series>& series, int steps, int cursor, bool log_y,
-          ImVec2 size, const std::vector<int>& markers = {}, double hline = NAN) {
+          ImVec2 size, const std::vector<int>& markers = {}, double hline = NAN,
+          const char* x_label = "key") {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos();
   ImGui::InvisibleButton(title, size);
@@ -114,13 +115,13 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
   for (int m : markers)
     dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0),
                           IM_COL32(255, 90, 90, 255));
-  dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
+  if (cursor >= 0) dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
   if (ImGui::IsItemHovered() && steps > 0) {
     int i = std::clamp(
         int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0,
         steps - 1);
     ImGui::BeginTooltip();
-    ImGui::Text("key %d", i);
+    ImGui::Text("%s %d", x_label, i);
     for (const auto& s : series)
       if (size_t(i) < s.y.size()) ImGui::Text("%s: %.6g", s.label.c_str(), s.y[size_t(i)]);
     ImGui::EndTooltip();
@@ -514,7 +515,26 @@ void draw_derivation(const Model& model) {
   }
 }
 
+// The whole output vector each variant's state stands for at the cursor, over its components,
+// with the same variant's float64 state in white.
+void output_vector_plot(const Model& model) {
+  std::vector<Series> series;
+  size_t k = size_t(model.cursor);
+  for (const auto& t : model.traces()) {
+    if (k >= t.o_norm.size()) continue;
+    series.push_back({variant_name(t.variant), variant_color(t.variant), t.o_norm[k]});
+    std::vector<double> ref = t.ref.o[k];
+    if (t.variant == Variant::flash2 || t.variant == Variant::splitkv)
+      for (double& x : ref) x = t.ref.l[k] > 0 ? x / t.ref.l[k] : 0.0;
+    series.push_back({std::string(variant_name(t.variant)) + " (float64)", kReference, ref, true});
+  }
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  plot("output vector at the step, by component", series, int(model.dims().dv), -1, false,
+       ImVec2(avail.x, std::min(160.0f, avail.y * 0.4f)), {}, NAN, "component");
+}
+
 void draw_output(const Model& model) {
+  output_vector_plot(model);
   const auto& d = model.direct();
   ImGui::Text("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row,
               d.final_lse);
