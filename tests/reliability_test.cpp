@@ -1,5 +1,6 @@
 // Determinism and threads: the same inputs give bit-identical outputs run after run, from one
 // thread or several, on one shared context or one context per thread.
+#include <functional>
 #include <thread>
 
 #include "test_util.hpp"
@@ -73,6 +74,102 @@ TEST_F(VulkanTest, ThreadsWithTheirOwnContextsMatchOneThread) {
 
 TEST_F(VulkanTest, ThreadsSharingOneContextMatchOneThread) {
   expect_threads_match(3, [](int) -> Context& { return context(); });
+}
+
+}  // namespace
+}  // namespace flashvk::test
+
+namespace flashvk::test {
+namespace {
+
+// A device with smaller limits than lavapipe's, to prove that work past a limit is refused with
+// the limit named, and that naive's S is split across dispatches when one binding cannot hold it.
+class SmallDeviceTest : public ::testing::Test {
+ protected:
+  static Context make(LimitOverrides limits) {
+    ContextOptions options;
+    options.validation = true;
+    options.limits = limits;
+    return Context::create(options);
+  }
+  static void expect_error(const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error naming " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
+};
+
+TEST_F(SmallDeviceTest, StorageBufferRangeIsNamed) {
+  Context ctx = make({64 * 1024, 0, 0});
+  HostTensor k = random_tensor({1, 1, 1024, 32}, 81);  // 128 KiB
+  expect_error([&] { Tensor::upload(ctx, k, DType::f32); }, "maxStorageBufferRange");
+  EXPECT_TRUE(ctx.take_validation_messages().empty());
+}
+
+TEST_F(SmallDeviceTest, NaiveSplitsItsScoresAcrossDispatches) {
+  Context ctx = make({16 * 1024, 0, 0});  // S for one head is 32 x 40 x 4 = 5 KiB: 3 heads a go
+  HostTensor q = random_tensor({1, 8, 32, 8}, 82), k = random_tensor({1, 8, 40, 8}, 83),
+             v = random_tensor({1, 8, 40, 8}, 84);
+  AttentionParams params;
+  params.variant = Variant::naive;
+  params.causal = true;
+  HostAttentionResult gpu = attention(ctx, q, k, v, params);
+  reference::Result ref = reference::direct(q, k, v, params);
+  EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params));
+  // Inputs, O and LSE, plus at most one binding's worth of S (the whole S would be 40 KiB).
+  uint64_t fixed =
+      (q.data.size() + k.data.size() + v.data.size() + gpu.out.data.size() + gpu.lse.data.size()) *
+      4;
+  EXPECT_LE(gpu.device_bytes, fixed + 16 * 1024);
+  for (const auto& m : ctx.take_validation_messages()) ADD_FAILURE() << m;
+}
+
+TEST_F(SmallDeviceTest, WorkgroupCountAndAllocationSizeAreNamed) {
+  Context few_groups = make({0, 0, 2});
+  HostTensor q = random_tensor({300, 8}, 85), k = random_tensor({20, 8}, 86);
+  expect_error([&] { attention(few_groups, q, k, k); }, "maxComputeWorkGroupCount");
+  Context small_alloc = make({0, 32 * 1024, 0});
+  HostTensor big = random_tensor({1, 1, 512, 32}, 87);  // 64 KiB
+  expect_error([&] { Tensor::upload(small_alloc, big, DType::f32); }, "maxMemoryAllocationSize");
+}
+
+// Allocation failure and device loss surface as VulkanError naming the call; the context stays
+// usable (allocation) or at least destructible (device loss), with nothing left behind.
+TEST_F(VulkanTest, OutOfDeviceMemoryNamesTheCallAndTheContextRecovers) {
+  HostTensor q = random_tensor({1, 2, 10, 16}, 88), k = random_tensor({1, 2, 30, 16}, 89);
+  testing::inject_failure("vkAllocateMemory", VK_ERROR_OUT_OF_DEVICE_MEMORY, 3);
+  try {
+    attention(context(), q, k, k);
+    ADD_FAILURE() << "expected VK_ERROR_OUT_OF_DEVICE_MEMORY";
+  } catch (const VulkanError& e) {
+    EXPECT_EQ(e.result(), VK_ERROR_OUT_OF_DEVICE_MEMORY);
+    EXPECT_NE(std::string(e.what()).find("vkAllocateMemory"), std::string::npos) << e.what();
+  }
+  testing::clear_failures();
+  HostAttentionResult again = attention(context(), q, k, k);
+  EXPECT_LE(max_error(again.out.data, reference::direct(q, k, k, {}).out), tolerance(q, k, k, {}));
+}
+
+TEST(DeviceLoss, NamesTheCallAndTheContextIsDestructible) {
+  HostTensor q = random_tensor({1, 2, 10, 16}, 90);
+  {
+    Context ctx = Context::create({-1, true, {}});
+    testing::inject_failure("vkQueueSubmit", VK_ERROR_DEVICE_LOST);
+    try {
+      attention(ctx, q, q, q);
+      ADD_FAILURE() << "expected VK_ERROR_DEVICE_LOST";
+    } catch (const VulkanError& e) {
+      EXPECT_EQ(e.result(), VK_ERROR_DEVICE_LOST);
+      EXPECT_NE(std::string(e.what()).find("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST"),
+                std::string::npos)
+          << e.what();
+    }
+    testing::clear_failures();
+    EXPECT_TRUE(ctx.take_validation_messages().empty());
+  }  // destroyed here, with everything it created
 }
 
 }  // namespace

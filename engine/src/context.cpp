@@ -14,6 +14,38 @@ void check(VkResult result, const char* call) {
 }
 
 namespace {
+struct Fault {
+  std::mutex mutex;
+  std::string call;
+  VkResult result = VK_SUCCESS;
+  int skip = 0;
+};
+Fault& fault() {
+  static Fault f;
+  return f;
+}
+}  // namespace
+
+VkResult injected(const char* call) {
+  Fault& f = fault();
+  std::lock_guard lock(f.mutex);
+  if (f.call.empty() || f.call != call) return VK_SUCCESS;
+  if (f.skip-- > 0) return VK_SUCCESS;
+  VkResult r = f.result;
+  f.call.clear();
+  return r;
+}
+
+void apply_overrides(DeviceInfo& info, const LimitOverrides& o) {
+  auto lower = [](auto& value, auto forced) {
+    if (forced && forced < value) value = forced;
+  };
+  lower(info.max_storage_buffer_range, o.max_storage_buffer_range);
+  lower(info.max_allocation, o.max_allocation);
+  for (uint32_t& count : info.max_workgroup_count) lower(count, o.max_workgroup_count);
+}
+
+namespace {
 
 const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
@@ -316,8 +348,12 @@ void ContextImpl::submit_and_wait(const std::function<void(VkCommandBuffer)>& fi
   submit.commandBufferCount = 1;
   submit.pCommandBuffers = &cmd;
   check(vkResetFences(device, 1, &fence), "vkResetFences");
-  check(vkQueueSubmit(queue, 1, &submit, fence), "vkQueueSubmit");
-  check(vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  VkResult result = injected("vkQueueSubmit");
+  check(result ? result : vkQueueSubmit(queue, 1, &submit, fence), "vkQueueSubmit");
+  result = injected("vkWaitForFences");
+  if (result == VK_SUCCESS) result = vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX);
+  if (result != VK_SUCCESS) vkDeviceWaitIdle(device);  // before the command buffer is freed
+  check(result, "vkWaitForFences");
 }
 
 void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
@@ -330,6 +366,19 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
 }
 
 }  // namespace detail
+
+namespace testing {
+void inject_failure(const std::string& call, VkResult result, int skip) {
+  detail::Fault& f = detail::fault();
+  std::lock_guard lock(f.mutex);
+  f.call = call;
+  f.result = result;
+  f.skip = skip;
+}
+void clear_failures() {
+  inject_failure("", VK_SUCCESS, 0);
+}
+}  // namespace testing
 
 std::vector<DeviceInfo> list_devices() {
   detail::ContextImpl probe;
@@ -369,6 +418,7 @@ Context Context::create(const ContextOptions& options) {
                 std::to_string(devices.size() - 1) + "); see `flashvk devices`");
   impl->physical = devices[static_cast<size_t>(index)];
   impl->info = infos[static_cast<size_t>(index)];
+  detail::apply_overrides(impl->info, options.limits);
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)

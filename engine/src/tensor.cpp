@@ -38,7 +38,8 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
   VkMemoryAllocateInfo alloc{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   alloc.allocationSize = req.size;
   alloc.memoryTypeIndex = type;
-  VkResult result = vkAllocateMemory(ctx.device, &alloc, nullptr, &memory_);
+  VkResult result = injected("vkAllocateMemory");
+  if (result == VK_SUCCESS) result = vkAllocateMemory(ctx.device, &alloc, nullptr, &memory_);
   if (result != VK_SUCCESS) {
     release();
     throw VulkanError(result, "vkAllocateMemory(" + std::to_string(req.size) + " bytes)");

@@ -18,6 +18,9 @@ namespace flashvk::detail {
 
 /// Throws VulkanError naming `call` unless `result` is VK_SUCCESS.
 void check(VkResult result, const char* call);
+/// The failure armed by testing::inject_failure for `call`, or VK_SUCCESS.
+VkResult injected(const char* call);
+void apply_overrides(DeviceInfo& info, const LimitOverrides& overrides);
 
 struct ContextImpl;
 

@@ -36,10 +36,26 @@ struct DeviceInfo {
 /// Lists the Vulkan devices the loader finds, in the loader's order (the index used everywhere).
 std::vector<DeviceInfo> list_devices();
 
+/// Limits lower than the device's, to see how work behaves on a smaller device (0 = the device's).
+struct LimitOverrides {
+  uint64_t max_storage_buffer_range = 0;
+  uint64_t max_allocation = 0;
+  uint32_t max_workgroup_count = 0;  ///< applied to x, y and z
+};
+
 struct ContextOptions {
   int device = -1;          ///< device index; -1 picks the default (first discrete, else first)
   bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation with synchronization checks
+  LimitOverrides limits;
 };
+
+namespace testing {
+/// Makes the `skip`+1-th following call of the named Vulkan function ("vkAllocateMemory",
+/// "vkQueueSubmit", ...) on any context fail with `result` without being made. For tests of the
+/// error paths; `clear_failures()` disarms it.
+void inject_failure(const std::string& call, VkResult result, int skip = 0);
+void clear_failures();
+}  // namespace testing
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.
 /// The device must have been created with Vulkan 1.1 or later; `fp16_storage_enabled` says
