@@ -25,7 +25,7 @@ void check_trace(Variant variant, const HostTensor& q, const HostTensor& k, cons
   params.variant = variant;
   Trace t = trace(context(), q, k, v, params, 0, head, row);
   Dims d = check_shapes(q.shape, k.shape, v.shape);
-  reference::Vec s = reference::row_scores(q, k, params, 0, head, row);
+  reference::Vec s = reference::row_scores(q, k, d, params, 0, head, row);
   uint32_t chunk =
       variant == Variant::splitkv ? t.splits.empty() ? 0 : t.splits[0].end - t.splits[0].begin : 0;
   reference::RowTrace ref =

@@ -9,8 +9,8 @@
 #include <limits>
 #include <sstream>
 
-#include "../cli/args.hpp"
-#include "../cli/npy.hpp"
+#include "args.hpp"
+#include "npy.hpp"
 #include "render.hpp"
 #include "window.hpp"
 

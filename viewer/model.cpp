@@ -60,7 +60,7 @@ void Model::retrace() {
   batch = std::min(batch, dims_.batch - 1);
   head = std::min(head, dims_.heads - 1);
   row = std::min(row, dims_.nq - 1);
-  scores_ = reference::row_scores(in_.q, in_.k, in_.params, batch, head, row);
+  scores_ = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row);
   std::vector<reference::Vec> values = reference::value_rows(in_.v, dims_, batch, head);
   direct_ = reference::direct_row(scores_, values);
   fa1_ = reference::flash1_row(scores_, values);
@@ -137,7 +137,7 @@ void Model::build_heatmap() {
   heat_p_.assign(nq * nk, 0.0);
   if (nq * nk > 4'000'000) return;  // too large to show; the panel says so
   for (uint32_t i = 0; i < nq; ++i) {
-    reference::Vec s = reference::row_scores(in_.q, in_.k, in_.params, batch, head, i);
+    reference::Vec s = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, i);
     double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
     for (double x : s) m = std::max(m, x);
     for (double x : s) sum += std::isinf(x) ? 0.0 : std::exp(x - m);

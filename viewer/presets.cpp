@@ -3,8 +3,8 @@
 #include <map>
 #include <random>
 
-#include "../cli/npy.hpp"
 #include "model.hpp"
+#include "npy.hpp"
 
 namespace flashvk::viewer {
 namespace {

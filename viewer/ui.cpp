@@ -9,7 +9,7 @@
 #include <limits>
 #include <map>
 
-#include "../cli/npy.hpp"
+#include "npy.hpp"
 
 namespace flashvk::viewer {
 namespace {

@@ -246,9 +246,8 @@ RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, u
   return direct_row(s, v);
 }
 
-Vec row_scores(const HostTensor& q, const HostTensor& k, const AttentionParams& params,
-               uint32_t batch, uint32_t head, uint32_t row) {
-  Dims d = check_shapes(q.shape, k.shape, std::vector<int64_t>(k.shape));
+Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
+               const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row) {
   double scale = params.scale ? double(*params.scale) : 1.0 / std::sqrt(double(d.d));
   uint32_t kv_head = head / (d.heads / d.kv_heads);
   const float* qrow = q.data.data() + ((size_t(batch) * d.heads + head) * d.nq + row) * d.d;
@@ -293,7 +292,7 @@ Result run_rows(const HostTensor& q_in, const HostTensor& k_in, const HostTensor
     for (uint32_t h = 0; h < d.heads; ++h) {
       std::vector<Vec> vr = value_rows(v, d, b, h);
       for (uint32_t i = 0; i < d.nq; ++i) {
-        RowTrace t = row_fn(row_scores(q, k, params, b, h, i), vr);
+        RowTrace t = row_fn(row_scores(q, k, d, params, b, h, i), vr);
         size_t row = (size_t(b) * d.heads + h) * d.nq + i;
         std::copy(t.out.begin(), t.out.end(), r.out.begin() + long(row * d.dv));
         r.lse[row] = t.final_lse;

@@ -33,9 +33,10 @@ RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk);
 RowTrace direct_row(const Vec& s, const std::vector<Vec>& v);
 RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, uint32_t chunk);
 
-/// Scaled, masked scores of query `row` of (batch, head) against every key.
-Vec row_scores(const HostTensor& q, const HostTensor& k, const AttentionParams& params,
-               uint32_t batch, uint32_t head, uint32_t row);
+/// Scaled, masked scores of query `row` of (batch, head) against every key; `dims` from
+/// check_shapes(q, k, v).
+Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& dims,
+               const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row);
 /// Value rows seen by (batch, head).
 std::vector<Vec> value_rows(const HostTensor& v, const Dims& dims, uint32_t batch, uint32_t head);
 
