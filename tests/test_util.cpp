@@ -4,16 +4,39 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <mutex>
 
 namespace flashvk::test {
 
+namespace {
+
+std::unique_ptr<Context>& shared_context() {
+  static std::unique_ptr<Context> ctx;
+  return ctx;
+}
+
+// Destroys the shared context when the tests end rather than in a static destructor at exit,
+// where the validation layer's own statics may already be gone.
+class SharedContextEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override { shared_context().reset(); }
+};
+
+[[maybe_unused]] ::testing::Environment* const environment =
+    ::testing::AddGlobalTestEnvironment(new SharedContextEnvironment);
+
+}  // namespace
+
 Context& context() {
-  static std::unique_ptr<Context> ctx = [] {
+  static std::mutex mutex;  // threads of the concurrency tests may ask first
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Context>& ctx = shared_context();
+  if (!ctx) {
     const char* env = std::getenv("FLASHVK_VALIDATION");
     ContextOptions options;
     options.validation = !(env && std::string(env) == "0");
-    return std::make_unique<Context>(Context::create(options));
-  }();
+    ctx = std::make_unique<Context>(Context::create(options));
+  }
   return *ctx;
 }
 
