@@ -1,5 +1,8 @@
 #include "args.hpp"
 
+#include <cstdlib>
+#include <filesystem>
+
 #include <charconv>
 #include <cmath>
 
@@ -68,6 +71,21 @@ double Args::number(const std::string& name, double fallback, bool positive) con
     throw UsageError{"--" + name + " expects a finite number, got '" + s + "'"};
   if (positive && !(value > 0)) throw UsageError{"--" + name + " must be positive, got " + s};
   return value;
+}
+
+std::string default_pipeline_cache() {
+  if (const char* env = std::getenv("FLASHVK_PIPELINE_CACHE")) return env;
+  std::filesystem::path dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    dir = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    dir = std::filesystem::path(home) / ".cache";
+  else
+    return "";
+  dir /= "flashvk";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  return ec ? "" : (dir / "pipelines.bin").string();
 }
 
 }  // namespace flashvk::cli

@@ -34,4 +34,9 @@ class Args {
   std::set<std::string> flags_;
 };
 
+/// Where the commands keep the driver's compiled pipelines between runs:
+/// $FLASHVK_PIPELINE_CACHE if set (empty turns the cache off), else
+/// $XDG_CACHE_HOME/flashvk/pipelines.bin or ~/.cache/flashvk/pipelines.bin. "" if none works.
+std::string default_pipeline_cache();
+
 }  // namespace flashvk::cli

@@ -9,6 +9,10 @@
 // about correctness on llvmpipe: it stops every loop of an invocation once all its loops together
 // have run 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS), so only the loops over keys iterate.
 #extension GL_EXT_control_flow_attributes : require
+#ifdef REG_TILE
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 
 #ifdef FP16
 #define ELEM float16_t
@@ -21,9 +25,14 @@ layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
 layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
 layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
 // Keys per chunk: the recurrence runs over a tile CH keys at a time, with the head-dim loops
-// unrolled. CH = 1: unrolling more keys multiplies llvmpipe's compile time (16 s instead of 3 s
-// at d = 64) for little gain; every loop over keys is written for any CH.
+// unrolled. Shared-memory tiles: CH = 1, since unrolling more keys multiplies llvmpipe's compile
+// time (16 s instead of 3 s at d = 64) for little gain. Register tiles (REG_TILE): a tile is one
+// key per subgroup lane, and the chunk is the whole tile (BC = the subgroup size).
+#ifdef REG_TILE
+const uint CH = BC;
+#else
 const uint CH = 1u;
+#endif
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
@@ -127,13 +136,6 @@ const uint TRACE_FIELDS = 6u;
 
 void trace_put(uint record, uint field, float v) {
   trace_buf[record * (TRACE_FIELDS + DV) + field] = v;
-}
-
-float sigmoid(float x) {
-  // Two branches so that neither exp() can overflow: sigma(+inf) = 1, sigma(-inf) = 0.
-  if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-  float e = exp(x);
-  return e / (1.0 + e);
 }
 
 // log(1 + exp(x)) without overflow or cancellation.

@@ -10,7 +10,6 @@ bool pass_needs_v(uint pass) { return true; }
 
 float m_run = NEG_INF;
 float l_run = 0.0;
-float o_acc[DV];  // normalised output of the keys seen so far
 float l_tile;  // the current tile's part of l_run, for its share in traces
 
 void state_init() {
@@ -20,6 +19,7 @@ void state_init() {
 void tile_begin(uint pass) { l_tile = 0.0; }
 
 void chunk_update(uint pass, uint c0) {
+  o_hold();
   float m_new = max(m_run, chunk_max());
   if (m_new == NEG_INF) return;
   float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
@@ -33,9 +33,8 @@ void chunk_update(uint pass, uint c0) {
   l_tile = l_tile * alpha + l_chunk;
   float keep = l_run * alpha / l_new;  // share of the old output in the new one
   float inv = 1.0 / l_new;
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= keep;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * inv * tile_v[(c0 + ci) * DV + k];
+  o_keep = keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = p[ci] * inv;
   m_run = m_new;
   l_run = l_new;
 }

@@ -10,7 +10,6 @@ bool pass_needs_v(uint pass) { return true; }
 
 float m_run = NEG_INF;  // running max of the scores seen so far
 float l_run = 0.0;      // running denominator, relative to m_run
-float o_acc[DV];        // unnormalised output
 float l_tile;  // the current tile's part of l_run, for its share in traces
 
 void state_init() {
@@ -20,6 +19,7 @@ void state_init() {
 void tile_begin(uint pass) { l_tile = 0.0; }
 
 void chunk_update(uint pass, uint c0) {
+  o_hold();
   float m_new = max(m_run, chunk_max());
   if (m_new == NEG_INF) return;  // nothing visible yet: the state stays empty
   // exp(-inf) is spelled out as 0: Vulkan does not promise IEEE infinities in exp().
@@ -32,9 +32,8 @@ void chunk_update(uint pass, uint c0) {
   }
   l_run = l_run * alpha + l_chunk;
   l_tile = l_tile * alpha + l_chunk;
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= alpha;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * tile_v[(c0 + ci) * DV + k];
+  o_keep = alpha;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = p[ci];
   m_run = m_new;
 }
 

@@ -18,7 +18,6 @@ const uint PASSES = 1u;
 bool pass_needs_v(uint pass) { return true; }
 
 float lse_run = NEG_INF;  // L: log of the softmax denominator of the keys seen so far
-float o_acc[DV];          // normalised output
 float t_tile;  // log-sum-exp of the current tile's scores, for its weight in traces
 
 void state_init() {
@@ -28,6 +27,7 @@ void state_init() {
 void tile_begin(uint pass) { t_tile = NEG_INF; }
 
 void chunk_update(uint pass, uint c0) {
+  o_hold();
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
   float m_chunk = chunk_max();
   if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
@@ -38,21 +38,25 @@ void chunk_update(uint pass, uint c0) {
     l_chunk += p[ci];
   }
   float t = m_chunk + log(l_chunk);
+#ifdef TRACE
   t_tile = t_tile == NEG_INF ? t : max(t_tile, t) + softplus(-abs(t_tile - t));
+#endif
   float w = 1.0;  // the first visible chunk takes the whole weight
   float keep = 0.0;
   if (lse_run != NEG_INF) {
+    // sigma(x), sigma(-x) = 1 - w without cancellation, and softplus(x), from one exp.
     float x = t - lse_run;
-    w = sigmoid(x);
-    keep = sigmoid(-x);  // 1 - w without cancellation
-    lse_run += softplus(x);
+    float e = exp(-abs(x));
+    float inv = 1.0 / (1.0 + e);
+    w = x >= 0.0 ? inv : e * inv;
+    keep = x >= 0.0 ? e * inv : inv;
+    lse_run += max(x, 0.0) + (e < 1e-4 ? e - 0.5 * e * e : log(1.0 + e));
   } else {
     lse_run = t;
   }
   float wt = w / l_chunk;
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= keep;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += p[ci] * wt * tile_v[(c0 + ci) * DV + k];
+  o_keep = keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = p[ci] * wt;
 }
 
 void tile_end(uint pass, Row r, uint j0) {

@@ -11,6 +11,33 @@
 //   void state_finish(Row r);
 // With BC = 1 (and so CH = 1) a chunk is one key: the seeds' per-key loops, used for traces.
 
+#ifdef REG_TILE
+// Register tiles: no barriers, and every lane of a subgroup runs every step together (rows
+// outside the problem compute on zeros and store nothing), as the shuffles need.
+void main() {
+  Row r = packed_row();
+  load_q(r);
+  uint begin = 0u;
+  uint end = pc.nk;
+#ifdef SPLIT_KV
+  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
+  end = min(pc.nk, begin + pc.keys_per_split);
+#endif
+  end = min(end, workgroup_key_end(r));
+  state_init();
+  for (uint pass = 0u; pass < PASSES; ++pass) {
+    for (uint j0 = begin; j0 < end; j0 += BC) {
+      uint n = min(BC, end - j0);
+      load_reg_tile(r.kv_base, j0, n, pass_needs_v(pass));
+      tile_begin(pass);
+      chunk_scores(r, j0, 0u, n);
+      chunk_update(pass, 0u);
+      if (pass_needs_v(pass)) accumulate_o(0u);
+    }
+  }
+  if (r.valid) state_finish(r);
+}
+#else
 void main() {
   Row r = packed_row();
   load_q(r);
@@ -34,6 +61,7 @@ void main() {
       for (uint c0 = 0u; c0 < n; c0 += CH) {
         chunk_scores(r, j0, c0, n);
         chunk_update(pass, c0);
+        if (pass_needs_v(pass)) accumulate_o(c0);
       }
       if (BC == 1u && is_traced(r)) trace_put(j0, 0u, sc[0]);  // per-key trace: the score
       tile_end(pass, r, j0);
@@ -41,3 +69,4 @@ void main() {
   }
   if (r.valid) state_finish(r);
 }
+#endif

@@ -11,7 +11,6 @@ bool pass_needs_v(uint pass) { return pass == 1u; }
 
 float m_run = NEG_INF;
 float l_run = 0.0;
-float o_acc[DV];
 float w_tile;  // pass 2: the weight the tile's keys add to the output
 
 void state_init() {
@@ -37,11 +36,12 @@ void second_pass(uint c0) {
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     float a = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_run) * inv;
     w_tile += a;
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += a * tile_v[(c0 + ci) * DV + k];
+    o_coef[ci] = a;
   }
 }
 
 void chunk_update(uint pass, uint c0) {
+  o_hold();
   if (pass == 0u) {
     first_pass();
   } else {

@@ -1,10 +1,38 @@
-// K/V tiles staged in shared memory, and the scores of one query row against them.
-// Every invocation of the workgroup helps load a tile; each then reads all of it, CH keys at a
-// time. The scores of a chunk live in sc[], indexed only by unrolled (constant) indices: llvmpipe
-// turns a private array indexed at run time into a select over every element.
+// K/V tiles, and the scores of one query row against them. The scores of a chunk live in sc[],
+// indexed only by unrolled (constant) indices: llvmpipe turns a private array indexed at run
+// time into a select over every element.
+//
+// Two layouts of a tile, chosen by the host (Spec::layout):
+// - shared memory (default): every invocation of the workgroup helps load BC keys; each then
+//   reads all of them, one key at a time. Suits GPUs, where shared memory broadcasts.
+// - registers (REG_TILE): a tile is one key per subgroup lane, loaded straight from the buffer
+//   into that lane's registers, and every lane reads the others' keys with subgroupShuffle. No
+//   barriers and no shared memory: on llvmpipe a shared-memory read at a per-invocation address
+//   is a gather of scalar loads, while a shuffle by a constant lane is one register permute.
 
+#ifdef REG_TILE
+float k_reg[D];  // this lane's key of the tile
+float v_reg[DV];
+#define K_AT(c, k) subgroupShuffle(k_reg[k], c)
+#define V_AT(c, k) subgroupShuffle(v_reg[k], c)
+
+// Lane c loads key j0 + c; lanes past the n keys of the tile hold zeros.
+void load_reg_tile(uint kv_base, uint j0, uint n, bool need_v) {
+  uint c = gl_SubgroupInvocationID;
+  uint key = kv_base + j0 + c;
+  [[unroll]] for (uint k = 0; k < D; ++k) k_reg[k] = 0.0;
+  if (c < n)
+    [[unroll]] for (uint k = 0; k < D; ++k) k_reg[k] = float(k_buf[key * D + k]);
+  if (!need_v) return;
+  [[unroll]] for (uint k = 0; k < DV; ++k) v_reg[k] = 0.0;
+  if (c < n)
+    [[unroll]] for (uint k = 0; k < DV; ++k) v_reg[k] = float(v_buf[key * DV + k]);
+}
+#else
 shared float tile_k[BC * D];
 shared float tile_v[BC * DV];
+#define K_AT(c, k) tile_k[(c) * D + (k)]
+#define V_AT(c, k) tile_v[(c) * DV + (k)]
 
 void load_k_tile(uint kv_base, uint j0, uint n) {
   const uint steps = (BC * D + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
@@ -27,6 +55,7 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
     if (e < BC * DV) tile_v[e] = x;
   }
 }
+#endif
 
 float q_reg[D];  // this invocation's query row, kept in registers
 float sc[CH];    // scaled scores of the current chunk, -inf where masked
@@ -43,9 +72,27 @@ void chunk_scores(Row r, uint j0, uint c0, uint n) {
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     uint c = c0 + ci;
     float acc = 0.0;
-    [[unroll]] for (uint k = 0; k < D; ++k) acc += q_reg[k] * tile_k[c * D + k];
+    [[unroll]] for (uint k = 0; k < D; ++k) acc += q_reg[k] * K_AT(c, k);
     sc[ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc * pc.scale : NEG_INF;
   }
+}
+
+// Every recurrence updates its output the same way, o <- o * o_keep + sum_c o_coef[c] v_c; the
+// recurrence sets the two, and the caller applies them (accumulate_o) outside any branch a row
+// took on its own, as register tiles need every lane at each shuffle.
+float o_acc[DV];
+float o_keep;
+float o_coef[CH];
+
+void o_hold() {  // leave the output as it is
+  o_keep = 1.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = 0.0;
+}
+
+void accumulate_o(uint c0) {
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= o_keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += o_coef[ci] * V_AT(c0 + ci, k);
 }
 
 float chunk_max() {
@@ -54,7 +101,11 @@ float chunk_max() {
   return m;
 }
 
-// Highest key any row of this workgroup can see, so fully masked tiles are skipped.
+// Highest key any row of this workgroup (register tiles: subgroup) can see, so fully masked
+// tiles are skipped. With register tiles the bound must be the same for the whole subgroup.
+#ifdef REG_TILE
+uint workgroup_key_end(Row r) { return subgroupMax(r.key_end); }
+#else
 shared uint wg_key_end;
 
 uint workgroup_key_end(Row r) {
@@ -64,3 +115,4 @@ uint workgroup_key_end(Row r) {
   barrier();
   return wg_key_end;
 }
+#endif

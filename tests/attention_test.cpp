@@ -26,8 +26,7 @@ using Case = std::tuple<Variant, DType, Shape>;
 
 class AttentionTest : public VulkanTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(AttentionTest, MatchesFloat64Reference) {
-  auto [variant, dtype, s] = GetParam();
+void expect_matches_reference(Variant variant, DType dtype, const Shape& s, TileLayout layout) {
   uint32_t seed = s.nq * 131 + s.nk * 7 + s.d;
   HostTensor q = random_tensor({s.b, s.h, s.nq, s.d}, seed);
   HostTensor k = random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1);
@@ -40,12 +39,30 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   AttentionParams params;
   params.variant = variant;
   params.causal = s.causal;
+  params.tile_layout = layout;
   HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
   reference::Result ref = reference::direct(q, k, v, params);
   double tol = tolerance(q, k, v, params);
   EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << "tolerance " << tol;
   EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5);
   EXPECT_EQ(gpu.out.shape, (std::vector<int64_t>{s.b, s.h, s.nq, s.dv}));
+}
+
+TEST_P(AttentionTest, MatchesFloat64Reference) {
+  auto [variant, dtype, s] = GetParam();
+  expect_matches_reference(variant, dtype, s, TileLayout::automatic);
+}
+
+// The fused kernels have two tile layouts (shared memory, registers) and a device runs one by
+// default; this runs the other, so both are checked on every device (lavapipe included).
+class OtherTileLayoutTest : public AttentionTest {};
+
+TEST_P(OtherTileLayoutTest, MatchesFloat64Reference) {
+  auto [variant, dtype, s] = GetParam();
+  const DeviceInfo& info = context().device();
+  bool cpu = info.type == "cpu";
+  if (!cpu && !info.subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffle: shared tiles only";
+  expect_matches_reference(variant, dtype, s, cpu ? TileLayout::shared : TileLayout::registers);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -58,6 +75,25 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, AttentionTest,
                                             ::testing::Values(DType::f32, DType::f16),
                                             ::testing::ValuesIn(kShapes)),
                          case_name);
+
+INSTANTIATE_TEST_SUITE_P(FusedVariants, OtherTileLayoutTest,
+                         ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
+                                                              Variant::flash2, Variant::flashd,
+                                                              Variant::splitkv),
+                                            ::testing::Values(DType::f32, DType::f16),
+                                            ::testing::ValuesIn(kShapes)),
+                         case_name);
+
+TEST_F(VulkanTest, RegisterTilesRefuseWhatTheyCannotDo) {
+  HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
+  AttentionParams params;
+  params.tile_layout = TileLayout::registers;
+  params.variant = Variant::naive;
+  EXPECT_THROW(attention(context(), q, k, k, params), Error);
+  params.variant = Variant::flash2;
+  params.block_keys = context().device().subgroup_size + 1;
+  EXPECT_THROW(attention(context(), q, k, k, params), Error);
+}
 
 TEST_F(VulkanTest, Fp16StorageStaysWithinHalfPrecisionOfUnroundedInputs) {
   HostTensor q = random_tensor({1, 2, 40, 32}, 5), k = random_tensor({1, 2, 90, 32}, 6),

@@ -1,5 +1,10 @@
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "flashvk/context.hpp"
@@ -220,6 +225,10 @@ DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
   info.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations;
   for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = limits.maxComputeWorkGroupCount[i];
   info.subgroup_size = subgroup.subgroupSize;
+  const VkSubgroupFeatureFlags needed =
+      VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+  info.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                          (subgroup.supportedOperations & needed) == needed;
   info.max_storage_buffer_range = limits.maxStorageBufferRange;
   info.max_allocation = m3.maxMemoryAllocationSize;
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
@@ -235,6 +244,7 @@ DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
 ContextImpl::~ContextImpl() {
   if (device != VK_NULL_HANDLE) {
     vkDeviceWaitIdle(device);
+    save_pipeline_cache();  // best effort: a destructor cannot report failure
     dummy = Buffer();
     for (auto& [key, pipe] : pipelines) vkDestroyPipeline(device, pipe, nullptr);
     for (auto& [key, module] : modules) vkDestroyShaderModule(device, module, nullptr);
@@ -252,6 +262,51 @@ ContextImpl::~ContextImpl() {
     if (destroy) destroy(instance, messenger, nullptr);
   }
   if (instance != VK_NULL_HANDLE) vkDestroyInstance(instance, nullptr);
+}
+
+namespace {
+
+// The saved cache if it was written for this device and driver, else nothing: the header
+// (VkPipelineCacheHeaderVersionOne) is checked here rather than trusting every driver to
+// reject a foreign or damaged file.
+std::vector<char> read_pipeline_cache(const std::string& path, VkPhysicalDevice physical) {
+  if (path.empty()) return {};
+  std::ifstream file(path, std::ios::binary);
+  std::vector<char> data((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  VkPipelineCacheHeaderVersionOne header{};
+  if (data.size() < sizeof(header)) return {};
+  std::memcpy(&header, data.data(), sizeof(header));
+  VkPhysicalDeviceProperties props{};
+  vkGetPhysicalDeviceProperties(physical, &props);
+  bool ours = header.headerSize >= sizeof(header) && header.headerSize <= data.size() &&
+              header.headerVersion == VK_PIPELINE_CACHE_HEADER_VERSION_ONE &&
+              header.vendorID == props.vendorID && header.deviceID == props.deviceID &&
+              std::memcmp(header.pipelineCacheUUID, props.pipelineCacheUUID, VK_UUID_SIZE) == 0;
+  return ours ? data : std::vector<char>{};
+}
+
+}  // namespace
+
+bool ContextImpl::save_pipeline_cache() const {
+  if (cache_path.empty() || cache == VK_NULL_HANDLE) return true;
+  size_t size = 0;
+  if (vkGetPipelineCacheData(device, cache, &size, nullptr) != VK_SUCCESS) return false;
+  std::vector<char> data(size);
+  if (vkGetPipelineCacheData(device, cache, &size, data.data()) != VK_SUCCESS) return false;
+  std::string tmp = cache_path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream file(tmp, std::ios::binary);
+    file.write(data.data(), static_cast<std::streamsize>(size));
+    if (!file) {
+      std::remove(tmp.c_str());
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), cache_path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
 }
 
 void ContextImpl::init_shared_objects() {
@@ -277,6 +332,9 @@ void ContextImpl::init_shared_objects() {
   check(vkCreatePipelineLayout(device, &layout_info, nullptr, &pipeline_layout),
         "vkCreatePipelineLayout");
   VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  std::vector<char> saved = read_pipeline_cache(cache_path, physical);
+  cache_info.initialDataSize = saved.size();
+  cache_info.pInitialData = saved.empty() ? nullptr : saved.data();
   check(vkCreatePipelineCache(device, &cache_info, nullptr, &cache), "vkCreatePipelineCache");
   VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -424,6 +482,7 @@ Context Context::create(const ContextOptions& options) {
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
   detail::make_device(*impl);
+  impl->cache_path = options.pipeline_cache_path;
   impl->init_shared_objects();
   return Context(std::move(impl));
 }
@@ -441,6 +500,7 @@ Context Context::adopt(const ExternalDevice& external) {
   impl->info = detail::describe(external.physical_device, 0);
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
+  impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
   std::vector<VkQueueFamilyProperties> families(count);

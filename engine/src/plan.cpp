@@ -13,8 +13,32 @@ namespace {
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
+// Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
+bool use_registers(const DeviceInfo& info, const AttentionParams& params, uint32_t rows,
+                   bool trace) {
+  bool fused = params.variant != Variant::naive;
+  bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
+                rows % info.subgroup_size == 0;
+  if (params.tile_layout == TileLayout::registers) {
+    if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
+    if (!usable)
+      throw Error(
+          "tile_layout registers needs subgroup shuffle and arithmetic operations in "
+          "compute shaders and block_rows a multiple of the subgroup size (" +
+          std::to_string(info.subgroup_size) + "); " + info.name + " does not qualify");
+    if (params.block_keys && params.block_keys != info.subgroup_size)
+      throw Error(
+          "with tile_layout registers a tile is one key per subgroup lane, so block_keys "
+          "must be 0 or the subgroup size (" +
+          std::to_string(info.subgroup_size) + ")");
+    return !trace;  // traces record from the shared-memory kernels
+  }
+  return params.tile_layout == TileLayout::automatic && fused && usable && !trace &&
+         info.type == "cpu" && params.block_keys == 0;
+}
+
 Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                 uint32_t forced_keys) {
+                 uint32_t forced_keys, bool trace) {
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
@@ -23,6 +47,11 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
+  if (use_registers(info, params, spec.rows, trace)) {
+    spec.registers = true;
+    spec.keys = info.subgroup_size;
+    return spec;
+  }
   uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
   uint32_t budget = std::min({limit, info.max_shared_memory, 48u * 1024u}) - 64u;
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
@@ -49,7 +78,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: q, k and v must have the same dtype");
   dims = check_shapes(q.shape(), k.shape(), v.shape());
   dtype = q.dtype();
-  spec = choose_spec(ctx.device(), dims, params, options.keys);
+  spec = choose_spec(ctx.device(), dims, params, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -144,9 +173,13 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
   plan_rope(*this, x, out, rope.position_offset);
 }
 
+Plan::Plan(Context& context) : ctx(context), impl(context.impl()) {
+  create_pools();
+}
+
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
-  uint64_t chunks = spec.keys;  // the chunk loop runs once per key (CH = 1)
+  uint64_t chunks = spec.registers ? 0 : spec.keys;  // shared tiles: once per key (CH = 1)
   uint64_t passes = params.variant == Variant::online ? 2 : 1;
   return passes * tiles * (1 + chunks) + 64;  // tile loop and chunk loop, plus set-up
 }
@@ -183,7 +216,7 @@ Plan::~Plan() {
 
 std::string Plan::shader(const char* family) const {
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
-         (options.trace ? "_trace" : "");
+         (options.trace ? "_trace" : "") + (spec.registers ? "_reg" : "");
 }
 
 Buffer Plan::scratch(uint64_t bytes) {

@@ -45,6 +45,8 @@ class Plan {
        const AttentionParams& params, const PlanOptions& options = {});
   /// A plan that only rotates `x` (the standalone RoPE op); the result is `out`.
   Plan(Context& ctx, const Tensor& x, const RopeParams& rope);
+  /// An empty plan, for dispatches added by hand (the calibration kernels).
+  explicit Plan(Context& ctx);
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan();

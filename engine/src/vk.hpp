@@ -52,7 +52,8 @@ class Buffer {
 /// Specialization constants shared by every kernel: workgroup size, tile keys, head dims.
 struct Spec {
   uint32_t rows = 64, keys = 32, d = 64, dv = 64;
-  auto tie() const { return std::tie(rows, keys, d, dv); }
+  bool registers = false;  // fused kernels: register tiles (TileLayout::registers)
+  auto tie() const { return std::tie(rows, keys, d, dv, registers); }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 
@@ -78,6 +79,7 @@ struct ContextImpl {
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   VkPipelineLayout pipeline_layout = VK_NULL_HANDLE;
   VkPipelineCache cache = VK_NULL_HANDLE;
+  std::string cache_path;  // where the pipeline cache is loaded from and saved to; "" = nowhere
   VkCommandPool pool = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
   Buffer dummy;  // bound where a kernel does not use a binding
@@ -95,6 +97,8 @@ struct ContextImpl {
   ~ContextImpl();
 
   void init_shared_objects();
+  /// Writes the pipeline cache to cache_path (a temporary file, then a rename); false on failure.
+  bool save_pipeline_cache() const;
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   /// The pipeline of embedded shader `name` with these constants, built once and cached.
   VkPipeline pipeline(const std::string& name, const Spec& spec);

@@ -12,6 +12,11 @@ namespace flashvk {
 
 enum class Variant { naive, online, flash1, flash2, flashd, splitkv };
 enum class RopeLayout { none, interleaved, half };
+/// Where the fused kernels keep a K/V tile (docs/engine.md): `shared` memory, read by every row
+/// of the workgroup (GPUs), or `registers`, one key per subgroup lane, read with subgroup
+/// shuffles (CPU drivers such as lavapipe, where it is several times faster). `automatic`
+/// picks registers on CPU devices that have the subgroup operations, shared memory elsewhere.
+enum class TileLayout { automatic, shared, registers };
 
 const std::vector<Variant>& all_variants();
 const char* variant_name(Variant variant);
@@ -33,6 +38,7 @@ struct AttentionParams {
   uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
   uint32_t block_rows = 0;     ///< Br, query rows per workgroup; 0 = auto (64)
   uint32_t block_keys = 0;     ///< Bc, keys per tile; 0 = the most that fit in shared memory
+  TileLayout tile_layout = TileLayout::automatic;  ///< fused variants (not naive, not traces)
   /// Shared memory the kernels may use per workgroup; 0 = the device's (at most 48 KiB).
   /// 16384 runs them as on a device with only Vulkan's guaranteed minimum.
   uint32_t max_shared_memory = 0;

@@ -25,6 +25,7 @@ struct DeviceInfo {
   uint32_t max_workgroup_invocations = 0;  // per workgroup
   uint32_t max_workgroup_count[3] = {0, 0, 0};
   uint32_t subgroup_size = 0;
+  bool subgroup_shuffle = false;  // compute shaders have subgroup shuffle and arithmetic ops
   uint64_t max_storage_buffer_range = 0;  // bytes one storage-buffer binding can see
   uint64_t max_allocation = 0;            // bytes one allocation may have
   uint64_t device_local_memory = 0;       // bytes in the largest device-local heap
@@ -47,6 +48,10 @@ struct ContextOptions {
   int device = -1;          ///< device index; -1 picks the default (first discrete, else first)
   bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation with synchronization checks
   LimitOverrides limits;
+  /// A file for the driver's compiled pipelines (VkPipelineCache): read when the context is
+  /// created (ignored unless it was written for this very device and driver), written back
+  /// when the context is destroyed. Empty: none.
+  std::string pipeline_cache_path;
 };
 
 namespace testing {
@@ -67,6 +72,7 @@ struct ExternalDevice {
   VkQueue queue = VK_NULL_HANDLE;  ///< a queue with compute support
   uint32_t queue_family = 0;
   bool fp16_storage_enabled = false;
+  std::string pipeline_cache_path;  ///< as in ContextOptions
 };
 
 class Context {
