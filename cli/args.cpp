@@ -1,10 +1,15 @@
 #include "args.hpp"
 
-#include <cstdlib>
-#include <filesystem>
+#include <unistd.h>
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "flashvk/error.hpp"
 
 namespace flashvk::cli {
 
@@ -86,6 +91,23 @@ std::string default_pipeline_cache() {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   return ec ? "" : (dir / "pipelines.bin").string();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error("output file '" + path + "': cannot write");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("output file '" + path + "': cannot rename into place");
+  }
 }
 
 }  // namespace flashvk::cli

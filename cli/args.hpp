@@ -34,6 +34,10 @@ class Args {
   std::set<std::string> flags_;
 };
 
+/// Writes text to a temporary name in the same folder, then renames it into place, so a failed
+/// write leaves no output file behind; throws Error naming the file.
+void write_text(const std::string& path, const std::string& text);
+
 /// Where the commands keep the driver's compiled pipelines between runs:
 /// $FLASHVK_PIPELINE_CACHE if set (empty turns the cache off), else
 /// $XDG_CACHE_HOME/flashvk/pipelines.bin or ~/.cache/flashvk/pipelines.bin. "" if none works.

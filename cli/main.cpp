@@ -110,24 +110,6 @@ Context open_device(const Args& args) {
   return Context::create(options);
 }
 
-// Writes text to a temporary name, then renames it into place.
-void write_text(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error("output file '" + path + "': cannot write");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error("output file '" + path + "': cannot rename into place");
-  }
-}
-
 struct Inputs {
   HostTensor q, k, v;
   Dims dims;
