@@ -11,19 +11,26 @@
 //   void state_finish(Row r);
 // With BC = 1 (and so CH = 1) a chunk is one key: the seeds' per-key loops, used for traces.
 
+// The keys this workgroup walks: all of them, or its chunk for splitkv, up to the last one any of
+// its rows can see.
+void key_range(Row r, out uint begin, out uint end) {
+  begin = 0u;
+  end = pc.nk;
+#ifdef SPLIT_KV
+  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
+  end = min(pc.nk, begin + pc.keys_per_split);
+#endif
+  end = min(end, workgroup_key_end(r));
+}
+
 #ifdef REG_TILE
 // Register tiles: no barriers, and every lane of a subgroup runs every step together (rows
 // outside the problem compute on zeros and store nothing), as the shuffles need.
 void main() {
   Row r = packed_row();
   load_q(r);
-  uint begin = 0u;
-  uint end = pc.nk;
-#ifdef SPLIT_KV
-  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  end = min(pc.nk, begin + pc.keys_per_split);
-#endif
-  end = min(end, workgroup_key_end(r));
+  uint begin, end;
+  key_range(r, begin, end);
   state_init();
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
@@ -41,13 +48,8 @@ void main() {
 void main() {
   Row r = packed_row();
   load_q(r);
-  uint begin = 0u;
-  uint end = pc.nk;
-#ifdef SPLIT_KV
-  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  end = min(pc.nk, begin + pc.keys_per_split);
-#endif
-  end = min(end, workgroup_key_end(r));
+  uint begin, end;
+  key_range(r, begin, end);
   state_init();
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
