@@ -43,6 +43,14 @@ layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };  // [B
 layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
 layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
 layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
+#ifdef REG_TILE
+// K and V again, as RGBA texels (fp32 or fp16, converted by the fetch). On llvmpipe a storage-buffer
+// read at a per-lane address is a loop over the lanes with two branches per element, while a texel
+// fetch is a branch-free gather of four elements per lane. Texel buffers also reach past
+// maxStorageBufferRange.
+layout(binding = 9) uniform samplerBuffer k_tex;
+layout(binding = 10) uniform samplerBuffer v_tex;
+#endif
 
 const uint FLAG_CAUSAL = 1u;
 const uint FLAG_KEY_MASK = 2u;

@@ -16,17 +16,21 @@ float v_reg[DV];
 #define K_AT(c, k) subgroupShuffle(k_reg[k], c)
 #define V_AT(c, k) subgroupShuffle(v_reg[k], c)
 
-// Lane c loads key j0 + c; lanes past the n keys of the tile hold zeros.
+// Lane c loads key j0 + c, four elements per texel fetch; lanes past the n keys of the tile read
+// the last key (in bounds) and hold zeros.
 void load_reg_tile(uint kv_base, uint j0, uint n, bool need_v) {
   uint c = gl_SubgroupInvocationID;
-  uint key = kv_base + j0 + c;
-  [[unroll]] for (uint k = 0; k < D; ++k) k_reg[k] = 0.0;
-  if (c < n)
-    [[unroll]] for (uint k = 0; k < D; ++k) k_reg[k] = float(k_buf[key * D + k]);
+  uint key = kv_base + j0 + min(c, n - 1u);
+  bool keep = c < n;
+  [[unroll]] for (uint k = 0; k < D; k += 4) {
+    vec4 x = keep ? texelFetch(k_tex, int((key * D + k) / 4u)) : vec4(0.0);
+    k_reg[k] = x.x, k_reg[k + 1] = x.y, k_reg[k + 2] = x.z, k_reg[k + 3] = x.w;
+  }
   if (!need_v) return;
-  [[unroll]] for (uint k = 0; k < DV; ++k) v_reg[k] = 0.0;
-  if (c < n)
-    [[unroll]] for (uint k = 0; k < DV; ++k) v_reg[k] = float(v_buf[key * DV + k]);
+  [[unroll]] for (uint k = 0; k < DV; k += 4) {
+    vec4 x = keep ? texelFetch(v_tex, int((key * DV + k) / 4u)) : vec4(0.0);
+    v_reg[k] = x.x, v_reg[k + 1] = x.y, v_reg[k + 2] = x.z, v_reg[k + 3] = x.w;
+  }
 }
 #else
 shared float tile_k[BC * D];
@@ -69,11 +73,15 @@ void load_q(Row r) {
 
 // Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
 void chunk_scores(Row r, uint j0, uint c0, uint n) {
+  // Keys inner: CH independent sums in flight rather than one chain of D dependent adds (each
+  // sum still adds in the order of k).
+  float acc[CH];
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[ci] = 0.0;
+  [[unroll]] for (uint k = 0; k < D; ++k)
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[ci] = fma(q_reg[k], K_AT(c0 + ci, k), acc[ci]);
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     uint c = c0 + ci;
-    float acc = 0.0;
-    [[unroll]] for (uint k = 0; k < D; ++k) acc += q_reg[k] * K_AT(c, k);
-    sc[ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc * pc.scale : NEG_INF;
+    sc[ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc[ci] * pc.scale : NEG_INF;
   }
 }
 
@@ -92,7 +100,7 @@ void o_hold() {  // leave the output as it is
 void accumulate_o(uint c0) {
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= o_keep;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] += o_coef[ci] * V_AT(c0 + ci, k);
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = fma(o_coef[ci], V_AT(c0 + ci, k), o_acc[k]);
 }
 
 float chunk_max() {

@@ -190,6 +190,12 @@ void make_device(ContextImpl& ctx) {
   ctx.fp16_enabled = ctx.info.fp16_storage;
 }
 
+bool texel_buffer_format(VkPhysicalDevice physical, VkFormat format) {
+  VkFormatProperties props{};
+  vkGetPhysicalDeviceFormatProperties(physical, format, &props);
+  return (props.bufferFeatures & VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT) != 0;
+}
+
 }  // namespace
 
 DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
@@ -230,6 +236,9 @@ DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
   info.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (subgroup.supportedOperations & needed) == needed;
   info.max_storage_buffer_range = limits.maxStorageBufferRange;
+  info.max_texel_buffer_elements = limits.maxTexelBufferElements;
+  info.texel_buffers = texel_buffer_format(physical, VK_FORMAT_R32G32B32A32_SFLOAT) &&
+                       texel_buffer_format(physical, VK_FORMAT_R16G16B16A16_SFLOAT);
   info.max_allocation = m3.maxMemoryAllocationSize;
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
     if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
@@ -311,15 +320,16 @@ bool ContextImpl::save_pipeline_cache() const {
 
 void ContextImpl::init_shared_objects() {
   vkGetPhysicalDeviceMemoryProperties(physical, &memory);
-  std::array<VkDescriptorSetLayoutBinding, kBindings> bindings{};
-  for (uint32_t i = 0; i < kBindings; ++i) {
+  std::array<VkDescriptorSetLayoutBinding, kBindings + kTexelBindings> bindings{};
+  for (uint32_t i = 0; i < bindings.size(); ++i) {
     bindings[i].binding = i;
-    bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    bindings[i].descriptorType =
+        i < kBindings ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER : VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
     bindings[i].descriptorCount = 1;
     bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }
   VkDescriptorSetLayoutCreateInfo set_info{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-  set_info.bindingCount = kBindings;
+  set_info.bindingCount = static_cast<uint32_t>(bindings.size());
   set_info.pBindings = bindings.data();
   check(vkCreateDescriptorSetLayout(device, &set_info, nullptr, &set_layout),
         "vkCreateDescriptorSetLayout");
@@ -366,10 +376,11 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     module_info.pCode = blob->words;
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
   }
-  std::array<VkSpecializationMapEntry, 4> entries{};
-  for (uint32_t i = 0; i < 4; ++i) entries[i] = {i, i * 4u, 4u};
   std::array<uint32_t, 4> values = {spec.rows, spec.keys, spec.d, spec.dv};
-  VkSpecializationInfo spec_info{4, entries.data(), sizeof(values), values.data()};
+  std::array<VkSpecializationMapEntry, values.size()> entries{};
+  for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
+  VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),
+                                 sizeof(values), values.data()};
   VkComputePipelineCreateInfo create{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
   create.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
   create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;

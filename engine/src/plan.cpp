@@ -14,18 +14,28 @@ namespace {
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
-bool use_registers(const DeviceInfo& info, const AttentionParams& params, uint32_t rows,
-                   bool trace) {
+// Register tiles read K and V as RGBA texels (tile.glsl), so d and dv must be multiples of 4 and
+// the larger of K and V must fit one texel-buffer binding.
+bool texels_fit(const DeviceInfo& info, const Dims& dims) {
+  uint64_t texels = uint64_t(dims.batch) * dims.kv_heads * dims.nk * std::max(dims.d, dims.dv) / 4;
+  return info.texel_buffers && dims.d % 4 == 0 && dims.dv % 4 == 0 &&
+         texels <= info.max_texel_buffer_elements;
+}
+
+bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
+                   uint32_t rows, bool trace) {
   bool fused = params.variant != Variant::naive;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0;
+                rows % info.subgroup_size == 0 && texels_fit(info, dims);
   if (params.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
     if (!usable)
       throw Error(
           "tile_layout registers needs subgroup shuffle and arithmetic operations in "
-          "compute shaders and block_rows a multiple of the subgroup size (" +
-          std::to_string(info.subgroup_size) + "); " + info.name + " does not qualify");
+          "compute shaders, block_rows a multiple of the subgroup size (" +
+          std::to_string(info.subgroup_size) +
+          "), RGBA uniform texel buffers holding all of K and V, and d and dv multiples of 4; " +
+          info.name + " with this shape does not qualify");
     if (params.block_keys && params.block_keys != info.subgroup_size)
       throw Error(
           "with tile_layout registers a tile is one key per subgroup lane, so block_keys "
@@ -47,7 +57,7 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  if (use_registers(info, params, spec.rows, trace)) {
+  if (use_registers(info, dims, params, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
     return spec;
@@ -138,6 +148,17 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
   }
+  check_binding(bindings[kQ] == q.buffer() ? q : q_rot, "Q");
+  check_binding(out, "O");
+  if (spec.registers) {
+    make_texel_views();
+    // The kernels read K and V through the views only; the storage slots get the placeholder,
+    // so K and V may exceed maxStorageBufferRange.
+    bindings[kK] = bindings[kV] = impl.dummy.handle();
+  } else {
+    check_binding(params.rope != RopeLayout::none ? k_rot : k, "K");
+    check_binding(v, "V");
+  }
 
   switch (params.variant) {
     case Variant::naive:
@@ -195,11 +216,12 @@ void Plan::check_loop_budget(uint64_t keys) const {
 }
 
 void Plan::create_pools() {
-  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kBindings};
+  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kBindings},
+                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 4 * kTexelBindings}};
   VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
   pool_info.maxSets = 4;
-  pool_info.poolSizeCount = 1;
-  pool_info.pPoolSizes = &size;
+  pool_info.poolSizeCount = 2;
+  pool_info.pPoolSizes = sizes;
   check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
   if (impl.timestamp_bits > 0 && ctx.device().timestamps) {
     VkQueryPoolCreateInfo query_info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
@@ -209,7 +231,23 @@ void Plan::create_pools() {
   }
 }
 
+void Plan::make_texel_views() {
+  VkFormat format =
+      dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  uint64_t bytes[] = {keys * dims.d * dtype_size(dtype), keys * dims.dv * dtype_size(dtype)};
+  for (uint32_t i = 0; i < kTexelBindings; ++i) {
+    VkBufferViewCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+    info.buffer = bindings[i == 0 ? kK : kV];
+    info.format = format;
+    info.range = bytes[i];
+    check(vkCreateBufferView(impl.device, &info, nullptr, &texel_views[i]), "vkCreateBufferView");
+  }
+}
+
 Plan::~Plan() {
+  for (VkBufferView view : texel_views)
+    if (view) vkDestroyBufferView(impl.device, view, nullptr);
   if (queries_) vkDestroyQueryPool(impl.device, queries_, nullptr);
   if (pool_) vkDestroyDescriptorPool(impl.device, pool_, nullptr);
 }
@@ -217,6 +255,17 @@ Plan::~Plan() {
 std::string Plan::shader(const char* family) const {
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (options.trace ? "_trace" : "") + (spec.registers ? "_reg" : "");
+}
+
+void Plan::check_binding(const Tensor& t, const char* name) const {
+  uint64_t range = ctx.device().max_storage_buffer_range;
+  if (t.bytes() <= range) return;
+  throw Error(std::string(name) + " of shape " + shape_string(t.shape()) + " (" +
+              std::to_string(t.bytes()) + " bytes) exceeds the device's maxStorageBufferRange of " +
+              std::to_string(range) + " bytes" +
+              (name == std::string("K") || name == std::string("V")
+                   ? "; register tiles (docs/engine.md) lift this limit for K and V"
+                   : ""));
 }
 
 Buffer Plan::scratch(uint64_t bytes) {
@@ -248,6 +297,17 @@ VkDescriptorSet Plan::make_set(const Bindings& buffers) {
     writes[i].pBufferInfo = &infos[i];
   }
   vkUpdateDescriptorSets(impl.device, kBindings, writes.data(), 0, nullptr);
+  if (!texel_views[0]) return set;
+  std::array<VkWriteDescriptorSet, kTexelBindings> texel_writes{};
+  for (uint32_t i = 0; i < kTexelBindings; ++i) {
+    texel_writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    texel_writes[i].dstSet = set;
+    texel_writes[i].dstBinding = kBindings + i;
+    texel_writes[i].descriptorCount = 1;
+    texel_writes[i].descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    texel_writes[i].pTexelBufferView = &texel_views[i];
+  }
+  vkUpdateDescriptorSets(impl.device, kTexelBindings, texel_writes.data(), 0, nullptr);
   return set;
 }
 

@@ -70,6 +70,7 @@ class Plan {
   std::vector<Buffer> extra;  // RoPE angle tables
   uint32_t splits = 1, keys_per_split = 0;
   uint64_t device_bytes = 0;
+  std::array<VkBufferView, kTexelBindings> texel_views{};  // K, V as texels (register tiles)
 
   std::string shader(const char* family) const;
   VkDescriptorSet make_set(const Bindings& buffers);
@@ -78,6 +79,8 @@ class Plan {
            const void* push_data = nullptr, uint32_t push_bytes = 0);
   void add_barrier();
   Buffer scratch(uint64_t bytes);
+  /// Throws when tensor `name` is larger than one storage-buffer binding may be.
+  void check_binding(const Tensor& t, const char* name) const;
   void check_groups(std::array<uint32_t, 3> groups) const;
   /// Loop iterations one invocation runs over `keys` keys (llvmpipe caps them; see below).
   uint64_t loop_iterations(uint64_t keys) const;
@@ -87,6 +90,7 @@ class Plan {
 
  private:
   void create_pools();
+  void make_texel_views();
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
   std::vector<Dispatch> steps_;  // a null pipeline marks a barrier

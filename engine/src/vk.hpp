@@ -59,6 +59,8 @@ struct Spec {
 
 /// Storage-buffer bindings of the one descriptor set layout every kernel uses.
 constexpr uint32_t kBindings = 9;
+/// Then K and V again as RGBA uniform texel buffers, read by the register-tile kernels.
+constexpr uint32_t kTexelBindings = 2;
 
 struct ContextImpl {
   bool owns = false;

@@ -26,10 +26,12 @@ struct DeviceInfo {
   uint32_t max_workgroup_count[3] = {0, 0, 0};
   uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;  // compute shaders have subgroup shuffle and arithmetic ops
-  uint64_t max_storage_buffer_range = 0;  // bytes one storage-buffer binding can see
-  uint64_t max_allocation = 0;            // bytes one allocation may have
-  uint64_t device_local_memory = 0;       // bytes in the largest device-local heap
-  bool fp16_storage = false;              // storageBuffer16BitAccess is supported
+  uint64_t max_storage_buffer_range = 0;   // bytes one storage-buffer binding can see
+  uint64_t max_texel_buffer_elements = 0;  // texels one texel-buffer binding can see
+  bool texel_buffers = false;        // RGBA fp32 and fp16 uniform texel buffers (register tiles)
+  uint64_t max_allocation = 0;       // bytes one allocation may have
+  uint64_t device_local_memory = 0;  // bytes in the largest device-local heap
+  bool fp16_storage = false;         // storageBuffer16BitAccess is supported
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
 };

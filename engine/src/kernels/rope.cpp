@@ -34,6 +34,7 @@ void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_posit
   uint32_t seq_len = static_cast<uint32_t>(shape[shape.size() - 2]);
   if (!(plan.params.rope_base > 1.0) || !std::isfinite(plan.params.rope_base))
     throw Error("rope base must be a finite number greater than 1");
+  plan.check_binding(x, "the RoPE input");
   rotated = Tensor(plan.ctx, shape, x.dtype());
   plan.device_bytes += rotated.bytes();
   std::vector<float> table = angle_table(seq_len, dim, plan.params.rope_base, first_position);
