@@ -35,7 +35,7 @@ void main() {
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
       uint n = min(BC, end - j0);
-      load_reg_tile(r.kv_base, j0, n, pass_needs_v(pass));
+      load_reg_tile(r, j0, n, pass_needs_v(pass));
       tile_begin(pass);
       chunk_scores(r, j0, 0u, n);
       chunk_update(pass, 0u);

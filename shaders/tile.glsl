@@ -16,12 +16,18 @@ float v_reg[DV];
 #define K_AT(c, k) subgroupShuffle(k_reg[k], c)
 #define V_AT(c, k) subgroupShuffle(v_reg[k], c)
 
+uint lane_key_ok;  // 1 if this lane's key is in the tile and not masked out by key_mask
+
 // Lane c loads key j0 + c, four elements per texel fetch; lanes past the n keys of the tile read
 // the last key (in bounds) and hold zeros.
-void load_reg_tile(uint kv_base, uint j0, uint n, bool need_v) {
+void load_reg_tile(Row r, uint j0, uint n, bool need_v) {
   uint c = gl_SubgroupInvocationID;
-  uint key = kv_base + j0 + min(c, n - 1u);
+  uint key = r.kv_base + j0 + min(c, n - 1u);
   bool keep = c < n;
+  lane_key_ok = keep ? 1u : 0u;
+  if ((pc.flags & FLAG_KEY_MASK) != 0u) {
+    if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + c] != 0u ? 1u : 0u;
+  }
   [[unroll]] for (uint k = 0; k < D; k += 4) {
     vec4 x = keep ? texelFetch(k_tex, int((key * D + k) / 4u)) : vec4(0.0);
     k_reg[k] = x.x, k_reg[k + 1] = x.y, k_reg[k + 2] = x.z, k_reg[k + 3] = x.w;
@@ -71,6 +77,19 @@ void load_q(Row r) {
     [[unroll]] for (uint k = 0; k < D; ++k) q_reg[k] = float(q_buf[base + k]);
 }
 
+// Whether row r sees key j0 + c of a tile holding n keys. With register tiles this must not
+// branch: a branch in the loop over the chunk's keys stops it being unrolled, and llvmpipe then
+// keeps sc[] in memory and gathers from it.
+#ifdef REG_TILE
+bool tile_key_visible(Row r, uint j0, uint c, uint n) {
+  return (subgroupShuffle(lane_key_ok, c) & uint(j0 + c < r.key_end)) != 0u;
+}
+#else
+bool tile_key_visible(Row r, uint j0, uint c, uint n) {
+  return c < n && key_visible(r.b, r.key_end, j0 + c);
+}
+#endif
+
 // Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
 void chunk_scores(Row r, uint j0, uint c0, uint n) {
   // Keys inner: CH independent sums in flight rather than one chain of D dependent adds (each
@@ -81,7 +100,7 @@ void chunk_scores(Row r, uint j0, uint c0, uint n) {
     [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[ci] = fma(q_reg[k], K_AT(c0 + ci, k), acc[ci]);
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     uint c = c0 + ci;
-    sc[ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc[ci] * pc.scale : NEG_INF;
+    sc[ci] = tile_key_visible(r, j0, c, n) ? acc[ci] * pc.scale : NEG_INF;
   }
 }
 
