@@ -225,8 +225,11 @@ int cmd_devices(const std::vector<std::string>& argv) {
                 static_cast<unsigned long long>(d.max_storage_buffer_range >> 20),
                 static_cast<unsigned long long>(d.max_allocation >> 20),
                 static_cast<unsigned long long>(d.device_local_memory >> 20));
-    std::printf("   fp16 storage %s, timestamps %s\n", d.fp16_storage ? "yes" : "no",
-                d.timestamps ? "yes" : "no");
+    std::string texels =
+        d.texel_buffers ? std::to_string(d.max_texel_buffer_elements >> 20) + " Mi texels" : "no";
+    std::printf("   fp16 storage %s, timestamps %s, subgroup shuffles %s, RGBA texel buffers %s\n",
+                d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no",
+                d.subgroup_shuffle ? "yes" : "no", texels.c_str());
   }
   return 0;
 }

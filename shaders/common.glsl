@@ -20,17 +20,15 @@
 #define ELEM float
 #endif
 
-layout(local_size_x_id = 0) in;               // BR: query rows per workgroup, one per invocation
+layout(local_size_x_id = 0) in;               // BR: invocations per workgroup
 layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
 layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
 layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
-// Keys per chunk: the recurrence runs over a tile CH keys at a time, with the head-dim loops
-// unrolled. Shared-memory tiles: CH = 1, since unrolling more keys multiplies llvmpipe's compile
-// time (16 s instead of 3 s at d = 64) for little gain. Register tiles (REG_TILE): a tile is one
-// key per subgroup lane, and the chunk is the whole tile (BC = the subgroup size).
-#ifdef REG_TILE
-const uint CH = BC;
-#else
+layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (register tiles: subgroup)
+// Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
+// head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
+// gain). Register tiles (tile.glsl) have a chunk of one key per lane.
+#ifndef REG_TILE
 const uint CH = 1u;
 #endif
 
@@ -105,13 +103,18 @@ Row make_row(uint b, uint h, uint i, bool valid) {
 }
 
 // Fused kernels pack the query rows of all heads that share one KV head into the same
-// workgroups (grouped-query attention), so every K/V tile staged in shared memory serves them
-// all. Workgroup y = b * Hkv + kv head; x = block of BR packed rows (head in group, query).
-Row packed_row() {
+// workgroups (grouped-query attention), so every K/V tile serves them all. Workgroup y = b * Hkv
+// + kv head; x = block of packed rows (head in group, query): one per invocation with shared
+// tiles, ROWS per subgroup with register tiles.
+Row packed_row(uint rr) {
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads;
   uint hkv = gl_WorkGroupID.y % pc.kv_heads;
+#ifdef REG_TILE
+  uint r = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * ROWS + rr;
+#else
   uint r = gl_GlobalInvocationID.x;
+#endif
   bool valid = r < group * pc.nq;
   uint hg = valid ? r / pc.nq : 0u;
   uint i = valid ? r % pc.nq : 0u;

@@ -10,6 +10,8 @@
 // L is bounded by the scores themselves, so it never under- or overflows, and a masked key
 // (s = -inf) gives w = 0 and leaves L alone. Per chunk of keys, the chunk's own log-sum-exp t
 // plays the part of s: w = sigma(t - L), and the chunk's normalised output plays the part of v.
+// With t = m + ln l (the chunk's max and sum of e^(s - m)) and a = m - L, w, 1 - w and the new L
+// come from one exp, one division and one log, without forming t (see chunk_update).
 // See docs/algorithms.md for the derivation.
 #include "common.glsl"
 #include "tile.glsl"
@@ -17,61 +19,67 @@
 const uint PASSES = 1u;
 bool pass_needs_v(uint pass) { return true; }
 
-float lse_run = NEG_INF;  // L: log of the softmax denominator of the keys seen so far
-float t_tile;  // log-sum-exp of the current tile's scores, for its weight in traces
+float lse_run[ROWS];  // L: log of the softmax denominator of the keys seen so far
+float t_tile[ROWS];   // log-sum-exp of the current tile's scores, for its weight in traces
 
-void state_init() {
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+void state_init(uint rr) {
+  lse_run[rr] = NEG_INF;
+  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
 }
 
-void tile_begin(uint pass) { t_tile = NEG_INF; }
+void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
 
-void chunk_update(uint pass, uint c0) {
-  o_hold();
+void chunk_update(uint pass, uint c0, uint rr) {
+  o_hold(rr);
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
-  float m_chunk = chunk_max();
+  float m_chunk = chunk_max(rr);
   if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
   float p[CH];
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
-    p[ci] = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_chunk);
+    p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_chunk);
     l_chunk += p[ci];
   }
-  float t = m_chunk + log(l_chunk);
+  l_chunk = chunk_sum(l_chunk);
 #ifdef TRACE
-  t_tile = t_tile == NEG_INF ? t : max(t_tile, t) + softplus(-abs(t_tile - t));
+  float t = m_chunk + log(l_chunk);
+  float tt = t_tile[rr];
+  t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
 #endif
-  float w = 1.0;  // the first visible chunk takes the whole weight
-  float keep = 0.0;
-  if (lse_run != NEG_INF) {
-    // sigma(x), sigma(-x) = 1 - w without cancellation, and softplus(x), from one exp.
-    float x = t - lse_run;
-    float e = exp(-abs(x));
-    float inv = 1.0 / (1.0 + e);
-    w = x >= 0.0 ? inv : e * inv;
-    keep = x >= 0.0 ? e * inv : inv;
-    lse_run += max(x, 0.0) + (e < 1e-4 ? e - 0.5 * e * e : log(1.0 + e));
+  // x = t - L = a + ln l with a = m_chunk - L; w = sigma(x) = l e^a / (1 + l e^a), and each key's
+  // coefficient is p w / l. Each branch keeps its exp at most 1, so nothing overflows.
+  float lse = lse_run[rr];
+  float a = lse == NEG_INF ? 1.0 : m_chunk - lse;  // the first visible chunk: w = 1
+  float keep, wt;
+  if (a <= 0.0) {
+    float y = l_chunk * exp(a);  // e^x, at most l_chunk
+    keep = 1.0 / (1.0 + y);      // 1 - w
+    wt = exp(a) * keep;          // w / l_chunk
+    lse_run[rr] = lse + (y < 1e-4 ? y - 0.5 * y * y : log(1.0 + y));  // L + softplus(x)
   } else {
-    lse_run = t;
+    float f = lse == NEG_INF ? 0.0 : exp(-a);  // l e^-x; exp(-inf) spelled out as 0
+    wt = 1.0 / (l_chunk + f);
+    keep = f * wt;
+    lse_run[rr] = m_chunk + log(l_chunk + f);  // t + softplus(-x) = L + softplus(x)
   }
-  float wt = w / l_chunk;
-  o_keep = keep;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = p[ci] * wt;
+  o_keep[rr] = keep;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * wt;
 }
 
-void tile_end(uint pass, Row r, uint j0) {
-  if (!is_traced(r) || lse_run == NEG_INF) return;
+void tile_end(uint pass, uint j0, uint rr) {
+  float lse = lse_run[rr], tt = t_tile[rr];
+  if (!is_traced(rows[rr]) || lse == NEG_INF) return;
   uint t = j0 / BC;
   // The tile's weight in the output: e^(t_tile - L_end), which is sigma(t_tile - L_start).
-  trace_put(t, 3u, t_tile == NEG_INF ? 0.0 : exp(t_tile - lse_run));
-  trace_put(t, 4u, lse_run);
-  [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
+  trace_put(t, 3u, tt == NEG_INF ? 0.0 : exp(tt - lse));
+  trace_put(t, 4u, lse);
+  [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
-void state_finish(Row r) {
-  uint row = r.bh * pc.nq + r.i;
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
-  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = lse_run;
+void state_finish(uint rr) {
+  uint row = rows[rr].bh * pc.nq + rows[rr].i;
+  store_o(row * DV, rr, 1.0);
+  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = lse_run[rr];
 }
 
 #include "fused_main.glsl"

@@ -1,56 +1,70 @@
-// The loop shared by every fused kernel (online, flash1, flash2, flashd, splitkv): one invocation
-// owns one query row, the workgroup walks K/V in tiles of BC keys staged in shared memory, and
-// each invocation applies its recurrence to the tile CH keys at a time. The including file
-// supplies its own recurrence:
+// The loop shared by every fused kernel (online, flash1, flash2, flashd, splitkv). The workgroup
+// walks K/V in tiles of BC keys and each query row's recurrence runs over a tile CH keys at a
+// time (tile.glsl has the two layouts). The including file supplies the recurrence, per row rr
+// of the ROWS this invocation works on:
 //   const uint PASSES;                               1, or 2 for the two-pass online softmax
 //   bool pass_needs_v(uint pass);
-//   void state_init();
-//   void tile_begin(uint pass);                      remembers the state the tile starts from
-//   void chunk_update(uint pass, uint c0);           the recurrence over the scores in sc[]
-//   void tile_end(uint pass, Row r, uint j0);        records the trace
-//   void state_finish(Row r);
-// With BC = 1 (and so CH = 1) a chunk is one key: the seeds' per-key loops, used for traces.
+//   void state_init(uint rr);
+//   void tile_begin(uint pass, uint rr);             remembers the state the tile starts from
+//   void chunk_update(uint pass, uint c0, uint rr);  the recurrence over the scores in sc[rr]
+//   void tile_end(uint pass, uint j0, uint rr);      records the trace
+//   void state_finish(uint rr);
+// With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
 
 // The keys this workgroup walks: all of them, or its chunk for splitkv, up to the last one any of
 // its rows can see.
-void key_range(Row r, out uint begin, out uint end) {
+void key_range(out uint begin, out uint end) {
   begin = 0u;
   end = pc.nk;
 #ifdef SPLIT_KV
   begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
   end = min(pc.nk, begin + pc.keys_per_split);
 #endif
-  end = min(end, workgroup_key_end(r));
+  end = min(end, workgroup_key_end());
+}
+
+void start_rows() {
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    rows[rr] = packed_row(rr);
+    load_q(rr);
+    state_init(rr);
+  }
+}
+
+void finish_rows() {
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    if (rows[rr].valid) state_finish(rr);
 }
 
 #ifdef REG_TILE
-// Register tiles: no barriers, and every lane of a subgroup runs every step together (rows
-// outside the problem compute on zeros and store nothing), as the shuffles need.
+// Register tiles: no barriers; every lane of a subgroup runs every step together (rows outside
+// the problem compute on zeros and store nothing), as the shuffles and reductions need. The rows
+// of a workgroup share one batch and K/V head.
 void main() {
-  Row r = packed_row();
-  load_q(r);
+  start_rows();
   uint begin, end;
-  key_range(r, begin, end);
-  state_init();
+  key_range(begin, end);
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
       uint n = min(BC, end - j0);
-      load_reg_tile(r, j0, n, pass_needs_v(pass));
-      tile_begin(pass);
-      chunk_scores(r, j0, 0u, n);
-      chunk_update(pass, 0u);
+      load_reg_tile(rows[0], j0, n, pass_needs_v(pass));
+      chunk_scores(j0, 0u, n);
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+        tile_begin(pass, rr);
+        chunk_update(pass, 0u, rr);
+      }
       if (pass_needs_v(pass)) accumulate_o(0u);
     }
   }
-  if (r.valid) state_finish(r);
+  finish_rows();
 }
 #else
+// Shared tiles: one row per invocation (ROWS = 1).
 void main() {
-  Row r = packed_row();
-  load_q(r);
+  start_rows();
+  Row r = rows[0];
   uint begin, end;
-  key_range(r, begin, end);
-  state_init();
+  key_range(begin, end);
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
       uint n = min(BC, end - j0);
@@ -59,16 +73,16 @@ void main() {
       if (pass_needs_v(pass)) load_v_tile(r.kv_base, j0, n);
       barrier();  // the tile is complete in shared memory
       if (!r.valid) continue;
-      tile_begin(pass);
+      tile_begin(pass, 0u);
       for (uint c0 = 0u; c0 < n; c0 += CH) {
-        chunk_scores(r, j0, c0, n);
-        chunk_update(pass, c0);
+        chunk_scores(j0, c0, n);
+        chunk_update(pass, c0, 0u);
         if (pass_needs_v(pass)) accumulate_o(c0);
       }
-      if (BC == 1u && is_traced(r)) trace_put(j0, 0u, sc[0]);  // per-key trace: the score
-      tile_end(pass, r, j0);
+      if (BC == 1u && is_traced(r)) trace_put(j0, 0u, sc[0][0]);  // per-key trace: the score
+      tile_end(pass, j0, 0u);
     }
   }
-  if (r.valid) state_finish(r);
+  finish_rows();
 }
 #endif

@@ -9,7 +9,8 @@ void main() {
   uint bh = pc.bh0 + gl_WorkGroupID.y;
   uint i = gl_GlobalInvocationID.x;
   Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
-  load_q(r);
+  rows[0] = r;  // ROWS is 1
+  load_q(0u);
   uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
   for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
     uint n = min(BC, pc.nk - j0);
@@ -18,9 +19,9 @@ void main() {
     barrier();
     if (!r.valid) continue;
     for (uint c0 = 0u; c0 < n; c0 += CH) {
-      chunk_scores(r, j0, c0, n);
+      chunk_scores(j0, c0, n);
       [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-        if (c0 + ci < n) scratch1[base + j0 + c0 + ci] = sc[ci];
+        if (c0 + ci < n) scratch1[base + j0 + c0 + ci] = sc[0][ci];
     }
   }
 }

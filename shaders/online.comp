@@ -9,63 +9,68 @@
 const uint PASSES = 2u;
 bool pass_needs_v(uint pass) { return pass == 1u; }
 
-float m_run = NEG_INF;
-float l_run = 0.0;
-float w_tile;  // pass 2: the weight the tile's keys add to the output
+float m_run[ROWS];
+float l_run[ROWS];
+float w_tile[ROWS];  // pass 2: the weight the tile's keys add to the output
 
-void state_init() {
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = 0.0;
+void state_init(uint rr) {
+  m_run[rr] = NEG_INF;
+  l_run[rr] = 0.0;
+  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
 }
 
-void tile_begin(uint pass) { w_tile = 0.0; }
+void tile_begin(uint pass, uint rr) { w_tile[rr] = 0.0; }
 
-void first_pass() {
-  float m_new = max(m_run, chunk_max());
+void first_pass(uint rr) {
+  float m_new = max(m_run[rr], chunk_max(rr));
   if (m_new == NEG_INF) return;
-  float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
+  float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    l_chunk += sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_new);
-  l_run = l_run * alpha + l_chunk;
-  m_run = m_new;
+    l_chunk += sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
+  l_chunk = chunk_sum(l_chunk);
+  l_run[rr] = l_run[rr] * alpha + l_chunk;
+  m_run[rr] = m_new;
 }
 
-void second_pass(uint c0) {
-  if (l_run == 0.0) return;  // the row sees no key
-  float inv = 1.0 / l_run;
+void second_pass(uint rr) {
+  if (l_run[rr] == 0.0) return;  // the row sees no key
+  float inv = 1.0 / l_run[rr];
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
-    float a = sc[ci] == NEG_INF ? 0.0 : exp(sc[ci] - m_run) * inv;
-    w_tile += a;
-    o_coef[ci] = a;
+    float a = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_run[rr]) * inv;
+    w_tile[rr] += a;
+    o_coef[rr][ci] = a;
   }
 }
 
-void chunk_update(uint pass, uint c0) {
-  o_hold();
+void chunk_update(uint pass, uint c0, uint rr) {
+  o_hold(rr);
   if (pass == 0u) {
-    first_pass();
+    first_pass(rr);
   } else {
-    second_pass(c0);
+    second_pass(rr);
   }
 }
 
-void tile_end(uint pass, Row r, uint j0) {
-  if (!is_traced(r) || l_run == 0.0) return;
+void tile_end(uint pass, uint j0, uint rr) {
+  float m = m_run[rr], l = l_run[rr];
+  if (!is_traced(rows[rr]) || l == 0.0) return;
   uint t = j0 / BC;
   if (pass == 0u) {
-    trace_put(t, 1u, m_run);
-    trace_put(t, 2u, l_run);
-    trace_put(t, 4u, m_run + log(l_run));
+    trace_put(t, 1u, m);
+    trace_put(t, 2u, l);
+    trace_put(t, 4u, m + log(l));
   } else {
-    trace_put(t, 3u, w_tile);
-    [[unroll]] for (uint k = 0; k < DV; ++k) trace_put(t, TRACE_FIELDS + k, o_acc[k]);
+    trace_put(t, 3u, w_tile[rr]);
+    [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
   }
 }
 
-void state_finish(Row r) {
-  uint row = r.bh * pc.nq + r.i;
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[row * DV + k] = o_acc[k];
-  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
+void state_finish(uint rr) {
+  uint row = rows[rr].bh * pc.nq + rows[rr].i;
+  float m = m_run[rr], l = l_run[rr];
+  store_o(row * DV, rr, 1.0);
+  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
 }
 
 #include "fused_main.glsl"

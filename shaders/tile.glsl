@@ -1,48 +1,64 @@
-// K/V tiles, and the scores of one query row against them. The scores of a chunk live in sc[],
-// indexed only by unrolled (constant) indices: llvmpipe turns a private array indexed at run
-// time into a select over every element.
+// K/V tiles, the scores of the query rows against them, and the output accumulators. Arrays
+// are indexed only by unrolled (constant) indices: llvmpipe keeps a private array indexed at run
+// time in memory and gathers from it.
 //
-// Two layouts of a tile, chosen by the host (Spec::layout):
-// - shared memory (default): every invocation of the workgroup helps load BC keys; each then
-//   reads all of them, one key at a time. Suits GPUs, where shared memory broadcasts.
-// - registers (REG_TILE): a tile is one key per subgroup lane, loaded straight from the buffer
-//   into that lane's registers, and every lane reads the others' keys with subgroupShuffle. No
-//   barriers and no shared memory: on llvmpipe a shared-memory read at a per-invocation address
-//   is a gather of scalar loads, while a shuffle by a constant lane is one register permute.
+// Two layouts, chosen by the host (Spec::registers):
+// - shared memory (default on GPUs): one invocation owns one query row (ROWS = 1); every
+//   invocation of the workgroup helps load BC keys into shared memory, then each reads all of
+//   them, CH keys at a time, and keeps its row's scores, state and whole output row.
+// - registers (REG_TILE, default on CPU drivers): a subgroup owns ROWS query rows together and a
+//   tile is one key per lane. Lane c holds key c in registers and scores it against every row,
+//   the queries being the same in every lane, so Q K^T needs no data movement at all; a row's
+//   max and sum over the tile are subgroup reductions. Each lane keeps 4 * VT dimensions of every
+//   row's output and reads the weights of the other lanes' keys with subgroupShuffle. No
+//   barriers and no shared memory, which on llvmpipe is a per-lane gather.
 
 #ifdef REG_TILE
-float k_reg[D];  // this lane's key of the tile
-float v_reg[DV];
-#define K_AT(c, k) subgroupShuffle(k_reg[k], c)
-#define V_AT(c, k) subgroupShuffle(v_reg[k], c)
-
+const uint CH = 1u;  // scores per row held by a lane: its own key's
+const uint VT = (DV / 4u + BC - 1u) / BC;  // texels of each value row a lane holds
+const uint OD = 4u * VT;                    // output dimensions a lane holds per row
+float k_reg[D];                             // this lane's key of the tile
+float v_reg[BC][OD];                        // this lane's dimensions of every key's value row
 uint lane_key_ok;  // 1 if this lane's key is in the tile and not masked out by key_mask
 
-// Lane c loads key j0 + c, four elements per texel fetch; lanes past the n keys of the tile read
-// the last key (in bounds) and hold zeros.
+// Row dimension of output element e of this invocation.
+uint o_dim(uint e) { return 4u * (gl_SubgroupInvocationID + BC * (e / 4u)) + e % 4u; }
+bool first_lane() { return gl_SubgroupInvocationID == 0u; }
+
+// Lane c loads key j0 + c (a tile holds n keys) and its share of every key's value row, four
+// elements per texel fetch. Fetches stay in bounds; what lies past the tile reads as zero.
 void load_reg_tile(Row r, uint j0, uint n, bool need_v) {
-  uint c = gl_SubgroupInvocationID;
-  uint key = r.kv_base + j0 + min(c, n - 1u);
-  bool keep = c < n;
+  uint lane = gl_SubgroupInvocationID;
+  bool keep = lane < n;
   lane_key_ok = keep ? 1u : 0u;
   if ((pc.flags & FLAG_KEY_MASK) != 0u) {
-    if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + c] != 0u ? 1u : 0u;
+    if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
   }
+  uint key = r.kv_base + j0 + min(lane, n - 1u);
   [[unroll]] for (uint k = 0; k < D; k += 4) {
-    vec4 x = keep ? texelFetch(k_tex, int((key * D + k) / 4u)) : vec4(0.0);
+    vec4 x = texelFetch(k_tex, int(key * (D / 4u) + k / 4u));
+    x = keep ? x : vec4(0.0);
     k_reg[k] = x.x, k_reg[k + 1] = x.y, k_reg[k + 2] = x.z, k_reg[k + 3] = x.w;
   }
   if (!need_v) return;
-  [[unroll]] for (uint k = 0; k < DV; k += 4) {
-    vec4 x = keep ? texelFetch(v_tex, int((key * DV + k) / 4u)) : vec4(0.0);
-    v_reg[k] = x.x, v_reg[k + 1] = x.y, v_reg[k + 2] = x.z, v_reg[k + 3] = x.w;
+  [[unroll]] for (uint c = 0; c < BC; ++c) {
+    uint vkey = r.kv_base + j0 + min(c, n - 1u);
+    [[unroll]] for (uint t = 0; t < VT; ++t) {
+      uint texel = lane + BC * t;
+      vec4 x = texelFetch(v_tex, int(vkey * (DV / 4u) + min(texel, DV / 4u - 1u)));
+      x = (c < n && texel < DV / 4u) ? x : vec4(0.0);
+      v_reg[c][4 * t] = x.x, v_reg[c][4 * t + 1] = x.y;
+      v_reg[c][4 * t + 2] = x.z, v_reg[c][4 * t + 3] = x.w;
+    }
   }
 }
 #else
+const uint OD = DV;
+uint o_dim(uint e) { return e; }
+bool first_lane() { return true; }
+
 shared float tile_k[BC * D];
 shared float tile_v[BC * DV];
-#define K_AT(c, k) tile_k[(c) * D + (k)]
-#define V_AT(c, k) tile_v[(c) * DV + (k)]
 
 void load_k_tile(uint kv_base, uint j0, uint n) {
   const uint steps = (BC * D + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
@@ -67,78 +83,144 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
 }
 #endif
 
-float q_reg[D];  // this invocation's query row, kept in registers
-float sc[CH];    // scaled scores of the current chunk, -inf where masked
+// The ROWS query rows of this invocation (register tiles: of its subgroup, the same in every
+// lane), with their queries and scores.
+Row rows[ROWS];
+float q_reg[ROWS][D];  // queries, kept in registers
+float sc[ROWS][CH];    // scaled scores of the current chunk, -inf where masked
 
-void load_q(Row r) {
+void load_q(uint rr) {
+  Row r = rows[rr];
   uint base = (r.bh * pc.nq + r.i) * D;
-  [[unroll]] for (uint k = 0; k < D; ++k) q_reg[k] = 0.0;
+  [[unroll]] for (uint k = 0; k < D; ++k) q_reg[rr][k] = 0.0;
   if (r.valid)
-    [[unroll]] for (uint k = 0; k < D; ++k) q_reg[k] = float(q_buf[base + k]);
+    [[unroll]] for (uint k = 0; k < D; ++k) q_reg[rr][k] = float(q_buf[base + k]);
 }
 
-// Whether row r sees key j0 + c of a tile holding n keys. With register tiles this must not
-// branch: a branch in the loop over the chunk's keys stops it being unrolled, and llvmpipe then
-// keeps sc[] in memory and gathers from it.
 #ifdef REG_TILE
-bool tile_key_visible(Row r, uint j0, uint c, uint n) {
-  return (subgroupShuffle(lane_key_ok, c) & uint(j0 + c < r.key_end)) != 0u;
-}
-#else
-bool tile_key_visible(Row r, uint j0, uint c, uint n) {
-  return c < n && key_visible(r.b, r.key_end, j0 + c);
-}
-#endif
-
-// Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
-void chunk_scores(Row r, uint j0, uint c0, uint n) {
-  // Keys inner: CH independent sums in flight rather than one chain of D dependent adds (each
-  // sum still adds in the order of k).
-  float acc[CH];
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[ci] = 0.0;
-  [[unroll]] for (uint k = 0; k < D; ++k)
-    [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[ci] = fma(q_reg[k], K_AT(c0 + ci, k), acc[ci]);
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
-    uint c = c0 + ci;
-    sc[ci] = tile_key_visible(r, j0, c, n) ? acc[ci] * pc.scale : NEG_INF;
+// Every row's score of this lane's key. No branches here: a branch would keep the loops from
+// being unrolled.
+// Four partial sums per row (over k mod 4): LLVM lays each row's sum out as one chain, and
+// four short chains keep the adder busy where one long one waits on each add.
+void chunk_scores(uint j0, uint c0, uint n) {
+  float acc[ROWS][4];
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    [[unroll]] for (uint part = 0; part < 4; ++part) acc[rr][part] = 0.0;
+  [[unroll]] for (uint k = 0; k < D; ++k) {
+    float key = k_reg[k];
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+      acc[rr][k % 4] = fma(q_reg[rr][k], key, acc[rr][k % 4]);
+  }
+  uint key_index = j0 + gl_SubgroupInvocationID;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    float s = (acc[rr][0] + acc[rr][1]) + (acc[rr][2] + acc[rr][3]);
+    bool seen = (lane_key_ok & uint(key_index < rows[rr].key_end)) != 0u;
+    sc[rr][0] = seen ? s * pc.scale : NEG_INF;
   }
 }
 
-// Every recurrence updates its output the same way, o <- o * o_keep + sum_c o_coef[c] v_c; the
-// recurrence sets the two, and the caller applies them (accumulate_o) outside any branch a row
-// took on its own, as register tiles need every lane at each shuffle.
-float o_acc[DV];
-float o_keep;
-float o_coef[CH];
-
-void o_hold() {  // leave the output as it is
-  o_keep = 1.0;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[ci] = 0.0;
+// Max and sum over the chunk's keys, which lie one per lane, by butterfly shuffles: llvmpipe
+// runs subgroupMax and subgroupAdd as a serial loop over the lanes through memory.
+// (Steps of a counted loop, so that it unrolls; BC, the subgroup size, is at most 64.)
+float chunk_max(uint rr) {
+  float x = sc[rr][0];
+  [[unroll]] for (uint i = 0u; i < 6u; ++i)
+    if ((32u >> i) < BC) x = max(x, subgroupShuffleXor(x, 32u >> i));
+  return x;
 }
 
-void accumulate_o(uint c0) {
-  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] *= o_keep;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[k] = fma(o_coef[ci], V_AT(c0 + ci, k), o_acc[k]);
+float chunk_sum(float x) {
+  [[unroll]] for (uint i = 0u; i < 6u; ++i)
+    if ((32u >> i) < BC) x += subgroupShuffleXor(x, 32u >> i);
+  return x;
+}
+#else
+// Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
+void chunk_scores(uint j0, uint c0, uint n) {
+  Row r = rows[0];
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    uint c = c0 + ci;
+    float acc = 0.0;
+    [[unroll]] for (uint k = 0; k < D; ++k) acc = fma(q_reg[0][k], tile_k[c * D + k], acc);
+    sc[0][ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc * pc.scale : NEG_INF;
+  }
 }
 
-float chunk_max() {
+float chunk_max(uint rr) {
   float m = NEG_INF;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) m = max(m, sc[ci]);
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) m = max(m, sc[rr][ci]);
   return m;
+}
+float chunk_sum(float x) { return x; }  // the caller summed its chunk
+#endif
+
+// Every recurrence updates its output the same way, o <- o * o_keep + sum_c o_coef[c] v_c; the
+// recurrence sets the two (per lane with register tiles: the coefficient of the lane's key),
+// and the caller applies them (accumulate_o) outside any branch a row took on its own, as
+// register tiles need every lane at each shuffle.
+float o_acc[ROWS][OD];
+float o_keep[ROWS];
+float o_coef[ROWS][CH];
+
+void o_hold(uint rr) {  // leave the output as it is
+  o_keep[rr] = 1.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = 0.0;
+}
+
+#ifdef REG_TILE
+// Row by row, each output element in a register across the tile's keys: the whole o_acc does
+// not fit in registers, and this way each element is loaded and stored once per tile.
+void accumulate_o(uint c0) {
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    float p[BC];  // the weights of every lane's key
+    [[unroll]] for (uint c = 0; c < BC; ++c) p[c] = subgroupShuffle(o_coef[rr][0], c);
+    [[unroll]] for (uint e = 0; e < OD; ++e) {
+      float o = o_acc[rr][e] * o_keep[rr];
+      [[unroll]] for (uint c = 0; c < BC; ++c) o = fma(p[c], v_reg[c][e], o);
+      o_acc[rr][e] = o;
+    }
+  }
+}
+#else
+void accumulate_o(uint c0) {
+  [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[0][k] *= o_keep[0];
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci)
+    [[unroll]] for (uint k = 0; k < DV; ++k)
+      o_acc[0][k] = fma(o_coef[0][ci], tile_v[(c0 + ci) * DV + k], o_acc[0][k]);
+}
+#endif
+
+// Writes row rr's output, times mul, to dst[base .. base + DV): the dimensions this invocation
+// holds.
+void store_o(uint base, uint rr, float mul) {
+  [[unroll]] for (uint e = 0; e < OD; ++e)
+    if (o_dim(e) < DV) o_buf[base + o_dim(e)] = o_acc[rr][e] * mul;
+}
+
+#ifdef SPLIT_KV
+void store_partial(uint base, uint rr, float mul) {
+  [[unroll]] for (uint e = 0; e < OD; ++e)
+    if (o_dim(e) < DV) scratch1[base + o_dim(e)] = o_acc[rr][e] * mul;
+}
+#endif
+
+uint last_key_end() {
+  uint end = 0u;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) end = max(end, rows[rr].key_end);
+  return end;
 }
 
 // Highest key any row of this workgroup (register tiles: subgroup) can see, so fully masked
-// tiles are skipped. With register tiles the bound must be the same for the whole subgroup.
+// tiles are skipped. With register tiles every lane has the same rows, so the same bound.
 #ifdef REG_TILE
-uint workgroup_key_end(Row r) { return subgroupMax(r.key_end); }
+uint workgroup_key_end() { return last_key_end(); }
 #else
 shared uint wg_key_end;
 
-uint workgroup_key_end(Row r) {
+uint workgroup_key_end() {
   if (gl_LocalInvocationID.x == 0u) wg_key_end = 0u;
   barrier();
-  atomicMax(wg_key_end, r.key_end);
+  atomicMax(wg_key_end, last_key_end());
   barrier();
   return wg_key_end;
 }

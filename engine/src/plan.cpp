@@ -22,6 +22,14 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims) {
          texels <= info.max_texel_buffer_elements;
 }
 
+// Query rows a subgroup scores every key of a register tile against: each key a lane loads
+// serves all of them, so more rows mean fewer loads per multiply-add, but more registers and a
+// longer compile (the kernels unroll rows x head dim; llvmpipe takes about 4 s for 8 x 64 and
+// grows faster than linearly). At most 512 unrolled products, and at most 8 rows.
+uint32_t group_rows(const Dims& dims) {
+  return std::clamp(512u / std::max(dims.d, dims.dv), 1u, 8u);
+}
+
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                    uint32_t rows, bool trace) {
   bool fused = params.variant != Variant::naive;
@@ -60,6 +68,7 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
   if (use_registers(info, dims, params, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
+    spec.group_rows = group_rows(dims);
     return spec;
   }
   uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;

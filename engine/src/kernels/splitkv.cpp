@@ -22,7 +22,7 @@ void plan_splitkv(Plan& plan) {
   const Dims& d = plan.dims;
   uint32_t group = d.heads / d.kv_heads;
   uint64_t rows = uint64_t(group) * d.nq;
-  uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.rows - 1) / plan.spec.rows);
+  uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
   uint32_t keys = plan.spec.keys;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
@@ -56,6 +56,8 @@ void plan_splitkv(Plan& plan) {
   plan.add_barrier();
   Spec merge_spec = plan.spec;
   merge_spec.rows = 64;
+  merge_spec.registers = false;
+  merge_spec.group_rows = 1;
   VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   plan.add(merge, set, {static_cast<uint32_t>((total_rows + 63) / 64), 1, 1});
