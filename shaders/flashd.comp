@@ -46,22 +46,21 @@ void chunk_update(uint pass, uint c0, uint rr) {
   float tt = t_tile[rr];
   t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
 #endif
-  // x = t - L = a + ln l with a = m_chunk - L; w = sigma(x) = l e^a / (1 + l e^a), and each key's
-  // coefficient is p w / l. Each branch keeps its exp at most 1, so nothing overflows.
+  // x = t - L = a + ln l with a = m_chunk - L, and w = sigma(x). With u = e^-|a| (at most 1, so
+  // nothing overflows): for a <= 0, w = l u / (1 + l u); for a > 0, w = l / (l + u). Each key's
+  // coefficient is p w / l, and L + softplus(x) = max(L, m_chunk) + ln(denominator). Selects,
+  // not branches: llvmpipe would run both sides.
   float lse = lse_run[rr];
-  float a = lse == NEG_INF ? 1.0 : m_chunk - lse;  // the first visible chunk: w = 1
-  float keep, wt;
-  if (a <= 0.0) {
-    float y = l_chunk * exp(a);  // e^x, at most l_chunk
-    keep = 1.0 / (1.0 + y);      // 1 - w
-    wt = exp(a) * keep;          // w / l_chunk
-    lse_run[rr] = lse + (y < 1e-4 ? y - 0.5 * y * y : log(1.0 + y));  // L + softplus(x)
-  } else {
-    float f = lse == NEG_INF ? 0.0 : exp(-a);  // l e^-x; exp(-inf) spelled out as 0
-    wt = 1.0 / (l_chunk + f);
-    keep = f * wt;
-    lse_run[rr] = m_chunk + log(l_chunk + f);  // t + softplus(-x) = L + softplus(x)
-  }
+  bool first = lse == NEG_INF;  // the first visible chunk: w = 1, L = t
+  float a = first ? 1.0 : m_chunk - lse;
+  float u = first ? 0.0 : exp(-abs(a));  // exp(-inf) spelled out as 0
+  bool below = a <= 0.0;
+  float y = l_chunk * u;
+  float inv = 1.0 / (below ? 1.0 + y : l_chunk + u);
+  float keep = below ? inv : u * inv;  // 1 - w
+  float wt = below ? u * inv : inv;    // w / l_chunk
+  float log_den = below && y < 1e-4 ? y - 0.5 * y * y : log(below ? 1.0 + y : l_chunk + u);
+  lse_run[rr] = (below ? lse : m_chunk) + log_den;
   o_keep[rr] = keep;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * wt;
 }
