@@ -35,8 +35,9 @@ options:
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
-  --peak              first measure the device's FMA throughput and read bandwidth with
-                      calibration shaders, and report each variant as a fraction of the FMA peak
+  --peak              measure the device's FMA throughput and read bandwidth with calibration
+                      shaders first, then the FMA throughput again just before each case, and
+                      report each case as a fraction of the calibration next to it
   --repeat N          timed runs per case (default 3, 1 with --suite)
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
@@ -60,6 +61,7 @@ struct Row {
   const Case* c;
   Variant variant;
   double ms = 0, gflops = 0, max_err = -1;
+  double peak_gflops = 0;  // --peak: the FMA calibration run just before this case
   uint64_t bytes = 0;
 };
 
@@ -174,7 +176,7 @@ void print_row(const Row& r, const Options& o) {
   std::printf("%-7s %-5s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind, dtype_name(r.c->dtype),
               d.nq, d.nk, d.d, r.c->causal ? "causal" : "full", variant_name(r.variant), r.ms,
               r.gflops);
-  if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.gflops / o.peak->fma_gflops);
+  if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.gflops / r.peak_gflops);
   std::printf("%11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
   std::printf("\n");
@@ -222,6 +224,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
       if (variant != Variant::naive) params.tile_layout = o.layout;
       warm_up(ctx, c, params);
       Row r{&c, variant};
+      // The machine's speed drifts (a shared CPU: 70-110 GFLOP/s within minutes here), so each
+      // case is set against a calibration taken just before it.
+      if (o.peak) r.peak_gflops = measure_fma_peak(ctx);
       r.ms = median_ms(ctx, tq, tk, tv, params, o.repeat, &r.bytes);
       r.gflops = r.ms > 0 ? case_flops(c) / (r.ms * 1e6) : 0;
       if (o.check) r.max_err = check_error(ctx, in, params, c.dtype);
@@ -232,6 +237,13 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
   }
   double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "%zu runs in %.1f s\n", rows.size(), total_s);
+  if (o.peak && !rows.empty()) {
+    auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      return a.peak_gflops < b.peak_gflops;
+    });
+    std::printf("FMA peak next to the cases: %.2f to %.2f GFLOP/s\n", lo->peak_gflops,
+                hi->peak_gflops);
+  }
   return rows;
 }
 
@@ -258,7 +270,8 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
         static_cast<unsigned long long>(r.bytes));
     s += buf;
     if (o.peak) {
-      std::snprintf(buf, sizeof buf, ", \"peak_fraction\": %.4g", r.gflops / o.peak->fma_gflops);
+      std::snprintf(buf, sizeof buf, ", \"peak_gflops\": %.6g, \"peak_fraction\": %.4g",
+                    r.peak_gflops, r.gflops / r.peak_gflops);
       s += buf;
     }
     if (r.max_err >= 0) {

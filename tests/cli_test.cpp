@@ -2,7 +2,9 @@
 // reference, and one test per class of bad input (exit status, message, no output file).
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -160,6 +162,34 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("flash2"), std::string::npos);
   EXPECT_TRUE(fs::exists(path("b.json")));
+}
+
+// The number after "key": in a flat JSON text, or NaN.
+double json_number(const std::string& json, const std::string& key) {
+  size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(json.c_str() + at + key.size() + 4, nullptr);
+}
+
+// --peak and --check: the figures in the JSON agree with each other and with the shape's FLOPs.
+TEST_F(CliTest, BenchPeakAndCheckFiguresAreConsistent) {
+  Outcome o = run_cli(
+      "bench --variant flash2 --heads 2 --nq 40 --nk 50 --d 16 --repeat 1 --peak --check "
+      "--json " +
+      path("p.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("of peak"), std::string::npos);
+  std::ifstream in(path("p.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  double ms = json_number(json, "ms"), gflops = json_number(json, "gflops");
+  double peak = json_number(json, "peak_gflops"), fraction = json_number(json, "peak_fraction");
+  EXPECT_GT(json_number(json, "fma_gflops"), 0.0);
+  EXPECT_GT(json_number(json, "bandwidth_gbs"), 0.0);
+  ASSERT_GT(ms, 0.0);
+  EXPECT_NEAR(gflops, 4.0 * 2 * 40 * 50 * 16 / (ms * 1e6), 1e-3 * gflops);
+  ASSERT_GT(peak, 0.0);
+  EXPECT_NEAR(fraction, gflops / peak, 1e-3 * fraction);
+  EXPECT_LT(json_number(json, "max_err"), 1e-5);
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {

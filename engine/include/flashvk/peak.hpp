@@ -13,4 +13,8 @@ struct DevicePeak {
 /// sized until one run takes at least `min_ms` of GPU time, and returns the best of `repeat`.
 DevicePeak measure_peak(Context& ctx, int repeat = 3, double min_ms = 100.0);
 
+/// The FMA part of measure_peak alone (GFLOP/s): quick enough to repeat next to each timed
+/// case on a machine whose speed drifts (a shared CPU).
+double measure_fma_peak(Context& ctx, int repeat = 2, double min_ms = 50.0);
+
 }  // namespace flashvk

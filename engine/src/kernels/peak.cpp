@@ -70,10 +70,15 @@ double bandwidth_gbs(Context& ctx, int repeat) {
 
 }  // namespace
 
+double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
+  if (repeat < 1) throw Error("measure_fma_peak: repeat must be at least 1");
+  return fma_gflops(ctx, repeat, min_ms);
+}
+
 DevicePeak measure_peak(Context& ctx, int repeat, double min_ms) {
   if (repeat < 1) throw Error("measure_peak: repeat must be at least 1");
   DevicePeak peak;
-  peak.fma_gflops = fma_gflops(ctx, repeat, min_ms);
+  peak.fma_gflops = measure_fma_peak(ctx, repeat, min_ms);
   peak.bandwidth_gbs = bandwidth_gbs(ctx, repeat);
   return peak;
 }
