@@ -29,10 +29,59 @@ void state_init(uint rr) {
 
 void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
 
+// One step of L and of the weights, from the chunk's max m and sum l (l > 0). x = t - L =
+// a + ln l with a = m - L, and w = sigma(x). With u = e^-|a| (at most 1, so nothing
+// overflows): for a <= 0, w = l u / (1 + l u); for a > 0, w = l / (l + u). keep = 1 - w,
+// wt = w / l (each key's coefficient is its p times wt), and L + softplus(x) =
+// max(L, m) + ln(denominator). Selects, not branches: llvmpipe would run both sides.
+void sigma_step(float m, float l, inout float lse, out float keep, out float wt) {
+  bool first = lse == NEG_INF;  // the first visible chunk: w = 1, L = t
+  float a = first ? 1.0 : m - lse;
+  float u = first ? 0.0 : exp(-abs(a));  // exp(-inf) spelled out as 0
+  bool below = a <= 0.0;
+  float y = l * u;
+  float inv = 1.0 / (below ? 1.0 + y : l + u);
+  keep = below ? inv : u * inv;
+  wt = below ? u * inv : inv;
+  float log_den = below && y < 1e-4 ? y - 0.5 * y * y : log(below ? 1.0 + y : l + u);
+  lse = (below ? lse : m) + log_den;
+}
+
+#ifdef REG_TILE
+// Register tiles: every row's step waits for chunk_rows_done, which packs the rows into lanes
+// (row rr in lane rr) and takes all their exps, divisions and logs as one vector operation.
+float chunk_m[ROWS], chunk_l[ROWS];  // the current chunk of each row; l = 0: nothing visible
+
+void chunk_rows_done(uint pass) {
+  uint lane = gl_SubgroupInvocationID;
+  float m = 0.0, l = 0.0, lse = NEG_INF;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    m = lane == rr ? chunk_m[rr] : m;
+    l = lane == rr ? chunk_l[rr] : l;
+    lse = lane == rr ? lse_run[rr] : lse;
+  }
+  float keep, wt;
+  sigma_step(m, l, lse, keep, wt);  // lanes without a row compute on nothing and are ignored
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    bool seen = chunk_l[rr] > 0.0;
+    float row_keep = subgroupShuffle(keep, rr), row_wt = subgroupShuffle(wt, rr);
+    float row_lse = subgroupShuffle(lse, rr);
+    o_keep[rr] = seen ? row_keep : o_keep[rr];
+    o_coef[rr][0] *= seen ? row_wt : 1.0;
+    lse_run[rr] = seen ? row_lse : lse_run[rr];
+  }
+}
+#else
+void chunk_rows_done(uint pass) {}
+#endif
+
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
   float m_chunk = chunk_max(rr);
+#ifdef REG_TILE
+  chunk_l[rr] = 0.0;
+#endif
   if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
   float p[CH];
   float l_chunk = 0.0;
@@ -46,23 +95,16 @@ void chunk_update(uint pass, uint c0, uint rr) {
   float tt = t_tile[rr];
   t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
 #endif
-  // x = t - L = a + ln l with a = m_chunk - L, and w = sigma(x). With u = e^-|a| (at most 1, so
-  // nothing overflows): for a <= 0, w = l u / (1 + l u); for a > 0, w = l / (l + u). Each key's
-  // coefficient is p w / l, and L + softplus(x) = max(L, m_chunk) + ln(denominator). Selects,
-  // not branches: llvmpipe would run both sides.
-  float lse = lse_run[rr];
-  bool first = lse == NEG_INF;  // the first visible chunk: w = 1, L = t
-  float a = first ? 1.0 : m_chunk - lse;
-  float u = first ? 0.0 : exp(-abs(a));  // exp(-inf) spelled out as 0
-  bool below = a <= 0.0;
-  float y = l_chunk * u;
-  float inv = 1.0 / (below ? 1.0 + y : l_chunk + u);
-  float keep = below ? inv : u * inv;  // 1 - w
-  float wt = below ? u * inv : inv;    // w / l_chunk
-  float log_den = below && y < 1e-4 ? y - 0.5 * y * y : log(below ? 1.0 + y : l_chunk + u);
-  lse_run[rr] = (below ? lse : m_chunk) + log_den;
+#ifdef REG_TILE
+  chunk_m[rr] = m_chunk;
+  chunk_l[rr] = l_chunk;
+  o_coef[rr][0] = p[0];  // times w / l in chunk_rows_done
+#else
+  float keep, wt;
+  sigma_step(m_chunk, l_chunk, lse_run[rr], keep, wt);
   o_keep[rr] = keep;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * wt;
+#endif
 }
 
 void tile_end(uint pass, uint j0, uint rr) {
