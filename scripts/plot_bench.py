@@ -4,7 +4,8 @@
 Writes SVG files (no dependencies beyond Python 3):
   prefill_time.svg    time against N per variant (prefill, fp32, d=64, full)
   prefill_memory.svg  device memory against N per variant (same runs)
-  peak_fraction.svg   fraction of the measured FMA peak per variant at N=4096 (fp32, full)
+  peak_fraction.svg   fraction of the FMA peak (calibrated next to each case) per variant at
+                      N=4096 (fp32, full)
   decode_per_key.svg  decode time per key against Nk
 
 usage: python3 scripts/plot_bench.py suite.json OUT_DIR
@@ -106,8 +107,8 @@ def main():
                 if r.get("kind") == "prefill" and r["dtype"] == "f32" and r["nq"] == 4096
                 and not r["causal"]]
         (out / "peak_fraction.svg").write_text(bar_chart(
-            f'Fraction of the measured FMA peak ({data["peak"]["fma_gflops"]:.0f} GFLOP/s), '
-            "N=4096 fp32", bars, "of peak"))
+            "Fraction of the FMA peak measured next to each case, N=4096 fp32", bars,
+            "of peak"))
     dec = {}
     for r in rows:
         if r.get("kind") == "decode" and r["dtype"] == "f32":
