@@ -61,7 +61,10 @@ TEST_P(OtherTileLayoutTest, MatchesFloat64Reference) {
   auto [variant, dtype, s] = GetParam();
   const DeviceInfo& info = context().device();
   bool cpu = info.type == "cpu";
-  if (!cpu && !info.subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffle: shared tiles only";
+  bool registers = info.subgroup_shuffle && info.texel_buffers && s.d % 4 == 0 && s.dv % 4 == 0;
+  if (!cpu && !registers)
+    GTEST_SKIP() << "register tiles need subgroup shuffles, RGBA texel buffers and d, dv "
+                    "multiples of 4: shared tiles only here";
   expect_matches_reference(variant, dtype, s, cpu ? TileLayout::shared : TileLayout::registers);
 }
 
@@ -93,6 +96,20 @@ TEST_F(VulkanTest, RegisterTilesRefuseWhatTheyCannotDo) {
   params.variant = Variant::flash2;
   params.block_keys = context().device().subgroup_size + 1;
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
+  // K and V are read as RGBA texels: a head dim that is not a multiple of 4 is refused by name,
+  // and the automatic layout falls back to shared tiles for it.
+  params.block_keys = 0;
+  HostTensor q6 = random_tensor({1, 1, 8, 6}, 3), k6 = random_tensor({1, 1, 8, 6}, 4);
+  try {
+    attention(context(), q6, k6, k6, params);
+    ADD_FAILURE() << "d = 6 with register tiles was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 4"), std::string::npos) << e.what();
+  }
+  params.tile_layout = TileLayout::automatic;
+  HostAttentionResult gpu = attention(context(), q6, k6, k6, params);
+  reference::Result ref = reference::direct(q6, k6, k6, params);
+  EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q6, k6, k6, params));
 }
 
 TEST_F(VulkanTest, Fp16StorageStaysWithinHalfPrecisionOfUnroundedInputs) {
