@@ -12,6 +12,7 @@
 #include <random>
 
 #include "args.hpp"
+#include "commit.hpp"
 #include "flashvk.hpp"
 
 namespace flashvk::cli {
