@@ -20,8 +20,6 @@ void state_init(uint rr) {
 
 void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
 
-void chunk_rows_done(uint pass) {}  // every row's step is complete in chunk_update
-
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   float m_new = max(m_run[rr], chunk_max(rr));

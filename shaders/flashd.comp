@@ -48,6 +48,7 @@ void sigma_step(float m, float l, inout float lse, out float keep, out float wt)
 }
 
 #ifdef REG_TILE
+#define HAS_CHUNK_ROWS_DONE
 // Register tiles: every row's step waits for chunk_rows_done, which packs the rows into lanes
 // (row rr in lane rr) and takes all their exps, divisions and logs as one vector operation.
 float chunk_m[ROWS], chunk_l[ROWS];  // the current chunk of each row; l = 0: nothing visible
@@ -71,8 +72,6 @@ void chunk_rows_done(uint pass) {
     lse_run[rr] = seen ? row_lse : lse_run[rr];
   }
 }
-#else
-void chunk_rows_done(uint pass) {}
 #endif
 
 void chunk_update(uint pass, uint c0, uint rr) {

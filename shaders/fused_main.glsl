@@ -7,11 +7,16 @@
 //   void state_init(uint rr);
 //   void tile_begin(uint pass, uint rr);             remembers the state the tile starts from
 //   void chunk_update(uint pass, uint c0, uint rr);  the recurrence over the scores in sc[rr]
-//   void chunk_rows_done(uint pass);                 after every row's chunk_update (register
-//                                                    tiles: work done for all rows at once)
+// and, optionally (defining HAS_CHUNK_ROWS_DONE),
+//   void chunk_rows_done(uint pass);                 after every row's chunk_update: work done
+//                                                    for all rows at once (flashd)
 //   void tile_end(uint pass, uint j0, uint rr);      records the trace
 //   void state_finish(uint rr);
 // With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
+
+#ifndef HAS_CHUNK_ROWS_DONE
+void chunk_rows_done(uint pass) {}
+#endif
 
 // The keys this workgroup walks: all of them, or its chunk for splitkv, up to the last one any of
 // its rows can see.

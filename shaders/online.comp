@@ -43,8 +43,6 @@ void second_pass(uint rr) {
   }
 }
 
-void chunk_rows_done(uint pass) {}  // every row's step is complete in chunk_update
-
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   if (pass == 0u) {

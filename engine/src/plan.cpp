@@ -10,10 +10,6 @@ namespace flashvk::detail {
 
 namespace {
 
-// Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
-// tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
-// 128 invocations); a device with more shared memory gets longer tiles.
-// Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
 // Register tiles read K and V as RGBA texels (tile.glsl), so d and dv must be multiples of 4 and
 // the larger of K and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims) {
@@ -30,6 +26,7 @@ uint32_t group_rows(const Dims& dims) {
   return std::clamp(512u / std::max(dims.d, dims.dv), 1u, 8u);
 }
 
+// Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                    uint32_t rows, bool trace) {
   bool fused = params.variant != Variant::naive;
@@ -55,6 +52,9 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
          info.type == "cpu" && params.block_keys == 0;
 }
 
+// Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
+// tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
+// 128 invocations); a device with more shared memory gets longer tiles.
 Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                  uint32_t forced_keys, bool trace) {
   Spec spec;

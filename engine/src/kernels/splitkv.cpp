@@ -54,10 +54,10 @@ void plan_splitkv(Plan& plan) {
   VkPipeline partial = plan.impl.pipeline(plan.shader("splitkv"), plan.spec);
   plan.add(partial, set, {blocks, d.batch * d.kv_heads, plan.splits});
   plan.add_barrier();
-  Spec merge_spec = plan.spec;
+  Spec merge_spec;  // the merge reads only dv
   merge_spec.rows = 64;
-  merge_spec.registers = false;
-  merge_spec.group_rows = 1;
+  merge_spec.d = plan.spec.d;
+  merge_spec.dv = plan.spec.dv;
   VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   plan.add(merge, set, {static_cast<uint32_t>((total_rows + 63) / 64), 1, 1});
