@@ -20,10 +20,15 @@ namespace {
 
 const char* kBenchHelp = R"(usage: flashvk bench [options]
 
-Times each variant on random inputs with GPU timestamp queries: the median of --repeat runs
-after a warm-up on a small problem of the same kind (which builds the pipeline). GFLOP/s counts
-4 * B * H * Nq * Nk * d (only visible pairs when causal). Memory is what the call allocated on
-the device: outputs and scratch (S for naive); the inputs are not counted.
+Times each variant on random inputs with GPU timestamp queries, after a warm-up on a small
+problem of the same kind (which builds the pipeline). The variants of a shape run in --repeat
+rounds, each variant once per round, so that they all see the same drift of the machine's speed;
+a variant's time is the median of its runs, and "vs flash2" the median, over rounds, of its time
+over flash2's in the same round. Before every run a 128 MiB buffer is read, so that the inputs
+come from device memory and not from a cache warmed by the run before (a decode step finds its
+KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d (only visible pairs when causal). Memory
+is what the call allocated on the device: outputs and scratch (S for naive); the inputs are not
+counted.
 
 options:
   --variant NAME|all  one variant or all six (default all)
@@ -37,9 +42,11 @@ options:
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
   --peak              measure the device's FMA throughput and read bandwidth with calibration
-                      shaders first, then the FMA throughput again just before each case, and
-                      report each case as a fraction of the calibration next to it
-  --repeat N          timed runs per case (default 3, 1 with --suite)
+                      shaders first, then the FMA throughput again just before every run, and
+                      report each variant as the median of its runs' fractions of the
+                      calibration next to them
+  --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
+  --warm-cache        skip the cache flush before each run
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
@@ -58,11 +65,18 @@ struct Case {
   std::vector<Variant> variants;
 };
 
+// One timed run, and the FMA calibration read just before it (--peak).
+struct Run {
+  double ms = 0, peak_gflops = 0;
+};
+
 struct Row {
   const Case* c;
   Variant variant;
+  std::vector<Run> runs;
   double ms = 0, gflops = 0, max_err = -1;
-  double peak_gflops = 0;  // --peak: the FMA calibration run just before this case
+  double peak_gflops = 0, peak_fraction = 0;  // medians over the runs (--peak)
+  double vs_flash2 = 0;  // median over rounds of time / flash2's time in the same round
   uint64_t bytes = 0;
 };
 
@@ -138,16 +152,9 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
   attention(ctx, in.q, in.k, in.v, params, c.dtype);
 }
 
-double median_ms(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                 const AttentionParams& params, int repeat, uint64_t* bytes) {
-  std::vector<double> times;
-  for (int i = 0; i < repeat; ++i) {
-    AttentionResult r = attention(ctx, q, k, v, params);
-    *bytes = r.device_bytes;
-    times.push_back(r.gpu_ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x.empty() ? 0 : x[x.size() / 2];
 }
 
 double check_error(Context& ctx, const Inputs& in, const AttentionParams& params, DType dtype) {
@@ -162,14 +169,15 @@ double check_error(Context& ctx, const Inputs& in, const AttentionParams& params
 struct Options {
   int repeat = 3;
   bool check = false;
+  bool flush = true;  // read a cache-sized buffer before every timed run
   TileLayout layout = TileLayout::automatic;
   std::optional<DevicePeak> peak;
 };
 
 void print_header(const Options& o) {
-  std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%11s%s\n", "kind", "dtype", "Nq", "Nk",
+  std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s\n", "kind", "dtype", "Nq", "Nk",
               "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
-              "memory MiB", o.check ? "  max error" : "");
+              "vs flash2", "memory MiB", o.check ? "  max error" : "");
 }
 
 void print_row(const Row& r, const Options& o) {
@@ -177,75 +185,146 @@ void print_row(const Row& r, const Options& o) {
   std::printf("%-7s %-5s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind, dtype_name(r.c->dtype),
               d.nq, d.nk, d.d, r.c->causal ? "causal" : "full", variant_name(r.variant), r.ms,
               r.gflops);
-  if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.gflops / r.peak_gflops);
-  std::printf("%11.2f", double(r.bytes) / (1 << 20));
+  if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.peak_fraction);
+  if (r.vs_flash2 > 0)
+    std::printf(" %8.3f", r.vs_flash2);
+  else
+    std::printf(" %8s", "-");
+  std::printf(" %11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
   std::printf("\n");
   std::fflush(stdout);
 }
 
-// Progress on stderr: one line per case, rewritten in place on a terminal.
-void progress(size_t done, size_t total, const Case& c, Variant v, double elapsed_s) {
+// Progress on stderr: one line per run, rewritten in place on a terminal.
+void progress(size_t done, size_t total, const Case& c, Variant v, int round, double elapsed_s) {
   bool tty = isatty(2);
-  std::fprintf(stderr, "%s[%zu/%zu] %s %s N=%u/%u d=%u %s  (%.0f s so far)%s",
+  std::fprintf(stderr, "%s[%zu/%zu] %s %s N=%u/%u d=%u %s round %d  (%.0f s so far)%s",
                tty ? "\r\033[K" : "", done + 1, total, c.kind, variant_name(v), c.dims.nq,
-               c.dims.nk, c.dims.d, dtype_name(c.dtype), elapsed_s, tty ? "" : "\n");
+               c.dims.nk, c.dims.d, dtype_name(c.dtype), round + 1, elapsed_s, tty ? "" : "\n");
   std::fflush(stderr);
 }
 
+// What the timed runs need next to them: the cache flush and the FMA calibration.
+struct Meters {
+  std::optional<CacheFlush> flush;
+  std::optional<FmaProbe> fma;
+};
+
+struct Clock {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  size_t done = 0, total = 0;
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
+  AttentionParams params;
+  params.variant = variant;
+  params.causal = c.causal;
+  params.want_lse = false;
+  if (variant != Variant::naive) params.tile_layout = o.layout;
+  return params;
+}
+
+// Medians of a variant's runs; ratios are taken run by run, so that drift cancels.
+void summarise(Row& r, const Row* flash2, const Case& c) {
+  std::vector<double> ms, peak, fraction, ratio;
+  for (size_t i = 0; i < r.runs.size(); ++i) {
+    const Run& run = r.runs[i];
+    ms.push_back(run.ms);
+    peak.push_back(run.peak_gflops);
+    if (run.ms > 0 && run.peak_gflops > 0)
+      fraction.push_back(case_flops(c) / (run.ms * 1e6) / run.peak_gflops);
+    if (flash2 && flash2->runs[i].ms > 0) ratio.push_back(run.ms / flash2->runs[i].ms);
+  }
+  r.ms = median(ms);
+  r.gflops = r.ms > 0 ? case_flops(c) / (r.ms * 1e6) : 0;
+  r.peak_gflops = median(peak);
+  r.peak_fraction = median(fraction);
+  r.vs_flash2 = median(ratio);
+}
+
+// Every variant of a case, in rounds: each round runs each variant once (in turn first), so
+// all variants see the same drift of the machine's speed, and their ratios are fair.
+std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const Inputs& in,
+                          const Options& o, Meters& meters, Clock& clock) {
+  std::vector<Row> rows;
+  for (Variant v : c.variants) {
+    rows.push_back(Row{&c, v});
+    warm_up(ctx, c, case_params(c, v, o));
+  }
+  const size_t n = rows.size();
+  for (int round = 0; round < o.repeat; ++round)
+    for (size_t k = 0; k < n; ++k) {
+      Row& r = rows[(size_t(round) + k) % n];
+      progress(clock.done++, clock.total, c, r.variant, round, clock.seconds());
+      if (meters.flush) meters.flush->run();
+      Run run;
+      if (meters.fma) run.peak_gflops = meters.fma->gflops();
+      AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
+      run.ms = res.gpu_ms;
+      r.bytes = res.device_bytes;
+      r.runs.push_back(run);
+    }
+  const Row* flash2 = nullptr;
+  for (const Row& r : rows)
+    if (r.variant == Variant::flash2) flash2 = &r;
+  for (Row& r : rows) {
+    summarise(r, flash2, c);
+    if (o.check) r.max_err = check_error(ctx, in, case_params(c, r.variant, o), c.dtype);
+  }
+  return rows;
+}
+
 std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const Options& o) {
-  size_t total = 0, done = 0;
-  for (const Case& c : cases) total += c.variants.size();
-  auto start = std::chrono::steady_clock::now();
+  Clock clock;
+  for (const Case& c : cases) clock.total += c.variants.size() * size_t(o.repeat);
+  Meters meters;
+  if (o.flush) meters.flush.emplace(ctx);
+  if (o.peak) meters.fma.emplace(ctx);
   std::vector<Row> rows;
   print_header(o);
   for (const Case& c : cases) {
     Inputs in = make_inputs(c.dims);
-    Tensor tq, tk, tv;
+    Tensor qkv[3];
     try {
-      tq = Tensor::upload(ctx, in.q, c.dtype);
-      tk = Tensor::upload(ctx, in.k, c.dtype);
-      tv = Tensor::upload(ctx, in.v, c.dtype);
+      qkv[0] = Tensor::upload(ctx, in.q, c.dtype);
+      qkv[1] = Tensor::upload(ctx, in.k, c.dtype);
+      qkv[2] = Tensor::upload(ctx, in.v, c.dtype);
     } catch (const Error& e) {
       if (cases.size() == 1) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
       std::printf("%-7s %-5s %6u %6u %5u  not run: %s\n", c.kind, dtype_name(c.dtype), c.dims.nq,
                   c.dims.nk, c.dims.d, e.what());
-      done += c.variants.size();
+      clock.done += c.variants.size() * size_t(o.repeat);
       continue;
     }
-    for (Variant variant : c.variants) {
-      double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      progress(done++, total, c, variant, elapsed);
-      AttentionParams params;
-      params.variant = variant;
-      params.causal = c.causal;
-      params.want_lse = false;
-      if (variant != Variant::naive) params.tile_layout = o.layout;
-      warm_up(ctx, c, params);
-      Row r{&c, variant};
-      // The machine's speed drifts (a shared CPU: 70-110 GFLOP/s within minutes here), so each
-      // case is set against a calibration taken just before it.
-      if (o.peak) r.peak_gflops = measure_fma_peak(ctx);
-      r.ms = median_ms(ctx, tq, tk, tv, params, o.repeat, &r.bytes);
-      r.gflops = r.ms > 0 ? case_flops(c) / (r.ms * 1e6) : 0;
-      if (o.check) r.max_err = check_error(ctx, in, params, c.dtype);
-      if (isatty(2)) std::fprintf(stderr, "\r\033[K");
-      print_row(r, o);
-      rows.push_back(r);
-    }
+    std::vector<Row> case_rows = run_case(ctx, c, qkv, in, o, meters, clock);
+    if (isatty(2)) std::fprintf(stderr, "\r\033[K");
+    for (const Row& r : case_rows) print_row(r, o);
+    rows.insert(rows.end(), case_rows.begin(), case_rows.end());
   }
-  double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "%zu runs in %.1f s\n", rows.size(), total_s);
+  std::fprintf(stderr, "%zu runs in %.1f s\n", clock.done, clock.seconds());
   if (o.peak && !rows.empty()) {
     auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       return a.peak_gflops < b.peak_gflops;
     });
-    std::printf("FMA peak next to the cases: %.2f to %.2f GFLOP/s\n", lo->peak_gflops,
-                hi->peak_gflops);
+    std::printf("FMA peak next to the runs (median per case): %.2f to %.2f GFLOP/s\n",
+                lo->peak_gflops, hi->peak_gflops);
   }
   return rows;
+}
+
+std::string json_list(const std::vector<Run>& runs, double Run::*field) {
+  std::string s = "[";
+  char buf[32];
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.6g", i ? ", " : "", runs[i].*field);
+    s += buf;
+  }
+  return s + "]";
 }
 
 std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>& rows) {
@@ -257,6 +336,9 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
                   o.peak->fma_gflops, o.peak->bandwidth_gbs);
     s += buf;
   }
+  std::snprintf(buf, sizeof buf, ", \"runs\": %d, \"cache_flush\": %s", o.repeat,
+                o.flush ? "true" : "false");
+  s += buf;
   s += ", \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -272,9 +354,15 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     s += buf;
     if (o.peak) {
       std::snprintf(buf, sizeof buf, ", \"peak_gflops\": %.6g, \"peak_fraction\": %.4g",
-                    r.peak_gflops, r.gflops / r.peak_gflops);
+                    r.peak_gflops, r.peak_fraction);
       s += buf;
     }
+    if (r.vs_flash2 > 0) {
+      std::snprintf(buf, sizeof buf, ", \"vs_flash2\": %.4g", r.vs_flash2);
+      s += buf;
+    }
+    s += ", \"runs_ms\": " + json_list(r.runs, &Run::ms);
+    if (o.peak) s += ", \"runs_peak_gflops\": " + json_list(r.runs, &Run::peak_gflops);
     if (r.max_err >= 0) {
       std::snprintf(buf, sizeof buf, ", \"max_err\": %.3g", r.max_err);
       s += buf;
@@ -330,7 +418,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Args args(argv,
             {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
              "json", "device", "suite", "layout"},
-            {"causal", "check", "peak"});
+            {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
     if (args.text("suite") != "standard")
@@ -346,6 +434,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Options o;
   o.repeat = static_cast<int>(args.integer("repeat", args.has("suite") ? 1 : 3, 1, 1000));
   o.check = args.flag("check");
+  o.flush = !args.flag("warm-cache");
   o.layout = parse_layout(args.text("layout", "auto"));
 
   ContextOptions options;

@@ -2,6 +2,7 @@
 // reference, and one test per class of bad input (exit status, message, no output file).
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -190,6 +191,53 @@ TEST_F(CliTest, BenchPeakAndCheckFiguresAreConsistent) {
   ASSERT_GT(peak, 0.0);
   EXPECT_NEAR(fraction, gflops / peak, 1e-3 * fraction);
   EXPECT_LT(json_number(json, "max_err"), 1e-5);
+}
+
+// The numbers of the list after "key": in a flat JSON text.
+std::vector<double> json_list(const std::string& json, const std::string& key) {
+  std::vector<double> out;
+  size_t at = json.find("\"" + key + "\": [");
+  if (at == std::string::npos) return out;
+  const char* p = json.c_str() + at + key.size() + 5;
+  while (*p != ']') {
+    char* end = nullptr;
+    out.push_back(std::strtod(p, &end));
+    p = end;
+    if (*p == ',') ++p;
+  }
+  return out;
+}
+
+double median_of(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+// Variants run in rounds: each reports every run, its time is their median, and vs_flash2 the
+// median of its run-by-run ratios to flash2's runs; --warm-cache turns the flush off.
+TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
+  Outcome o =
+      run_cli("bench --heads 2 --nq 24 --d 8 --repeat 3 --warm-cache --json " + path("r.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::ifstream in(path("r.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"runs\": 3, \"cache_flush\": false"), std::string::npos) << json;
+  auto part = [&](const char* variant) {
+    return json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
+  };
+  std::vector<double> base = json_list(part("flash2"), "runs_ms");
+  ASSERT_EQ(base.size(), 3u);
+  EXPECT_DOUBLE_EQ(json_number(part("flash2"), "vs_flash2"), 1.0);
+  for (const char* variant : {"naive", "online", "flash1", "flashd", "splitkv"}) {
+    std::string text = part(variant);
+    std::vector<double> runs = json_list(text, "runs_ms");
+    ASSERT_EQ(runs.size(), 3u) << variant;
+    EXPECT_NEAR(json_number(text, "ms"), median_of(runs), 1e-5 * median_of(runs)) << variant;
+    std::vector<double> ratio;
+    for (size_t i = 0; i < runs.size(); ++i) ratio.push_back(runs[i] / base[i]);
+    EXPECT_NEAR(json_number(text, "vs_flash2"), median_of(ratio), 1e-3 * median_of(ratio))
+        << variant;
+  }
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {

@@ -1,5 +1,8 @@
 #pragma once
 // The device's own limits, measured: the roofline that `flashvk bench --peak` reports against.
+#include <cstdint>
+#include <memory>
+
 #include "flashvk/context.hpp"
 
 namespace flashvk {
@@ -13,8 +16,36 @@ struct DevicePeak {
 /// sized until one run takes at least `min_ms` of GPU time, and returns the best of `repeat`.
 DevicePeak measure_peak(Context& ctx, int repeat = 3, double min_ms = 100.0);
 
-/// The FMA part of measure_peak alone (GFLOP/s): quick enough to repeat next to each timed
-/// case on a machine whose speed drifts (a shared CPU).
+/// The FMA part of measure_peak alone (GFLOP/s).
 double measure_fma_peak(Context& ctx, int repeat = 2, double min_ms = 50.0);
+
+/// The FMA calibration sized once, then cheap to repeat: on a machine whose speed drifts (a
+/// shared CPU), `flashvk bench --peak` reads it next to every timed run.
+class FmaProbe {
+ public:
+  explicit FmaProbe(Context& ctx, double min_ms = 30.0);
+  double gflops();  ///< one timed run of the calibration shader
+
+ private:
+  Context* ctx_;
+  uint32_t iterations_ = 16;
+};
+
+/// Reads a buffer larger than any cache (128 MiB, or what one binding allows), so the next
+/// dispatch finds its inputs in device memory: as a decode step finds its KV cache after the
+/// rest of a model's layer has run. The buffer is allocated once, at construction.
+class CacheFlush {
+ public:
+  explicit CacheFlush(Context& ctx);
+  ~CacheFlush();
+  CacheFlush(const CacheFlush&) = delete;
+  CacheFlush& operator=(const CacheFlush&) = delete;
+  void run();
+
+ private:
+  struct Buffers;
+  Context* ctx_;
+  std::unique_ptr<Buffers> buffers_;
+};
 
 }  // namespace flashvk

@@ -31,48 +31,84 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   return plan.gpu_ms();
 }
 
-// Doubles the FMA loop until a run is long enough to time, then keeps the best of `repeat`.
-double fma_gflops(Context& ctx, int repeat, double min_ms) {
-  uint32_t groups = ctx.device().type == "cpu" ? 64 : 4096;
-  detail::Buffer out(ctx.impl(), uint64_t(groups) * kGroupSize * 4);
-  uint32_t iterations = 16;
-  double ms = time_dispatch(ctx, "peak_fma_f32", VK_NULL_HANDLE, out.handle(), groups, iterations);
-  while (ms < min_ms && iterations < 32768) {
-    iterations *= 2;
-    ms = time_dispatch(ctx, "peak_fma_f32", VK_NULL_HANDLE, out.handle(), groups, iterations);
-  }
-  for (int i = 1; i < repeat; ++i)
-    ms = std::min(
-        ms, time_dispatch(ctx, "peak_fma_f32", VK_NULL_HANDLE, out.handle(), groups, iterations));
-  double flops = double(groups) * kGroupSize * iterations * 8 * 8 * 4 * 2;
-  return ms > 0 ? flops / (ms * 1e6) : 0;
+double fma_flops(uint32_t groups, uint32_t iterations) {
+  return double(groups) * kGroupSize * iterations * 8 * 8 * 4 * 2;
+}
+
+uint32_t fma_groups(Context& ctx) {
+  return ctx.device().type == "cpu" ? 64 : 4096;
+}
+
+// Invocations, and vec4 reads per invocation, that cover `bytes` of a buffer.
+constexpr uint32_t kReadGroups = 1024, kReadThreads = kReadGroups * kGroupSize;
+
+uint64_t read_size(const DeviceInfo& info, uint64_t at_most) {
+  uint64_t bytes = std::min({info.max_storage_buffer_range, info.max_allocation, at_most});
+  uint64_t per_thread = bytes / 16 / kReadThreads / 4 * 4;
+  return per_thread * kReadThreads * 16;
+}
+
+double read_ms(Context& ctx, const detail::Buffer& in, const detail::Buffer& out) {
+  auto per_thread = static_cast<uint32_t>(in.bytes() / 16 / kReadThreads);
+  return time_dispatch(ctx, "peak_bandwidth_f32", in.handle(), out.handle(), kReadGroups,
+                       per_thread);
 }
 
 // Reads a buffer as large as one binding allows (at most 256 MiB), best of `repeat`.
 double bandwidth_gbs(Context& ctx, int repeat) {
-  const DeviceInfo& info = ctx.device();
-  uint64_t bytes =
-      std::min<uint64_t>({info.max_storage_buffer_range, info.max_allocation, uint64_t(256) << 20});
-  const uint32_t groups = 1024, threads = groups * kGroupSize;
-  uint32_t per_thread = static_cast<uint32_t>(bytes / 16 / threads) / 4 * 4;
-  bytes = uint64_t(per_thread) * threads * 16;
-  detail::Buffer in(ctx.impl(), bytes);
+  detail::Buffer in(ctx.impl(), read_size(ctx.device(), uint64_t(256) << 20));
   in.fill(0);
-  detail::Buffer out(ctx.impl(), uint64_t(threads) * 4);
+  detail::Buffer out(ctx.impl(), uint64_t(kReadThreads) * 4);
   double ms = 0;
   for (int i = 0; i < repeat + 1; ++i) {  // the first run warms caches and page tables
-    double t =
-        time_dispatch(ctx, "peak_bandwidth_f32", in.handle(), out.handle(), groups, per_thread);
+    double t = read_ms(ctx, in, out);
     if (i == 1 || (i > 1 && t < ms)) ms = t;
   }
-  return ms > 0 ? double(bytes) / (ms * 1e6) : 0;
+  return ms > 0 ? double(in.bytes()) / (ms * 1e6) : 0;
 }
 
 }  // namespace
 
+// Doubles the FMA loop until a run is long enough to time.
+FmaProbe::FmaProbe(Context& ctx, double min_ms) : ctx_(&ctx) {
+  detail::Buffer out(ctx.impl(), uint64_t(fma_groups(ctx)) * kGroupSize * 4);
+  while (iterations_ < 32768 && time_dispatch(ctx, "peak_fma_f32", VK_NULL_HANDLE, out.handle(),
+                                              fma_groups(ctx), iterations_) < min_ms)
+    iterations_ *= 2;
+}
+
+double FmaProbe::gflops() {
+  uint32_t groups = fma_groups(*ctx_);
+  detail::Buffer out(ctx_->impl(), uint64_t(groups) * kGroupSize * 4);
+  double ms =
+      time_dispatch(*ctx_, "peak_fma_f32", VK_NULL_HANDLE, out.handle(), groups, iterations_);
+  return ms > 0 ? fma_flops(groups, iterations_) / (ms * 1e6) : 0;
+}
+
 double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
   if (repeat < 1) throw Error("measure_fma_peak: repeat must be at least 1");
-  return fma_gflops(ctx, repeat, min_ms);
+  FmaProbe probe(ctx, min_ms);
+  double best = 0;
+  for (int i = 0; i < repeat; ++i) best = std::max(best, probe.gflops());
+  return best;
+}
+
+struct CacheFlush::Buffers {
+  detail::Buffer in, out;
+};
+
+CacheFlush::CacheFlush(Context& ctx)
+    : ctx_(&ctx),
+      buffers_(std::make_unique<Buffers>(
+          Buffers{detail::Buffer(ctx.impl(), read_size(ctx.device(), uint64_t(128) << 20)),
+                  detail::Buffer(ctx.impl(), uint64_t(kReadThreads) * 4)})) {
+  buffers_->in.fill(0);
+}
+
+CacheFlush::~CacheFlush() = default;
+
+void CacheFlush::run() {
+  read_ms(*ctx_, buffers_->in, buffers_->out);
 }
 
 DevicePeak measure_peak(Context& ctx, int repeat, double min_ms) {
