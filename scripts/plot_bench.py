@@ -7,6 +7,8 @@ Writes SVG files (no dependencies beyond Python 3):
   peak_fraction.svg   fraction of the FMA peak (calibrated next to each case) per variant at
                       N=4096 (fp32, full)
   decode_per_key.svg  decode time per key against Nk
+  flashd_vs_flash2.svg  flashd's time over flash2's (median of round-by-round ratios) against N,
+                      one line per dtype, head dim and mask
 
 usage: python3 scripts/plot_bench.py suite.json OUT_DIR
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 COLORS = {"naive": "#d62728", "online": "#9467bd", "flash1": "#8c564b",
           "flash2": "#1f77b4", "flashd": "#2ca02c", "splitkv": "#ff7f0e"}
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 W, H, L, R, T, B = 640, 360, 70, 110, 40, 50  # size and margins
 
 
@@ -31,7 +34,7 @@ def svg(title, body, xlabel, ylabel):
             + body + "</svg>\n")
 
 
-def line_chart(title, series, xlabel, ylabel, log_y=True):
+def line_chart(title, series, xlabel, ylabel, log_y=True, refs=(), y_range=None):
     xs = sorted({x for pts in series.values() for x, _ in pts})
     ys = [y for pts in series.values() for _, y in pts if y > 0]
     lo, hi = min(ys), max(ys)
@@ -39,19 +42,24 @@ def line_chart(title, series, xlabel, ylabel, log_y=True):
         lo, hi = 10 ** math.floor(math.log10(lo)), 10 ** math.ceil(math.log10(hi))
     else:
         lo, hi = 0, hi * 1.1
+    if y_range:
+        lo, hi = y_range
     fy = (lambda y: math.log10(y)) if log_y else (lambda y: y)
     px = lambda x: L + (W - L - R) * (xs.index(x) / max(1, len(xs) - 1))
     py = lambda y: H - B - (H - T - B) * (fy(y) - fy(lo)) / (fy(hi) - fy(lo))
     body = f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#888"/>\n'
     ticks = [10 ** e for e in range(int(math.log10(lo)), int(math.log10(hi)) + 1)] if log_y \
-        else [hi * i / 5 for i in range(6)]
+        else [lo + (hi - lo) * i / 5 for i in range(6)]
     for t in ticks:
         body += (f'<line x1="{L}" x2="{W - R}" y1="{py(t)}" y2="{py(t)}" stroke="#eee"/>'
-                 f'<text x="{L - 6}" y="{py(t) + 4}" text-anchor="end">{t:g}</text>\n')
+                 f'<text x="{L - 6}" y="{py(t) + 4}" text-anchor="end">{t:.3g}</text>\n')
+    for ref in refs:
+        body += (f'<line x1="{L}" x2="{W - R}" y1="{py(ref)}" y2="{py(ref)}" stroke="#d62728" '
+                 f'stroke-dasharray="6 4"/>\n')
     for x in xs:
         body += f'<text x="{px(x)}" y="{H - B + 16}" text-anchor="middle">{x}</text>\n'
     for i, (name, pts) in enumerate(series.items()):
-        color = COLORS.get(name, "#333")
+        color = COLORS.get(name, PALETTE[i % len(PALETTE)])
         pts = sorted(p for p in pts if p[1] > 0)
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         body += f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>\n'
@@ -115,6 +123,16 @@ def main():
             dec.setdefault(r["variant"], []).append((r["nk"], 1000 * r["ms"] / r["nk"]))
     (out / "decode_per_key.svg").write_text(line_chart(
         "Decode time per key, Nq=1 H=32 Hkv=8 d=128 fp32", dec, "Nk", "us per key", log_y=False))
+    ratio = {}
+    for r in rows:
+        if r.get("kind") == "prefill" and r["variant"] == "flashd" and "vs_flash2" in r:
+            name = f'{r["dtype"]} d{r["d"]} {"causal" if r["causal"] else "full"}'
+            ratio.setdefault(name, []).append((r["nq"], r["vs_flash2"]))
+    if ratio:
+        top = max(1.3, max(y for pts in ratio.values() for _, y in pts) * 1.05)
+        (out / "flashd_vs_flash2.svg").write_text(line_chart(
+            "flashd time / flash2 time (median of rounds), dashed: 0.9 and 1.1", ratio,
+            "N = Nq = Nk", "time ratio", log_y=False, refs=(0.9, 1.1), y_range=(0.5, top)))
 
 
 if __name__ == "__main__":
