@@ -201,7 +201,9 @@ std::vector<double> json_list(const std::string& json, const std::string& key) {
   const char* p = json.c_str() + at + key.size() + 5;
   while (*p != ']') {
     char* end = nullptr;
-    out.push_back(std::strtod(p, &end));
+    double x = std::strtod(p, &end);
+    if (end == p) return {};  // not a number: malformed list
+    out.push_back(x);
     p = end;
     if (*p == ',') ++p;
   }

@@ -24,10 +24,16 @@ double measure_fma_peak(Context& ctx, int repeat = 2, double min_ms = 50.0);
 class FmaProbe {
  public:
   explicit FmaProbe(Context& ctx, double min_ms = 30.0);
+  ~FmaProbe();
+  FmaProbe(const FmaProbe&) = delete;
+  FmaProbe& operator=(const FmaProbe&) = delete;
   double gflops();  ///< one timed run of the calibration shader
 
  private:
+  double run_ms();
+  struct Output;  // the shader's output buffer, allocated once
   Context* ctx_;
+  std::unique_ptr<Output> out_;
   uint32_t iterations_ = 16;
 };
 

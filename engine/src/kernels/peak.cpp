@@ -39,9 +39,11 @@ uint32_t fma_groups(Context& ctx) {
   return ctx.device().type == "cpu" ? 64 : 4096;
 }
 
-// Invocations, and vec4 reads per invocation, that cover `bytes` of a buffer.
+// The read shader's grid: each invocation reads a run of vec4s.
 constexpr uint32_t kReadGroups = 1024, kReadThreads = kReadGroups * kGroupSize;
 
+// The largest buffer of at most `at_most` bytes that one binding can see and the grid covers
+// evenly (vec4 runs a multiple of 4 long).
 uint64_t read_size(const DeviceInfo& info, uint64_t at_most) {
   uint64_t bytes = std::min({info.max_storage_buffer_range, info.max_allocation, at_most});
   uint64_t per_thread = bytes / 16 / kReadThreads / 4 * 4;
@@ -69,20 +71,28 @@ double bandwidth_gbs(Context& ctx, int repeat) {
 
 }  // namespace
 
+struct FmaProbe::Output {
+  detail::Buffer buffer;
+};
+
 // Doubles the FMA loop until a run is long enough to time.
-FmaProbe::FmaProbe(Context& ctx, double min_ms) : ctx_(&ctx) {
-  detail::Buffer out(ctx.impl(), uint64_t(fma_groups(ctx)) * kGroupSize * 4);
-  while (iterations_ < 32768 && time_dispatch(ctx, "peak_fma_f32", VK_NULL_HANDLE, out.handle(),
-                                              fma_groups(ctx), iterations_) < min_ms)
-    iterations_ *= 2;
+FmaProbe::FmaProbe(Context& ctx, double min_ms)
+    : ctx_(&ctx),
+      out_(std::make_unique<Output>(
+          Output{detail::Buffer(ctx.impl(), uint64_t(fma_groups(ctx)) * kGroupSize * 4)})) {
+  while (iterations_ < 32768 && run_ms() < min_ms) iterations_ *= 2;
+}
+
+FmaProbe::~FmaProbe() = default;
+
+double FmaProbe::run_ms() {
+  return time_dispatch(*ctx_, "peak_fma_f32", VK_NULL_HANDLE, out_->buffer.handle(),
+                       fma_groups(*ctx_), iterations_);
 }
 
 double FmaProbe::gflops() {
-  uint32_t groups = fma_groups(*ctx_);
-  detail::Buffer out(ctx_->impl(), uint64_t(groups) * kGroupSize * 4);
-  double ms =
-      time_dispatch(*ctx_, "peak_fma_f32", VK_NULL_HANDLE, out.handle(), groups, iterations_);
-  return ms > 0 ? fma_flops(groups, iterations_) / (ms * 1e6) : 0;
+  double ms = run_ms();
+  return ms > 0 ? fma_flops(fma_groups(*ctx_), iterations_) / (ms * 1e6) : 0;
 }
 
 double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
