@@ -23,7 +23,12 @@ void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   float m_new = max(m_run[rr], chunk_max(rr));
-  if (m_new == NEG_INF) return;  // nothing visible yet: the state stays empty
+  // Nothing visible yet: the state stays empty. Register tiles take no branch (llvmpipe runs
+  // both sides of one, with a blend for every value written after it); there the selects below
+  // keep the state empty: alpha = 0, p = 0, l = 0, o = 0 * 0.
+#ifndef REG_TILE
+  if (m_new == NEG_INF) return;
+#endif
   // exp(-inf) is spelled out as 0: Vulkan does not promise IEEE infinities in exp().
   float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   float p[CH];

@@ -54,8 +54,8 @@ void main() {
   for (uint pass = 0u; pass < PASSES; ++pass) {
     for (uint j0 = begin; j0 < end; j0 += BC) {
       uint n = min(BC, end - j0);
-      load_reg_tile(rows[0], j0, n, pass_needs_v(pass));
-      chunk_scores(j0, 0u, n);
+      mark_tile_keys(rows[0], j0, n);
+      score_tile(j0, n, pass_needs_v(pass));
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
         tile_begin(pass, rr);
         chunk_update(pass, 0u, rr);

@@ -24,27 +24,33 @@ uint lane_key_ok;  // 1 if this lane's key is in the tile and not masked out by 
 uint o_dim(uint e) { return 4u * (gl_SubgroupInvocationID + BC * (e / 4u)) + e % 4u; }
 bool first_lane() { return gl_SubgroupInvocationID == 0u; }
 
-// Lane c notes whether key j0 + c (a tile holds n keys) counts, and loads its share of every
-// key's value row, four elements per texel fetch (chunk_scores fetches the keys). Fetches
-// stay in bounds; values past the tile read as zero.
-void load_reg_tile(Row r, uint j0, uint n, bool need_v) {
+// Lane c notes whether key j0 + c (a tile holds n keys) counts.
+void mark_tile_keys(Row r, uint j0, uint n) {
   uint lane = gl_SubgroupInvocationID;
   bool keep = lane < n;
   lane_key_ok = keep ? 1u : 0u;
   if ((pc.flags & FLAG_KEY_MASK) != 0u) {
     if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
   }
-  if (!need_v) return;
-  [[unroll]] for (uint c = 0; c < BC; ++c) {
-    uint vkey = r.kv_base + j0 + min(c, n - 1u);
-    [[unroll]] for (uint t = 0; t < VT; ++t) {
-      uint texel = lane + BC * t;
-      vec4 x = texelFetch(v_tex, int(vkey * (DV / 4u) + min(texel, DV / 4u - 1u)));
-      x = (c < n && texel < DV / 4u) ? x : vec4(0.0);
-      v_reg[c][4 * t] = x.x, v_reg[c][4 * t + 1] = x.y;
-      v_reg[c][4 * t + 2] = x.z, v_reg[c][4 * t + 3] = x.w;
-    }
+}
+
+// Value fetch f (of BC * VT): texel lane + BC * (f % VT) of key f / VT's row, the lane's share of
+// it, four elements at once. Fetches stay in bounds: keys past the tile read the last key's row
+// (their weight is 0) and texels past the row read as zero.
+const uint V_FETCHES = BC * VT;
+void load_v_texel(uint kv_base, uint j0, uint n, uint f) {
+  uint c = f / VT, t = f % VT;
+  uint texel = gl_SubgroupInvocationID + BC * t;
+  uint vkey = kv_base + j0 + min(c, n - 1u);
+  vec4 x;
+  if (BC * VT * 4u == DV) {  // a constant: no texel index can pass the row's end
+    x = texelFetch(v_tex, int(vkey * (DV / 4u) + texel));
+  } else {
+    x = texelFetch(v_tex, int(vkey * (DV / 4u) + min(texel, DV / 4u - 1u)));
+    x = texel < DV / 4u ? x : vec4(0.0);
   }
+  v_reg[c][4 * t] = x.x, v_reg[c][4 * t + 1] = x.y;
+  v_reg[c][4 * t + 2] = x.z, v_reg[c][4 * t + 3] = x.w;
 }
 #else
 const uint OD = DV;
@@ -92,19 +98,24 @@ void load_q(uint rr) {
 }
 
 #ifdef REG_TILE
-// Every row's score of this lane's key. No branches here: a branch would keep the loops from
-// being unrolled.
+// Every row's score of this lane's key, and (need_v) the tile's value rows. No branches on
+// lane values here: a branch would keep the loops from being unrolled.
 // The key is fetched one texel at a time, right before the products that use it: llvmpipe
 // calls a function for each fetch, and LLVM schedules each stretch between calls on its own,
 // so the texel's four values stay in registers while every row uses them (one load, of the
 // query, per multiply-add; fetching the whole key first left LLVM a schedule that reloaded the
-// key for every row: two loads per multiply-add). Splitting each row's sum in two or four
-// chains, or scoring 16 rows at d = 64, measured no faster.
-void chunk_scores(uint j0, uint c0, uint n) {
-  uint key = rows[0].kv_base + j0 + min(gl_SubgroupInvocationID, n - 1u);
+// key for every row: two loads per multiply-add). Each value fetch follows the products of one
+// key texel, so that the core has multiply-adds to run beside it (back to back before the
+// scores, the value fetches took a quarter of the time; here, about a tenth). Splitting each
+// row's sum in two or four chains, scoring 16 rows at d = 64, or two keys per lane measured no
+// faster (the loop outgrows the instruction cache).
+const uint K_FETCHES = D / 4u;
+void score_tile(uint j0, uint n, bool need_v) {
+  uint kv_base = rows[0].kv_base;
+  uint key = kv_base + j0 + min(gl_SubgroupInvocationID, n - 1u);
   float acc[ROWS];
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0;
-  [[unroll]] for (uint t = 0; t < D / 4u; ++t) {
+  [[unroll]] for (uint t = 0; t < K_FETCHES; ++t) {
     vec4 x = texelFetch(k_tex, int(key * (D / 4u) + t));
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       float a = acc[rr];
@@ -113,7 +124,10 @@ void chunk_scores(uint j0, uint c0, uint n) {
       a = fma(q_reg[rr][4u * t + 2u], x.z, a);
       acc[rr] = fma(q_reg[rr][4u * t + 3u], x.w, a);
     }
+    if (need_v && t < V_FETCHES) load_v_texel(kv_base, j0, n, t);
   }
+  if (need_v)
+    [[unroll]] for (uint f = K_FETCHES; f < V_FETCHES; ++f) load_v_texel(kv_base, j0, n, f);
   uint key_index = j0 + gl_SubgroupInvocationID;
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     float s = acc[rr];
