@@ -47,23 +47,29 @@ void finish_rows() {
 // Register tiles: no barriers; every lane of a subgroup runs every step together (rows outside
 // the problem compute on zeros and store nothing), as the shuffles and reductions need. The rows
 // of a workgroup share one batch and K/V head.
+// One pass over the keys. Called with a constant pass, so that pass_needs_v(pass) is a constant:
+// llvmpipe runs both sides of a branch on a value it cannot see is uniform, so in a loop over the
+// passes the online softmax's first pass would fetch and add the values under a mask.
+void key_pass(uint pass, uint begin, uint end) {
+  for (uint j0 = begin; j0 < end; j0 += BC) {
+    uint n = min(BC, end - j0);
+    mark_tile_keys(rows[0], j0, n);
+    score_tile(j0, n, pass_needs_v(pass));
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      tile_begin(pass, rr);
+      chunk_update(pass, 0u, rr);
+    }
+    chunk_rows_done(pass);
+    if (pass_needs_v(pass)) accumulate_o(0u);
+  }
+}
+
 void main() {
   start_rows();
   uint begin, end;
   key_range(begin, end);
-  for (uint pass = 0u; pass < PASSES; ++pass) {
-    for (uint j0 = begin; j0 < end; j0 += BC) {
-      uint n = min(BC, end - j0);
-      mark_tile_keys(rows[0], j0, n);
-      score_tile(j0, n, pass_needs_v(pass));
-      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-        tile_begin(pass, rr);
-        chunk_update(pass, 0u, rr);
-      }
-      chunk_rows_done(pass);
-      if (pass_needs_v(pass)) accumulate_o(0u);
-    }
-  }
+  key_pass(0u, begin, end);
+  if (PASSES > 1u) key_pass(1u, begin, end);
   finish_rows();
 }
 #else
