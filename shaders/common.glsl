@@ -25,6 +25,9 @@ layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
 layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
 layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
 layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (register tiles: subgroup)
+// A key mask is bound. A constant, not a push-constant flag: llvmpipe runs a branch on a value it
+// cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
+layout(constant_id = 5) const bool KEY_MASK = false;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) have a chunk of one key per lane.
@@ -51,7 +54,6 @@ layout(binding = 10) uniform samplerBuffer v_tex;
 #endif
 
 const uint FLAG_CAUSAL = 1u;
-const uint FLAG_KEY_MASK = 2u;
 const uint FLAG_LSE = 4u;
 const uint FLAG_TRACE = 8u;
 
@@ -127,7 +129,7 @@ bool key_visible(uint b, uint key_end, uint j) {
   if (j >= key_end) return false;
   // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
   // when no mask is bound (the binding then holds a 16-byte placeholder).
-  if ((pc.flags & FLAG_KEY_MASK) != 0u) {
+  if (KEY_MASK) {
     if (mask_buf[b * pc.nk + j] == 0u) return false;
   }
   return true;

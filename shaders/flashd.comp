@@ -79,9 +79,11 @@ void chunk_update(uint pass, uint c0, uint rr) {
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
   float m_chunk = chunk_max(rr);
 #ifdef REG_TILE
-  chunk_l[rr] = 0.0;
-#endif
+  // No branch here (llvmpipe would run both sides): with every key masked, the selects below
+  // give p = 0 and l = 0, which chunk_rows_done reads as nothing seen (w = 0).
+#else
   if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
+#endif
   float p[CH];
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {

@@ -29,7 +29,7 @@ void mark_tile_keys(Row r, uint j0, uint n) {
   uint lane = gl_SubgroupInvocationID;
   bool keep = lane < n;
   lane_key_ok = keep ? 1u : 0u;
-  if ((pc.flags & FLAG_KEY_MASK) != 0u) {
+  if (KEY_MASK) {
     if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
   }
 }

@@ -142,7 +142,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     mask = scratch(words.size() * 4);
     mask.write(words.data(), words.size() * 4);
     bindings[kMask] = mask.handle();
-    push.flags |= kFlagKeyMask;
+    spec.key_mask = true;
   }
   out = Tensor(ctx, dims.out_shape, DType::f32);
   bindings[kO] = out.buffer();

@@ -17,7 +17,7 @@ struct Push {
   float scale;
   uint32_t flags, splits, keys_per_split, trace_bh, trace_row, bh0;
 };
-constexpr uint32_t kFlagCausal = 1, kFlagKeyMask = 2, kFlagLse = 4, kFlagTrace = 8;
+constexpr uint32_t kFlagCausal = 1, kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 
 /// Binding slots of shaders/common.glsl.
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace };

@@ -54,9 +54,10 @@ struct Spec {
   uint32_t rows = 64, keys = 32, d = 64, dv = 64;
   bool registers = false;   // fused kernels: register tiles (TileLayout::registers)
   uint32_t group_rows = 1;  // register tiles: query rows each subgroup works on together
+  bool key_mask = false;    // a key mask is bound (a constant, so unmasked calls skip its reads)
   /// Query rows one workgroup covers: one per invocation, or group_rows per subgroup.
   uint32_t block() const { return registers ? rows / keys * group_rows : rows; }
-  auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows); }
+  auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows, key_mask); }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 
