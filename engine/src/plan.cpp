@@ -23,7 +23,7 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims) {
 // registers, a longer loop and a longer compile (the kernels unroll rows x head dim; llvmpipe
 // takes about 4 s for 8 x 64, 10 s for 6 x 128, 20 s for 8 x 128). At most 768 unrolled
 // products, so that the queries (rows x d values per lane) and the loop stay within a core's
-// 32 KiB level-1 caches, and at most 8 rows (flashd packs one row per lane).
+// 32 KiB level-1 caches, and at most 8 rows (flash2 and flashd pack one row per lane).
 uint32_t group_rows(const Dims& dims) {
   return std::clamp(768u / std::max(dims.d, dims.dv), 1u, 8u);
 }
