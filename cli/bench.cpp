@@ -20,8 +20,8 @@ namespace {
 
 const char* kBenchHelp = R"(usage: flashvk bench [options]
 
-Times each variant on random inputs with GPU timestamp queries, after a warm-up on a small
-problem of the same kind (which builds the pipeline). The variants of a shape run in --repeat
+Times each variant on random inputs with GPU timestamp queries, after a warm-up on the same keys
+with at most 64 query rows (which builds the pipeline). The variants of a shape run in --repeat
 rounds, each variant once per round, so that they all see the same drift of the machine's speed;
 a variant's time is the median of its runs, and "vs flash2" the median, over rounds, of its time
 over flash2's in the same round. Before every run a 128 MiB buffer is read, so that the inputs
