@@ -29,7 +29,7 @@ void chunk_update(uint pass, uint c0, uint rr) {
   float m_new = max(m_run[rr], chunk_max(rr));
   // Nothing visible yet: the state stays empty. Register tiles take no branch (llvmpipe runs
   // both sides of one, with a blend for every value written after it); there the selects below
-  // keep the state empty: alpha = 0, p = 0, l = 0, o = 0 * 0.
+  // and in chunk_rows_done keep the state empty: alpha = 0, p = 0, l = 0, o = 0 * 0.
 #ifndef REG_TILE
   if (m_new == NEG_INF) return;
 #endif
