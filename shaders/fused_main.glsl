@@ -9,7 +9,8 @@
 //   void chunk_update(uint pass, uint c0, uint rr);  the recurrence over the scores in sc[rr]
 // and, optionally (defining HAS_CHUNK_ROWS_DONE),
 //   void chunk_rows_done(uint pass);                 after every row's chunk_update: work done
-//                                                    for all rows at once (flashd)
+//                                                    for all rows at once (register tiles:
+//                                                    flashd, flash2 and splitkv)
 //   void tile_end(uint pass, uint j0, uint rr);      records the trace
 //   void state_finish(uint rr);
 // With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
