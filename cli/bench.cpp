@@ -36,15 +36,18 @@ options:
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
   --dtype f32|f16     storage type (default f32)
-  --layout auto|shared|registers
-                      where the fused kernels keep K/V tiles (default auto)
+  --layout auto|shared|registers|coopmat
+                      where the fused kernels keep K/V tiles (default auto; coopmat: the
+                      tile products on the matrix units, fp16 only; the last column says
+                      which ran)
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again just before every run, and
                       report each variant as the median of its runs' fractions of the
-                      calibration next to them
+                      calibration next to them; on devices with cooperative matrices also
+                      their fp16 peak, which the coopmat rows are a fraction of
   --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
   --warm-cache        skip the cache flush before each run
   --check             also report the max error against the float64 reference (slow)
@@ -78,7 +81,20 @@ struct Row {
   double peak_gflops = 0, peak_fraction = 0;  // medians over the runs (--peak)
   double vs_flash2 = 0;  // median over rounds of time / flash2's time in the same round
   uint64_t bytes = 0;
+  TileLayout layout = TileLayout::shared;  // the kernel that ran
 };
+
+// Short names for the table's last column.
+const char* layout_label(TileLayout layout) {
+  switch (layout) {
+    case TileLayout::registers:
+      return "registers";
+    case TileLayout::cooperative_matrix:
+      return "coopmat";
+    default:
+      return "shared";
+  }
+}
 
 Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, uint32_t d,
                uint32_t dv) {
@@ -177,9 +193,9 @@ struct Options {
 };
 
 void print_header(const Options& o) {
-  std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s\n", "kind", "dtype", "Nq", "Nk",
-              "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
-              "vs flash2", "memory MiB", o.check ? "  max error" : "");
+  std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s  %s\n", "kind", "dtype", "Nq",
+              "Nk", "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
+              "vs flash2", "memory MiB", o.check ? "  max error" : "", "tiles");
 }
 
 void print_row(const Row& r, const Options& o) {
@@ -194,7 +210,7 @@ void print_row(const Row& r, const Options& o) {
     std::printf(" %8s", "-");
   std::printf(" %11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
-  std::printf("\n");
+  std::printf("  %s\n", layout_label(r.layout));
   std::fflush(stdout);
 }
 
@@ -268,6 +284,10 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
       AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
       run.ms = res.gpu_ms;
       r.bytes = res.device_bytes;
+      r.layout = res.tile_layout;
+      // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
+      if (o.peak && r.layout == TileLayout::cooperative_matrix)
+        run.peak_gflops = o.peak->coopmat_gflops;
       r.runs.push_back(run);
     }
   const Row* flash2 = nullptr;
@@ -313,8 +333,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       return a.peak_gflops < b.peak_gflops;
     });
-    std::printf("FMA peak next to the runs (median per case): %.2f to %.2f GFLOP/s\n",
-                lo->peak_gflops, hi->peak_gflops);
+    std::printf("peak next to the runs (median per case): %.2f to %.2f GFLOP/s%s\n",
+                lo->peak_gflops, hi->peak_gflops,
+                o.peak->coopmat_gflops > 0 ? " (coopmat rows: of the fp16 matrix peak)" : "");
   }
   return rows;
 }
@@ -334,8 +355,10 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
                   "\", \"commit\": \"" FLASHVK_COMMIT "\"";
   char buf[640];
   if (o.peak) {
-    std::snprintf(buf, sizeof buf, ", \"peak\": {\"fma_gflops\": %.6g, \"bandwidth_gbs\": %.6g}",
-                  o.peak->fma_gflops, o.peak->bandwidth_gbs);
+    std::snprintf(buf, sizeof buf,
+                  ", \"peak\": {\"fma_gflops\": %.6g, \"bandwidth_gbs\": %.6g, "
+                  "\"coopmat_gflops\": %.6g}",
+                  o.peak->fma_gflops, o.peak->bandwidth_gbs, o.peak->coopmat_gflops);
     s += buf;
   }
   std::snprintf(buf, sizeof buf, ", \"runs\": %d, \"cache_flush\": %s", o.repeat,
@@ -349,10 +372,11 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
         buf, sizeof buf,
         "%s\n  {\"kind\": \"%s\", \"variant\": \"%s\", \"batch\": %u, \"heads\": %u, "
         "\"kv_heads\": %u, \"nq\": %u, \"nk\": %u, \"d\": %u, \"dv\": %u, \"causal\": %s, "
-        "\"dtype\": \"%s\", \"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu",
+        "\"dtype\": \"%s\", \"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu, "
+        "\"tile_layout\": \"%s\"",
         i ? "," : "", r.c->kind, variant_name(r.variant), d.batch, d.heads, d.kv_heads, d.nq, d.nk,
         d.d, d.dv, r.c->causal ? "true" : "false", dtype_name(r.c->dtype), r.ms, r.gflops,
-        static_cast<unsigned long long>(r.bytes));
+        static_cast<unsigned long long>(r.bytes), tile_layout_name(r.layout));
     s += buf;
     if (o.peak) {
       std::snprintf(buf, sizeof buf, ", \"peak_gflops\": %.6g, \"peak_fraction\": %.4g",
@@ -378,7 +402,8 @@ TileLayout parse_layout(const std::string& text) {
   if (text == "auto") return TileLayout::automatic;
   if (text == "shared") return TileLayout::shared;
   if (text == "registers") return TileLayout::registers;
-  throw UsageError{"--layout must be auto, shared or registers, got '" + text + "'"};
+  if (text == "coopmat") return TileLayout::cooperative_matrix;
+  throw UsageError{"--layout must be auto, shared, registers or coopmat, got '" + text + "'"};
 }
 
 // The one shape given by --batch, --heads, ... for the chosen variants.
@@ -448,8 +473,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (args.flag("peak")) {
     std::fprintf(stderr, "measuring the device's peak ...\n");
     o.peak = measure_peak(ctx);
-    std::printf("peak: %.2f GFLOP/s fp32 FMA, %.2f GB/s read bandwidth\n", o.peak->fma_gflops,
+    std::printf("peak: %.2f GFLOP/s fp32 FMA, %.2f GB/s read bandwidth", o.peak->fma_gflops,
                 o.peak->bandwidth_gbs);
+    if (o.peak->coopmat_gflops > 0)
+      std::printf(", %.2f GFLOP/s fp16 cooperative matrix", o.peak->coopmat_gflops);
+    std::printf("\n");
   }
   if (cases.size() == 1) {
     const Dims& d = cases[0].dims;

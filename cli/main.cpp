@@ -230,6 +230,8 @@ int cmd_devices(const std::vector<std::string>& argv) {
     std::printf("   fp16 storage %s, timestamps %s, subgroup shuffles %s, RGBA texel buffers %s\n",
                 d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no",
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
+    std::printf("   cooperative matrices (fp16 16x16x16 into fp32) %s\n",
+                d.cooperative_matrix ? "yes" : "no");
   }
   return 0;
 }

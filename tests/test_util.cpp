@@ -75,6 +75,11 @@ double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   return vmax * u * (4.0 * score_mag + accumulation);
 }
 
+double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v) {
+  if (gpu.tile_layout != TileLayout::cooperative_matrix) return 0.0;
+  return std::ldexp(double(max_abs(v)), -10);  // the bound 2^-11 max |v|, with a factor 2
+}
+
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref) {
   if (gpu.size() != ref.size()) return std::numeric_limits<double>::infinity();
   double e = 0.0;

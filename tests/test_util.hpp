@@ -35,6 +35,11 @@ float max_abs(const HostTensor& x);
 double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                  const AttentionParams& params, double u = std::ldexp(1.0, -24));
 
+/// What the cooperative-matrix kernels add to that: they round each softmax weight p (at most 1)
+/// to fp16 for the P V product, which moves the output by at most 2^-11 max|v|. 0 for the
+/// other layouts.
+double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v);
+
 /// Largest |gpu - ref| over all elements; NaN in gpu counts as infinite.
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref);
 /// Same for LSE, where both may be -inf (rows that see no key).

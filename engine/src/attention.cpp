@@ -51,6 +51,20 @@ const char* variant_name(Variant variant) {
   return "unknown";
 }
 
+const char* tile_layout_name(TileLayout layout) {
+  switch (layout) {
+    case TileLayout::automatic:
+      return "automatic";
+    case TileLayout::shared:
+      return "shared";
+    case TileLayout::registers:
+      return "registers";
+    case TileLayout::cooperative_matrix:
+      return "cooperative_matrix";
+  }
+  return "unknown";
+}
+
 Variant parse_variant(const std::string& name) {
   for (const auto& v : kVariants)
     if (name == v.name) return v.variant;
@@ -123,6 +137,7 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   AttentionResult result;
   result.gpu_ms = plan.gpu_ms();
   result.device_bytes = plan.device_bytes;
+  result.tile_layout = plan.tile_layout();
   result.out = std::move(plan.out);
   result.lse = std::move(plan.lse);
   return result;
@@ -140,6 +155,7 @@ HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTenso
   if (!r.lse.empty()) host.lse = r.lse.download();
   host.gpu_ms = r.gpu_ms;
   host.device_bytes = r.device_bytes + tq.bytes() + tk.bytes() + tv.bytes();
+  host.tile_layout = r.tile_layout;
   return host;
 }
 

@@ -171,6 +171,30 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
   throw Error("the device has no queue family with compute support");
 }
 
+// What the cooperative-matrix kernels (shaders/flash_cm.comp) need besides the basics. Debian
+// 12's glslang and Vulkan headers predate VK_KHR_cooperative_matrix, so they use its NVIDIA
+// predecessor, which NVIDIA's drivers still expose.
+constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
+                                              VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
+                                              VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
+
+// Feature structures chained for vkGetPhysicalDeviceFeatures2 and vkCreateDevice. Not copyable:
+// the chain points into itself.
+struct CoopmatFeatures {
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV coopmat{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceShaderFloat16Int8Features float16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDeviceVulkanMemoryModelFeatures memory_model{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
+  CoopmatFeatures() {
+    coopmat.pNext = &float16;
+    float16.pNext = &memory_model;
+  }
+  CoopmatFeatures(const CoopmatFeatures&) = delete;
+  CoopmatFeatures& operator=(const CoopmatFeatures&) = delete;
+};
+
 void make_device(ContextImpl& ctx) {
   ctx.family = compute_family(ctx.physical, &ctx.timestamp_bits);
   float priority = 1.0f;
@@ -185,9 +209,21 @@ void make_device(ContextImpl& ctx) {
   info.pNext = &storage16;
   info.queueCreateInfoCount = 1;
   info.pQueueCreateInfos = &queue;
+  CoopmatFeatures coopmat;
+  if (ctx.info.cooperative_matrix) {
+    coopmat.coopmat.cooperativeMatrix = VK_TRUE;
+    coopmat.float16.shaderFloat16 = VK_TRUE;
+    coopmat.memory_model.vulkanMemoryModel = VK_TRUE;
+    // With the memory model on, the other kernels' atomics (Device scope) need this too.
+    coopmat.memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
+    storage16.pNext = &coopmat.coopmat;
+    info.enabledExtensionCount = static_cast<uint32_t>(std::size(kCoopmatExtensions));
+    info.ppEnabledExtensionNames = kCoopmatExtensions;
+  }
   check(vkCreateDevice(ctx.physical, &info, nullptr, &ctx.device), "vkCreateDevice");
   vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
   ctx.fp16_enabled = ctx.info.fp16_storage;
+  ctx.coopmat_enabled = ctx.info.cooperative_matrix;
 }
 
 bool texel_buffer_format(VkPhysicalDevice physical, VkFormat format) {
@@ -196,9 +232,53 @@ bool texel_buffer_format(VkPhysicalDevice physical, VkFormat format) {
   return (props.bufferFeatures & VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT) != 0;
 }
 
+bool has_extensions(VkPhysicalDevice physical, const std::vector<std::string>& names) {
+  uint32_t count = 0;
+  if (vkEnumerateDeviceExtensionProperties(physical, nullptr, &count, nullptr) != VK_SUCCESS)
+    return false;
+  std::vector<VkExtensionProperties> props(count);
+  if (vkEnumerateDeviceExtensionProperties(physical, nullptr, &count, props.data()) != VK_SUCCESS)
+    return false;
+  return std::all_of(names.begin(), names.end(), [&](const std::string& name) {
+    return std::any_of(props.begin(), props.end(),
+                       [&](const VkExtensionProperties& p) { return name == p.extensionName; });
+  });
+}
+
+// Whether the matrix units take the one shape the kernels use: 16x16x16, fp16 A and B, fp32 C
+// and D, a subgroup at a time.
+bool coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
+  auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+  uint32_t count = 0;
+  if (!get || get(physical, &count, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkCooperativeMatrixPropertiesNV> props(
+      count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+  if (get(physical, &count, props.data()) != VK_SUCCESS) return false;
+  return std::any_of(props.begin(), props.end(), [](const VkCooperativeMatrixPropertiesNV& p) {
+    return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
+           p.AType == VK_COMPONENT_TYPE_FLOAT16_NV && p.BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+           p.CType == VK_COMPONENT_TYPE_FLOAT32_NV && p.DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+           p.scope == VK_SCOPE_SUBGROUP_NV;
+  });
+}
+
+bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
+  if (subgroup_size != 32 ||
+      !has_extensions(physical, {std::begin(kCoopmatExtensions), std::end(kCoopmatExtensions)}))
+    return false;
+  CoopmatFeatures f;
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &f.coopmat;
+  vkGetPhysicalDeviceFeatures2(physical, &features);
+  return f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
+         f.memory_model.vulkanMemoryModel && f.memory_model.vulkanMemoryModelDeviceScope &&
+         coopmat_shape(instance, physical);
+}
+
 }  // namespace
 
-DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
+DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t index) {
   VkPhysicalDeviceSubgroupProperties subgroup{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
@@ -245,6 +325,8 @@ DeviceInfo describe(VkPhysicalDevice physical, uint32_t index) {
       info.device_local_memory =
           std::max<uint64_t>(info.device_local_memory, memory.memoryHeaps[h].size);
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
+  info.cooperative_matrix =
+      info.fp16_storage && cooperative_matrix(instance, physical, info.subgroup_size);
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
   return info;
@@ -456,7 +538,8 @@ std::vector<DeviceInfo> list_devices() {
   probe.owns = true;
   std::vector<DeviceInfo> infos;
   auto devices = detail::physical_devices(probe.instance);
-  for (uint32_t i = 0; i < devices.size(); ++i) infos.push_back(detail::describe(devices[i], i));
+  for (uint32_t i = 0; i < devices.size(); ++i)
+    infos.push_back(detail::describe(probe.instance, devices[i], i));
   return infos;
 }
 
@@ -480,7 +563,8 @@ Context Context::create(const ContextOptions& options) {
   auto devices = detail::physical_devices(impl->instance);
   if (devices.empty()) throw Error("no Vulkan device found");
   std::vector<DeviceInfo> infos;
-  for (uint32_t i = 0; i < devices.size(); ++i) infos.push_back(detail::describe(devices[i], i));
+  for (uint32_t i = 0; i < devices.size(); ++i)
+    infos.push_back(detail::describe(impl->instance, devices[i], i));
   int index = options.device < 0 ? static_cast<int>(detail::default_device(infos)) : options.device;
   if (index >= static_cast<int>(devices.size()))
     throw Error("device " + std::to_string(index) + " does not exist: " +
@@ -509,9 +593,10 @@ Context Context::adopt(const ExternalDevice& external) {
   impl->device = external.device;
   impl->queue = external.queue;
   impl->family = external.queue_family;
-  impl->info = detail::describe(external.physical_device, 0);
+  impl->info = detail::describe(external.instance, external.physical_device, 0);
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
+  impl->coopmat_enabled = external.cooperative_matrix_enabled && impl->info.cooperative_matrix;
   impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);

@@ -54,14 +54,62 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
          info.type == "cpu" && params.block_keys == 0;
 }
 
+// Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
+// 16 whose fp16 K/V tile and four subgroups' scratch (S in fp32, P in fp16) fit the shared
+// memory, and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every
+// row is padded by 16 bytes, as in the shader.
+uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
+  for (uint32_t keys : {64u, 32u, 16u}) {
+    uint32_t kv = 2 * keys * (d + 8 + dv + 8);
+    uint32_t scratch = 4 * 16 * (4 * (std::max(keys, 16u) + 4) + 2 * (keys + 8));
+    if (kv + scratch + 64 <= shared_bytes && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
+  }
+  return 0;
+}
+
+// The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
+bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
+                 DType dtype, uint32_t shared_bytes, bool trace) {
+  Variant v = params.variant;
+  bool fits =
+      v == Variant::flash1 || v == Variant::flash2 || v == Variant::flashd || v == Variant::splitkv;
+  fits = fits && dtype == DType::f16 && dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 &&
+         dims.dv <= 128 && params.block_rows == 0 && params.block_keys == 0 &&
+         coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
+  if (params.tile_layout == TileLayout::cooperative_matrix) {
+    if (!impl.coopmat_enabled)
+      throw Error(
+          "tile_layout cooperative_matrix needs VK_NV_cooperative_matrix (16x16x16 fp16 "
+          "products into fp32, a subgroup of 32), shaderFloat16 and vulkanMemoryModel "
+          "enabled; " +
+          impl.info.name + " does not have them");
+    if (!fits)
+      throw Error(
+          "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
+          "tensors with d and dv multiples of 16 up to 128, tile sizes chosen by the "
+          "engine (block_rows and block_keys 0) and shared memory for the tiles");
+    return !trace;  // traces record from the shared-memory kernels
+  }
+  return params.tile_layout == TileLayout::automatic && impl.coopmat_enabled && fits && !trace;
+}
+
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
-Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                 uint32_t forced_keys, bool trace) {
+Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
+                 DType dtype, uint32_t forced_keys, bool trace) {
+  const DeviceInfo& info = impl.info;
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
+  uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
+  uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
+  if (!forced_keys && use_coopmat(impl, dims, params, dtype, shared_bytes, trace)) {
+    spec.coopmat = true;
+    spec.rows = 128;  // four subgroups of 32, 16 query rows each
+    spec.keys = coopmat_keys(shared_bytes, dims.d, dims.dv);
+    return spec;
+  }
   spec.rows = params.block_rows ? params.block_rows : 64;
   uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
   if (spec.rows > max_rows)
@@ -73,8 +121,7 @@ Spec choose_spec(const DeviceInfo& info, const Dims& dims, const AttentionParams
     spec.group_rows = group_rows(dims);
     return spec;
   }
-  uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
-  uint32_t budget = std::min({limit, info.max_shared_memory, 48u * 1024u}) - 64u;
+  uint32_t budget = shared_bytes - 64u;
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
   uint32_t keys = forced_keys ? forced_keys : params.block_keys;
   if (keys == 0) keys = std::min(64u, max_keys);
@@ -99,7 +146,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: q, k and v must have the same dtype");
   dims = check_shapes(q.shape(), k.shape(), v.shape());
   dtype = q.dtype();
-  spec = choose_spec(ctx.device(), dims, params, options.keys, options.trace);
+  spec = choose_spec(impl, dims, params, dtype, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -264,8 +311,14 @@ Plan::~Plan() {
 }
 
 std::string Plan::shader(const char* family) const {
+  if (spec.coopmat) return std::string("flash_cm_") + family;
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (options.trace ? "_trace" : "") + (spec.registers ? "_reg" : "");
+}
+
+TileLayout Plan::tile_layout() const {
+  if (spec.coopmat) return TileLayout::cooperative_matrix;
+  return spec.registers ? TileLayout::registers : TileLayout::shared;
 }
 
 void Plan::check_binding(const Tensor& t, const char* name) const {

@@ -73,6 +73,7 @@ class Plan {
   std::array<VkBufferView, kTexelBindings> texel_views{};  // K, V as texels (register tiles)
 
   std::string shader(const char* family) const;
+  TileLayout tile_layout() const;
   VkDescriptorSet make_set(const Bindings& buffers);
   /// Adds a dispatch; `push_data` defaults to the plan's Push.
   void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,

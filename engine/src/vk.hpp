@@ -55,9 +55,14 @@ struct Spec {
   bool registers = false;   // fused kernels: register tiles (TileLayout::registers)
   uint32_t group_rows = 1;  // register tiles: query rows each subgroup works on together
   bool key_mask = false;    // a key mask is bound (a constant, so unmasked calls skip its reads)
-  /// Query rows one workgroup covers: one per invocation, or group_rows per subgroup.
-  uint32_t block() const { return registers ? rows / keys * group_rows : rows; }
-  auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows, key_mask); }
+  bool coopmat = false;     // fused kernels: TileLayout::cooperative_matrix (128 invocations)
+  /// Query rows one workgroup covers: one per invocation, group_rows per subgroup (register
+  /// tiles), or 16 per subgroup of 32 (cooperative matrices).
+  uint32_t block() const {
+    if (coopmat) return rows / 2;
+    return registers ? rows / keys * group_rows : rows;
+  }
+  auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat); }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 
@@ -75,6 +80,7 @@ struct ContextImpl {
   uint32_t family = 0;
   uint32_t timestamp_bits = 0;
   bool fp16_enabled = false;
+  bool coopmat_enabled = false;  // the cooperative-matrix kernels may run (DeviceInfo)
   // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together
   // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
   bool loop_limited = false;
@@ -117,6 +123,6 @@ struct ContextImpl {
 void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
                      VkAccessFlags dst_access);
 
-DeviceInfo describe(VkPhysicalDevice physical, uint32_t index);
+DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t index);
 
 }  // namespace flashvk::detail

@@ -16,7 +16,11 @@ enum class RopeLayout { none, interleaved, half };
 /// of the workgroup (GPUs), or `registers`, one key per subgroup lane, read with subgroup
 /// shuffles (CPU drivers such as lavapipe, where it is several times faster). `automatic`
 /// picks registers on CPU devices that have the subgroup operations, shared memory elsewhere.
-enum class TileLayout { automatic, shared, registers };
+/// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
+/// (VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16 storage, flash1, flash2, flashd and
+/// splitkv, d and dv multiples of 16 up to 128. `automatic` picks it wherever it can run.
+enum class TileLayout { automatic, shared, registers, cooperative_matrix };
+const char* tile_layout_name(TileLayout layout);
 
 const std::vector<Variant>& all_variants();
 const char* variant_name(Variant variant);
@@ -66,6 +70,7 @@ struct AttentionResult {
   Tensor lse;                 ///< float32 [B, H, Nq], empty unless want_lse
   double gpu_ms = 0.0;        ///< from timestamp queries; 0 when the device has none
   uint64_t device_bytes = 0;  ///< bytes this call allocated: outputs and scratch
+  TileLayout tile_layout = TileLayout::shared;  ///< the layout that ran (naive: shared)
 };
 
 /// Runs attention on device tensors, submits and waits.
@@ -77,6 +82,7 @@ struct HostAttentionResult {
   HostTensor lse;
   double gpu_ms = 0.0;
   uint64_t device_bytes = 0;
+  TileLayout tile_layout = TileLayout::shared;
 };
 
 /// Uploads, runs and downloads: the simplest way in.

@@ -32,6 +32,10 @@ struct DeviceInfo {
   uint64_t max_allocation = 0;       // bytes one allocation may have
   uint64_t device_local_memory = 0;  // bytes in the largest device-local heap
   bool fp16_storage = false;         // storageBuffer16BitAccess is supported
+  /// VK_NV_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup of
+  /// 32, shaderFloat16 and the Vulkan memory model (with device scope): the cooperative-matrix
+  /// kernels can run.
+  bool cooperative_matrix = false;
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
 };
@@ -74,6 +78,10 @@ struct ExternalDevice {
   VkQueue queue = VK_NULL_HANDLE;  ///< a queue with compute support
   uint32_t queue_family = 0;
   bool fp16_storage_enabled = false;
+  /// Whether the device was created with VK_NV_cooperative_matrix (feature cooperativeMatrix),
+  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope enabled: the
+  /// cooperative-matrix kernels need all four.
+  bool cooperative_matrix_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };
 

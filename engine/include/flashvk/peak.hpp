@@ -10,11 +10,17 @@ namespace flashvk {
 struct DevicePeak {
   double fma_gflops = 0;     ///< fp32 fused multiply-add throughput, 2 FLOPs per FMA
   double bandwidth_gbs = 0;  ///< read bandwidth of a storage buffer, 1e9 bytes per second
+  /// fp16 x fp16 + fp32 matrix-unit throughput (shaders/peak_coopmat.comp); 0 where the context
+  /// cannot run cooperative matrices (DeviceInfo::cooperative_matrix).
+  double coopmat_gflops = 0;
 };
 
 /// Runs two small calibration shaders (shaders/peak_fma.comp and peak_bandwidth.comp), each
 /// sized until one run takes at least `min_ms` of GPU time, and returns the best of `repeat`.
 DevicePeak measure_peak(Context& ctx, int repeat = 3, double min_ms = 100.0);
+
+/// The cooperative-matrix part of measure_peak alone (GFLOP/s); 0 without cooperative matrices.
+double measure_coopmat_peak(Context& ctx, int repeat = 3, double min_ms = 50.0);
 
 /// The FMA part of measure_peak alone (GFLOP/s).
 double measure_fma_peak(Context& ctx, int repeat = 2, double min_ms = 50.0);

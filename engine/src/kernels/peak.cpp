@@ -103,6 +103,26 @@ double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
   return best;
 }
 
+double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
+  if (repeat < 1) throw Error("measure_coopmat_peak: repeat must be at least 1");
+  if (!ctx.impl().coopmat_enabled) return 0;
+  constexpr uint32_t kGroups = 4096, kSubgroups = kGroupSize / 32;  // coopmat needs 32 lanes
+  detail::Buffer out(ctx.impl(), uint64_t(kGroups) * kSubgroups * 256 * 4);
+  uint32_t iterations = 16;
+  auto run = [&] {
+    return time_dispatch(ctx, "peak_coopmat_f16", VK_NULL_HANDLE, out.handle(), kGroups,
+                         iterations);
+  };
+  while (iterations < (1u << 20) && run() < min_ms) iterations *= 2;
+  double flops = double(kGroups) * kSubgroups * iterations * 8 * 2 * 16 * 16 * 16;
+  double best = 0;
+  for (int i = 0; i < repeat; ++i) {
+    double ms = run();
+    if (ms > 0) best = std::max(best, flops / (ms * 1e6));
+  }
+  return best;
+}
+
 struct CacheFlush::Buffers {
   detail::Buffer in, out;
 };
@@ -126,6 +146,7 @@ DevicePeak measure_peak(Context& ctx, int repeat, double min_ms) {
   DevicePeak peak;
   peak.fma_gflops = measure_fma_peak(ctx, repeat, min_ms);
   peak.bandwidth_gbs = bandwidth_gbs(ctx, repeat);
+  peak.coopmat_gflops = measure_coopmat_peak(ctx, repeat, min_ms);
   return peak;
 }
 

@@ -1,0 +1,277 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+// Cooperative-matrix kernel (TileLayout::cooperative_matrix, fp16 storage): the tile products
+// S = Q K^T and O += P V run on the device's matrix units, fp16 in and fp32 accumulate, through
+// VK_NV_cooperative_matrix. Built once per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and
+// -DCM_FLASH2 -DSPLIT_KV for splitkv's partial pass.
+//
+// A workgroup is 4 subgroups of 32 lanes; each subgroup owns 16 packed query rows (64 per
+// workgroup) and keeps their queries as D/16 matrices. Per tile of BC keys, staged in shared
+// memory as fp16 and read by all four subgroups:
+//   1. S (16 x BC) = Q K^T as 16 x 16 products, stored to the subgroup's scratch in shared memory
+//      (a matrix's element layout is the driver's, so rows are read back through memory);
+//   2. two lanes per row take the row's max and sum over the tile (one shuffle each), run the
+//      variant's recurrence, and write P (fp16, at most 1: relative to a max) back;
+//   3. O_tile = P V, 16 x 16 at a time, again through the scratch, into each lane's share of the
+//      output row (DV / 2 values, kept in fp32 registers): o <- o * keep + coef * O_tile.
+// Rounding P to fp16 moves each weight by at most 2^-11 of itself, so the output by at most
+// 2^-11 of max |v|; the tests allow for it.
+// Every array the matrices are loaded from or stored to is of 16-byte elements (uvec4: 8 fp16
+// values or 4 fp32), so that each matrix starts 16-byte aligned: with fp16 arrays, the
+// NVIDIA driver read the tiles 4 bytes off.
+#define FP16
+#include "common.glsl"
+
+const uint SG_ROWS = 16u;                 // query rows per subgroup (the matrices' M)
+const uint NSG = 4u;                      // subgroups per workgroup: local size 128
+const uint WG_ROWS = SG_ROWS * NSG;       // query rows per workgroup
+// Row strides in shared memory, each padded by 16 bytes so that the 16 rows a matrix load or
+// store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
+// in the same ones).
+const uint KS = D + 8u;                                // K tile (and the staged queries), fp16
+const uint VS = DV + 8u;                               // V tile, fp16
+const uint PS = BC + 8u;                               // P, fp16
+const uint SS = (BC > 16u ? BC : 16u) + 4u;            // S, fp32
+const uint OS = 20u;                                   // a 16 x 16 piece of P V, fp32
+const uint VB = BC * KS;                               // where the V tile starts, in fp16
+const uint HALF = BC / 2u;                // keys of a tile each of a row's two lanes takes
+const uint OH = DV / 2u;                  // output values a lane keeps: half of its row
+
+// K tile, then V tile (the queries pass through the same space first); zeros past the keys.
+shared uvec4 kv_sh[BC * (KS + VS) / 8u];
+shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per subgroup: S, then pieces of P V (fp32)
+shared uvec4 p_sh[NSG * SG_ROWS * PS / 8u];
+
+// Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
+layout(std430, binding = 0) readonly buffer QBuf8 { uvec4 q8[]; };
+layout(std430, binding = 1) readonly buffer KBuf8 { uvec4 k8[]; };
+layout(std430, binding = 2) readonly buffer VBuf8 { uvec4 v8[]; };
+
+fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_frag[D / 16u];
+float o_reg[OH];
+
+uint lane() { return gl_SubgroupInvocationID; }
+uint sg() { return gl_SubgroupID; }
+
+// The packed row (head in group, query) of local row r of this workgroup (see packed_row()).
+Row local_row(uint r) {
+  uint group = pc.heads / pc.kv_heads;
+  uint b = gl_WorkGroupID.y / pc.kv_heads;
+  uint hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint packed = gl_WorkGroupID.x * WG_ROWS + r;
+  bool valid = packed < group * pc.nq;
+  uint hg = valid ? packed / pc.nq : 0u;
+  uint i = valid ? packed % pc.nq : 0u;
+  return make_row(b, hkv * group + hg, i, valid);
+}
+
+// Stages the workgroup's queries in kv_sh (the host checks WG_ROWS * KS fits) and loads each
+// subgroup's rows as matrices; rows past the problem are zeros.
+void load_queries() {
+  for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += gl_WorkGroupSize.x) {
+    uint r = e / (D / 8u), t = e % (D / 8u);
+    Row row = local_row(r);
+    uvec4 x = row.valid ? q8[((row.bh * pc.nq + row.i) * D) / 8u + t] : uvec4(0u);
+    kv_sh[r * KS / 8u + t] = x;
+  }
+  barrier();
+  [[unroll]] for (uint k = 0u; k < D / 16u; ++k)
+    coopMatLoadNV(q_frag[k], kv_sh, (sg() * SG_ROWS * KS + k * 16u) / 8u, KS / 8u, false);
+}
+
+// Keys j0 .. j0 + n - 1 of this workgroup's K/V head into kv_sh, zeros after them.
+void load_tile(uint kv_base, uint j0, uint n) {
+  for (uint e = gl_LocalInvocationID.x; e < BC * D / 8u; e += gl_WorkGroupSize.x) {
+    uint c = e / (D / 8u), t = e % (D / 8u);
+    kv_sh[c * KS / 8u + t] = c < n ? k8[((kv_base + j0 + c) * D) / 8u + t] : uvec4(0u);
+  }
+  for (uint e = gl_LocalInvocationID.x; e < BC * DV / 8u; e += gl_WorkGroupSize.x) {
+    uint c = e / (DV / 8u), t = e % (DV / 8u);
+    kv_sh[(VB + c * VS) / 8u + t] = c < n ? v8[((kv_base + j0 + c) * DV) / 8u + t] : uvec4(0u);
+  }
+}
+
+void subgroup_sync() {
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+}
+
+// Step 1: this subgroup's scores against the tile, unscaled, into its scratch.
+void tile_scores() {
+  [[unroll]] for (uint n = 0u; n < BC / 16u; ++n) {
+    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    [[unroll]] for (uint k = 0u; k < D / 16u; ++k) {
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> kt;  // K^T: dims down, keys across
+      coopMatLoadNV(kt, kv_sh, (n * 16u * KS + k * 16u) / 8u, KS / 8u, true);
+      acc = coopMatMulAddNV(q_frag[k], kt, acc);
+    }
+    coopMatStoreNV(acc, s_sh, (sg() * SG_ROWS * SS + n * 16u) / 4u, SS / 4u, false);
+  }
+  subgroup_sync();
+}
+
+// The recurrence's state for this lane's row (both lanes of a row hold the same).
+#ifdef CM_FLASHD
+#include "flashd_step.glsl"
+float lse_run = NEG_INF;
+#else
+float m_run = NEG_INF;
+float l_run = 0.0;
+#endif
+
+// Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, P into p_sh. Returns
+// the factors of step 3: o <- o * keep + coef * (P V).
+void tile_softmax(Row row, uint j0, uint n, out float keep, out float coef) {
+  uint r = lane() / 2u, first = (lane() % 2u) * HALF;
+  uint s_base = (sg() * SG_ROWS * SS + r * SS + first) / 4u;
+  float s[HALF];
+  float m_loc = NEG_INF;
+  [[unroll]] for (uint c = 0u; c < HALF; ++c) {
+    bool seen = first + c < n && key_visible(row.b, row.key_end, j0 + first + c);
+    s[c] = seen ? uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale : NEG_INF;
+    m_loc = max(m_loc, s[c]);
+  }
+  float m_tile = max(m_loc, subgroupShuffleXor(m_loc, 1u));
+#ifdef CM_FLASHD
+  float m_ref = m_tile;  // FLASH-D weighs each tile by its own log-sum-exp
+#else
+  float m_new = max(m_run, m_tile);
+  float m_ref = m_new;
+#endif
+  uint p_base = (sg() * SG_ROWS * PS + r * PS + first) / 8u;
+  float l_loc = 0.0;
+  float p[HALF];
+  [[unroll]] for (uint c = 0u; c < HALF; ++c) {
+    p[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_ref);  // exp(-inf) spelled out as 0
+    l_loc += p[c];
+  }
+  [[unroll]] for (uint c = 0u; c < HALF; c += 8u)
+    p_sh[p_base + c / 8u] =
+        uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
+              packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
+  float l_tile = l_loc + subgroupShuffleXor(l_loc, 1u);
+#ifdef CM_FLASHD
+  keep = 1.0, coef = 0.0;  // nothing visible: the output stays
+  if (l_tile > 0.0) sigma_step(m_tile, l_tile, lse_run, keep, coef);
+#else
+  float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
+  float l_new = l_run * alpha + l_tile;
+#ifdef CM_FLASH1
+  float inv = l_new > 0.0 ? 1.0 / l_new : 0.0;  // the output stays normalised
+  keep = l_run * alpha * inv;
+  coef = inv;
+#else
+  keep = alpha;  // FlashAttention-2: unnormalised until the end
+  coef = 1.0;
+#endif
+  m_run = m_new;
+  l_run = l_new;
+#endif
+  subgroup_sync();
+}
+
+// Step 3: o <- o * keep + coef * P V, one 16-column piece of the output at a time.
+void tile_accumulate(float keep, float coef) {
+  [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] *= keep;
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_frag[BC / 16u];
+  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)
+    coopMatLoadNV(p_frag[kc], p_sh, (sg() * SG_ROWS * PS + kc * 16u) / 8u, PS / 8u, false);
+  uint r = lane() / 2u, half_col = (lane() % 2u) * 8u;
+  uint piece = sg() * SG_ROWS * SS;
+  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
+    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
+      coopMatLoadNV(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u, false);
+      acc = coopMatMulAddNV(p_frag[kc], vb, acc);
+    }
+    coopMatStoreNV(acc, s_sh, piece / 4u, OS / 4u, false);
+    subgroup_sync();
+    uint at = (piece + r * OS + half_col) / 4u;
+    [[unroll]] for (uint e = 0u; e < 8u; ++e)
+      o_reg[nv * 8u + e] += coef * uintBitsToFloat(s_sh[at + e / 4u][e % 4u]);
+    subgroup_sync();  // read before the next piece overwrites it
+  }
+}
+
+// The keys this workgroup walks (its chunk for splitkv), up to the last any of its rows sees.
+shared uint wg_key_end;
+
+void key_range(Row row, out uint begin, out uint end) {
+  if (gl_LocalInvocationID.x == 0u) wg_key_end = 0u;
+  barrier();
+  atomicMax(wg_key_end, row.key_end);
+  barrier();
+  begin = 0u;
+  end = pc.nk;
+#ifdef SPLIT_KV
+  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
+  end = min(pc.nk, begin + pc.keys_per_split);
+#endif
+  end = min(end, wg_key_end);
+}
+
+// This lane's half of its row's output, times mul, from element offset base of dst.
+void store_row(uint base, float mul) {
+  uint half_col = (lane() % 2u) * 8u;
+  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv)
+    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+      float x = o_reg[nv * 8u + e] * mul;
+#ifdef SPLIT_KV
+      scratch1[base + nv * 16u + half_col + e] = x;
+#else
+      o_buf[base + nv * 16u + half_col + e] = x;
+#endif
+    }
+}
+
+void finish(Row row) {
+  if (!row.valid) return;
+  uint index = row.bh * pc.nq + row.i;
+  bool writer = lane() % 2u == 0u;
+#if defined(CM_FLASHD)
+  store_row(index * DV, 1.0);
+  if ((pc.flags & FLAG_LSE) != 0u && writer) lse_buf[index] = lse_run;
+#else
+  float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
+#ifdef CM_FLASH1
+  inv = 1.0;
+#endif
+#ifdef SPLIT_KV
+  uint part = index * pc.splits + gl_WorkGroupID.z;  // seed 002: normalised o', m and d'
+  store_row(part * DV, inv);
+  if (writer) {
+    scratch2[part * 2u] = m_run;
+    scratch2[part * 2u + 1u] = l_run;
+  }
+#else
+  store_row(index * DV, inv);
+  if ((pc.flags & FLAG_LSE) != 0u && writer)
+    lse_buf[index] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
+#endif
+#endif
+}
+
+void main() {
+  Row row = local_row(sg() * SG_ROWS + lane() / 2u);
+  [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
+  load_queries();
+  uint begin, end;
+  key_range(row, begin, end);  // its barriers also keep kv_sh's queries until all are loaded
+  uint kv_base = row.kv_base;  // the same for every row of the workgroup
+  for (uint j0 = begin; j0 < end; j0 += BC) {
+    uint n = min(BC, end - j0);
+    barrier();  // every subgroup is done with the previous tile
+    load_tile(kv_base, j0, n);
+    barrier();
+    tile_scores();
+    float keep, coef;
+    tile_softmax(row, j0, n, keep, coef);
+    tile_accumulate(keep, coef);
+  }
+  finish(row);
+}
