@@ -83,15 +83,35 @@ void load_queries() {
     coopMatLoadNV(q_frag[k], kv_sh, (sg() * SG_ROWS * KS + k * 16u) / 8u, KS / 8u, false);
 }
 
-// Keys j0 .. j0 + n - 1 of this workgroup's K/V head into kv_sh, zeros after them.
-void load_tile(uint kv_base, uint j0, uint n) {
-  for (uint e = gl_LocalInvocationID.x; e < BC * D / 8u; e += gl_WorkGroupSize.x) {
-    uint c = e / (D / 8u), t = e % (D / 8u);
-    kv_sh[c * KS / 8u + t] = c < n ? k8[((kv_base + j0 + c) * D) / 8u + t] : uvec4(0u);
+// A tile's K and V as each invocation fetches them (8 fp16 values per element): the next tile
+// is fetched into registers while the current one is worked on, so its loads are in flight
+// during the products instead of before them.
+const uint KF = (BC * D / 8u + NSG * 32u - 1u) / (NSG * 32u);
+const uint VF = (BC * DV / 8u + NSG * 32u - 1u) / (NSG * 32u);
+uvec4 k_next[KF], v_next[VF];
+
+// Keys j0 .. j0 + n - 1 of this workgroup's K/V head into k_next and v_next, zeros after them.
+void fetch_tile(uint kv_base, uint j0, uint n) {
+  [[unroll]] for (uint i = 0u; i < KF; ++i) {
+    uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (D / 8u);
+    k_next[i] = e < BC * D / 8u && c < n ? k8[((kv_base + j0 + c) * D) / 8u + e % (D / 8u)]
+                                         : uvec4(0u);
   }
-  for (uint e = gl_LocalInvocationID.x; e < BC * DV / 8u; e += gl_WorkGroupSize.x) {
-    uint c = e / (DV / 8u), t = e % (DV / 8u);
-    kv_sh[(VB + c * VS) / 8u + t] = c < n ? v8[((kv_base + j0 + c) * DV) / 8u + t] : uvec4(0u);
+  [[unroll]] for (uint i = 0u; i < VF; ++i) {
+    uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (DV / 8u);
+    v_next[i] = e < BC * DV / 8u && c < n ? v8[((kv_base + j0 + c) * DV) / 8u + e % (DV / 8u)]
+                                          : uvec4(0u);
+  }
+}
+
+void store_tile() {
+  [[unroll]] for (uint i = 0u; i < KF; ++i) {
+    uint e = gl_LocalInvocationID.x + i * NSG * 32u;
+    if (e < BC * D / 8u) kv_sh[(e / (D / 8u)) * KS / 8u + e % (D / 8u)] = k_next[i];
+  }
+  [[unroll]] for (uint i = 0u; i < VF; ++i) {
+    uint e = gl_LocalInvocationID.x + i * NSG * 32u;
+    if (e < BC * DV / 8u) kv_sh[(VB + (e / (DV / 8u)) * VS) / 8u + e % (DV / 8u)] = v_next[i];
   }
 }
 
@@ -263,11 +283,14 @@ void main() {
   uint begin, end;
   key_range(row, begin, end);  // its barriers also keep kv_sh's queries until all are loaded
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
+  if (begin < end) fetch_tile(kv_base, begin, min(BC, end - begin));
   for (uint j0 = begin; j0 < end; j0 += BC) {
     uint n = min(BC, end - j0);
     barrier();  // every subgroup is done with the previous tile
-    load_tile(kv_base, j0, n);
+    store_tile();
     barrier();
+    uint next = j0 + BC;
+    if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
     tile_scores();
     float keep, coef;
     tile_softmax(row, j0, n, keep, coef);
