@@ -150,6 +150,7 @@ TEST_F(CliTest, DevicesAndHelp) {
   Outcome o = run_cli("devices");
   EXPECT_EQ(o.status, 0);
   EXPECT_NE(o.output.find("[default]"), std::string::npos);
+  EXPECT_NE(o.output.find("cooperative matrices (fp16 16x16x16 into fp32) "), std::string::npos);
   for (const char* verb : {"run", "trace", "bench", "devices"}) {
     Outcome h = run_cli(std::string(verb) + " --help");
     EXPECT_EQ(h.status, 0) << verb;
@@ -163,6 +164,34 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("flash2"), std::string::npos);
   EXPECT_TRUE(fs::exists(path("b.json")));
+  std::ifstream in(path("b.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The layout that ran is named in the table's last column and in the JSON.
+  const char* layout = context().device().type == "cpu" ? "registers" : "shared";
+  EXPECT_NE(o.output.find(std::string("  ") + layout + "\n"), std::string::npos) << o.output;
+  EXPECT_NE(json.find(std::string("\"tile_layout\": \"") + layout + "\""), std::string::npos)
+      << json;
+}
+
+// --layout is checked, and the cooperative-matrix layout runs where the device has it and is
+// refused by name (exit 1, no crash) where it does not.
+TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
+  Outcome bad = run_cli("bench --nq 8 --d 16 --layout sideways");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--layout must be auto, shared, registers or coopmat"),
+            std::string::npos)
+      << bad.output;
+  Outcome o = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat");
+  if (context().device().cooperative_matrix) {
+    EXPECT_EQ(o.status, 0) << o.output;
+    EXPECT_NE(o.output.find("  coopmat\n"), std::string::npos) << o.output;
+  } else {
+    EXPECT_EQ(o.status, 1) << o.output;
+    EXPECT_NE(o.output.find("flashvk: error: tile_layout cooperative_matrix needs "
+                            "VK_NV_cooperative_matrix"),
+              std::string::npos)
+        << o.output;
+  }
 }
 
 // The number after "key": in a flat JSON text, or NaN.

@@ -81,7 +81,7 @@ bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParam
       throw Error(
           "tile_layout cooperative_matrix needs VK_NV_cooperative_matrix (16x16x16 fp16 "
           "products into fp32, a subgroup of 32), shaderFloat16 and vulkanMemoryModel "
-          "enabled; " +
+          "with device scope enabled; " +
           impl.info.name + " does not have them");
     if (!fits)
       throw Error(
