@@ -42,7 +42,9 @@ options:
                       (default: splitkv for decoding shapes, else flash2)
   --scale S           score scale (default 1/sqrt(d))
   --causal            bottom-right causal mask: query i sees keys j <= i + Nk - Nq
-  --dtype f32|f16     storage type on the GPU (default f32; accumulation is always fp32)
+  --dtype f32|f16     storage type on the GPU (default f32; accumulation is always fp32;
+                      with f16 on GPUs with cooperative matrices, the softmax weights are
+                      rounded to fp16 for the P V product: up to 2^-11 max|v| more error)
   --splits N          splitkv: number of key chunks (default: from the device)
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)

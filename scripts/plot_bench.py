@@ -6,6 +6,8 @@ Writes SVG files (no dependencies beyond Python 3):
   prefill_memory.svg  device memory against N per variant (same runs)
   peak_fraction.svg   fraction of the FMA peak (calibrated next to each case) per variant at
                       N=4096 (fp32, full)
+  coopmat_fraction.svg  the same for the cooperative-matrix rows (fp16), against the matrix
+                      peak; only when the run has such rows
   decode_per_key.svg  decode time per key against Nk
   flashd_vs_flash2.svg  flashd's time over flash2's (median of round-by-round ratios) against N,
                       one line per dtype, head dim and mask
@@ -117,6 +119,13 @@ def main():
         (out / "peak_fraction.svg").write_text(bar_chart(
             "Fraction of the FMA peak measured next to each case, N=4096 fp32", bars,
             "of peak"))
+        matrix = [(f'{r["variant"]} d{r["d"]}', r["peak_fraction"]) for r in rows
+                  if r.get("kind") == "prefill" and r["nq"] == 4096 and not r["causal"]
+                  and r.get("tile_layout") == "cooperative_matrix"]
+        if matrix:
+            (out / "coopmat_fraction.svg").write_text(bar_chart(
+                "Fraction of the fp16 matrix peak, N=4096 fp16 (cooperative matrices)", matrix,
+                "of peak"))
     dec = {}
     for r in rows:
         if r.get("kind") == "decode" and r["dtype"] == "f32":
