@@ -468,6 +468,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.pipeline_cache_path = default_pipeline_cache();
   Context ctx = Context::create(options);
+  if (o.layout == TileLayout::cooperative_matrix && !ctx.device().cooperative_matrix)
+    throw Error(
+        "--layout coopmat needs cooperative matrices (VK_NV_cooperative_matrix with fp16 "
+        "16x16x16 products into fp32); " +
+        ctx.device().name + " has none (see `flashvk devices`)");
   std::printf("device: %s (driver %s), median of %d\n", ctx.device().name.c_str(),
               ctx.device().driver.c_str(), o.repeat);
   if (args.flag("peak")) {
