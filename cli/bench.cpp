@@ -38,8 +38,8 @@ options:
   --dtype f32|f16     storage type (default f32)
   --layout auto|shared|registers|coopmat
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
-                      tile products on the matrix units, fp16 only; the last column says
-                      which ran)
+                      tile products on the matrix units, fp16 only; the last column,
+                      tiles, names the layout that ran)
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
@@ -47,7 +47,7 @@ options:
                       shaders first, then the FMA throughput again just before every run, and
                       report each variant as the median of its runs' fractions of the
                       calibration next to them; on devices with cooperative matrices also
-                      their fp16 peak, which the coopmat rows are a fraction of
+                      their fp16 peak, which the cooperative_matrix rows are a fraction of
   --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
   --warm-cache        skip the cache flush before each run
   --check             also report the max error against the float64 reference (slow)
@@ -83,18 +83,6 @@ struct Row {
   uint64_t bytes = 0;
   TileLayout layout = TileLayout::shared;  // the kernel that ran
 };
-
-// Short names for the table's last column.
-const char* layout_label(TileLayout layout) {
-  switch (layout) {
-    case TileLayout::registers:
-      return "registers";
-    case TileLayout::cooperative_matrix:
-      return "coopmat";
-    default:
-      return "shared";
-  }
-}
 
 Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, uint32_t d,
                uint32_t dv) {
@@ -210,7 +198,7 @@ void print_row(const Row& r, const Options& o) {
     std::printf(" %8s", "-");
   std::printf(" %11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
-  std::printf("  %s\n", layout_label(r.layout));
+  std::printf("  %s\n", tile_layout_name(r.layout));
   std::fflush(stdout);
 }
 
@@ -333,9 +321,10 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       return a.peak_gflops < b.peak_gflops;
     });
-    std::printf("peak next to the runs (median per case): %.2f to %.2f GFLOP/s%s\n",
-                lo->peak_gflops, hi->peak_gflops,
-                o.peak->coopmat_gflops > 0 ? " (coopmat rows: of the fp16 matrix peak)" : "");
+    std::printf(
+        "peak next to the runs (median per case): %.2f to %.2f GFLOP/s%s\n", lo->peak_gflops,
+        hi->peak_gflops,
+        o.peak->coopmat_gflops > 0 ? " (cooperative_matrix rows: of the fp16 matrix peak)" : "");
   }
   return rows;
 }
