@@ -39,7 +39,14 @@ options:
   --layout auto|shared|registers|coopmat
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; the last column,
-                      tiles, names the layout that ran)
+                      tiles, names the layout that ran, its query rows per workgroup x keys
+                      per tile and, for splitkv, its number of key chunks)
+  --block-rows N      invocations per workgroup (default: the engine's choice; with register
+                      tiles a multiple of the subgroup size, each subgroup working on R rows)
+  --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
+                      register tiles: the subgroup size)
+  --splits N          splitkv's number of key chunks (default: from the device)
+                      The three tune one shape: the tiles column shows what ran.
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
@@ -57,6 +64,7 @@ options:
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
   flashvk bench --suite standard --peak --json suite.json
+  flashvk bench --variant flash2 --nq 2048 --layout shared --block-rows 128 --block-keys 32
 )";
 
 // One shape, and the variants to time on it.
@@ -81,7 +89,8 @@ struct Row {
   double peak_gflops = 0, peak_fraction = 0;  // medians over the runs (--peak)
   double vs_flash2 = 0;  // median over rounds of time / flash2's time in the same round
   uint64_t bytes = 0;
-  TileLayout layout = TileLayout::shared;  // the kernel that ran
+  TileLayout layout = TileLayout::shared;               // the kernel that ran
+  uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
 };
 
 Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, uint32_t d,
@@ -177,6 +186,7 @@ struct Options {
   bool check = false;
   bool flush = true;  // read a cache-sized buffer before every timed run
   TileLayout layout = TileLayout::automatic;
+  uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
 };
 
@@ -184,6 +194,16 @@ void print_header(const Options& o) {
   std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s  %s\n", "kind", "dtype", "Nq",
               "Nk", "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
               "vs flash2", "memory MiB", o.check ? "  max error" : "", "tiles");
+}
+
+// "registers 48x8": the layout, query rows per workgroup x keys per tile, and splitkv's chunks.
+std::string tiles_text(const Row& r) {
+  std::string s = tile_layout_name(r.layout);
+  if (r.block_keys == 0) return s;  // naive: no tiles
+  s += " " + std::to_string(r.block_rows) + "x" + std::to_string(r.block_keys);
+  if (r.variant == Variant::splitkv)
+    s += ", " + std::to_string(r.splits) + (r.splits == 1 ? " split" : " splits");
+  return s;
 }
 
 void print_row(const Row& r, const Options& o) {
@@ -198,7 +218,7 @@ void print_row(const Row& r, const Options& o) {
     std::printf(" %8s", "-");
   std::printf(" %11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
-  std::printf("  %s\n", tile_layout_name(r.layout));
+  std::printf("  %s\n", tiles_text(r).c_str());
   std::fflush(stdout);
 }
 
@@ -231,6 +251,9 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   params.causal = c.causal;
   params.want_lse = false;
   if (variant != Variant::naive) params.tile_layout = o.layout;
+  params.block_rows = o.block_rows;
+  params.block_keys = o.block_keys;
+  if (variant == Variant::splitkv) params.splits = o.splits;
   return params;
 }
 
@@ -273,6 +296,7 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
       run.ms = res.gpu_ms;
       r.bytes = res.device_bytes;
       r.layout = res.tile_layout;
+      r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
       // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
       if (o.peak && r.layout == TileLayout::cooperative_matrix)
         run.peak_gflops = o.peak->coopmat_gflops;
@@ -362,10 +386,11 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
         "%s\n  {\"kind\": \"%s\", \"variant\": \"%s\", \"batch\": %u, \"heads\": %u, "
         "\"kv_heads\": %u, \"nq\": %u, \"nk\": %u, \"d\": %u, \"dv\": %u, \"causal\": %s, "
         "\"dtype\": \"%s\", \"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu, "
-        "\"tile_layout\": \"%s\"",
+        "\"tile_layout\": \"%s\", \"block_rows\": %u, \"block_keys\": %u, \"splits\": %u",
         i ? "," : "", r.c->kind, variant_name(r.variant), d.batch, d.heads, d.kv_heads, d.nq, d.nk,
         d.d, d.dv, r.c->causal ? "true" : "false", dtype_name(r.c->dtype), r.ms, r.gflops,
-        static_cast<unsigned long long>(r.bytes), tile_layout_name(r.layout));
+        static_cast<unsigned long long>(r.bytes), tile_layout_name(r.layout), r.block_rows,
+        r.block_keys, r.splits);
     s += buf;
     if (o.peak) {
       std::snprintf(buf, sizeof buf, ", \"peak_gflops\": %.6g, \"peak_fraction\": %.4g",
@@ -433,16 +458,19 @@ int cmd_bench(const std::vector<std::string>& argv) {
     return std::cout << kBenchHelp, 0;
   Args args(argv,
             {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
-             "json", "device", "suite", "layout"},
+             "json", "device", "suite", "layout", "block-rows", "block-keys", "splits"},
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
     if (args.text("suite") != "standard")
       throw UsageError{"--suite must be 'standard', got '" + args.text("suite") + "'"};
-    for (const char* shape_option :
-         {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype"})
+    for (const char* shape_option : {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
+                                     "dtype", "block-rows", "block-keys", "splits"})
       if (args.has(shape_option))
-        throw UsageError{std::string("--suite standard fixes the shapes; drop --") + shape_option};
+        throw UsageError{
+            std::string("--suite standard fixes the shapes and runs the engine's own tiles; drop "
+                        "--") +
+            shape_option};
     cases = standard_suite();
   } else {
     cases = {custom_case(args)};
@@ -452,6 +480,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
   o.layout = parse_layout(args.text("layout", "auto"));
+  o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
+  o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
@@ -462,6 +493,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "--layout coopmat needs cooperative matrices (VK_NV_cooperative_matrix with fp16 "
         "16x16x16 products into fp32); " +
         ctx.device().name + " has none (see `flashvk devices`)");
+  // Tile sizes the device cannot run are refused before any output, by the engine's message.
+  if (o.block_rows || o.block_keys)
+    for (Variant v : cases[0].variants) warm_up(ctx, cases[0], case_params(cases[0], v, o));
   std::printf("device: %s (driver %s), median of %d\n", ctx.device().name.c_str(),
               ctx.device().driver.c_str(), o.repeat);
   if (args.flag("peak")) {

@@ -314,6 +314,17 @@ TEST_F(VulkanTest, FitsVulkansGuaranteedSharedMemory) {
       HostAttentionResult gpu = attention(context(), q, k, v, params);
       EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
           << variant_name(variant) << " d=" << d;
+      // The tiling that ran is reported: a K and a V tile of fp32 rows within the 16 KiB.
+      if (variant == Variant::naive) {
+        EXPECT_EQ(gpu.block_keys, 0u);
+        continue;
+      }
+      EXPECT_EQ(gpu.block_rows, 64u) << variant_name(variant);
+      EXPECT_GE(gpu.block_keys, 1u);
+      EXPECT_LE(gpu.block_keys * 4 * 2 * uint64_t(d), 16384u) << variant_name(variant);
+      EXPECT_EQ(gpu.block_keys * 4 * 2 * uint64_t(d) > 8192, true)  // not needlessly small
+          << gpu.block_keys << " keys at d=" << d;
+      EXPECT_GE(gpu.splits, 1u);
     }
   }
 }

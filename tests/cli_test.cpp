@@ -158,6 +158,13 @@ TEST_F(CliTest, DevicesAndHelp) {
   }
 }
 
+// The number after "key": in a flat JSON text, or NaN.
+double json_number(const std::string& json, const std::string& key) {
+  size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(json.c_str() + at + key.size() + 4, nullptr);
+}
+
 TEST_F(CliTest, BenchPrintsATableAndJson) {
   Outcome o = run_cli("bench --variant flash2 --heads 2 --nq 40 --nk 50 --d 16 --repeat 1 --json " +
                       path("b.json"));
@@ -166,11 +173,47 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   EXPECT_TRUE(fs::exists(path("b.json")));
   std::ifstream in(path("b.json"));
   std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // The layout that ran is named in the table's last column and in the JSON.
-  const char* layout = context().device().type == "cpu" ? "registers" : "shared";
-  EXPECT_NE(o.output.find(std::string("  ") + layout + "\n"), std::string::npos) << o.output;
+  // The layout that ran and its tiles are named in the table's last column and in the JSON: on
+  // a CPU register tiles, one key per lane of a subgroup.
+  bool cpu = context().device().type == "cpu";
+  const char* layout = cpu ? "registers" : "shared";
   EXPECT_NE(json.find(std::string("\"tile_layout\": \"") + layout + "\""), std::string::npos)
       << json;
+  double rows = json_number(json, "block_rows"), keys = json_number(json, "block_keys");
+  if (cpu) {
+    EXPECT_EQ(keys, context().device().subgroup_size) << json;
+  }
+  EXPECT_GT(rows, 0) << json;
+  std::string tiles = std::string("  ") + layout + " " + std::to_string(int(rows)) + "x" +
+                      std::to_string(int(keys)) + "\n";
+  EXPECT_NE(o.output.find(tiles), std::string::npos) << tiles << o.output;
+}
+
+// --block-rows, --block-keys and --splits tune one shape: the tiling asked for runs and is
+// reported; one the device cannot hold is refused before any table, by the engine's message.
+TEST_F(CliTest, BenchTileSizesAreTunable) {
+  Outcome o = run_cli(
+      "bench --variant splitkv --nq 40 --nk 100 --d 16 --repeat 1 --layout shared --block-rows 32 "
+      "--block-keys 16 --splits 3 --json " +
+      path("t.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("  shared 32x16, 3 splits\n"), std::string::npos) << o.output;
+  std::ifstream in(path("t.json"));
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(json_number(json, "block_rows"), 32) << json;
+  EXPECT_EQ(json_number(json, "block_keys"), 16) << json;
+  EXPECT_EQ(json_number(json, "splits"), 3) << json;
+
+  uint32_t too_many = context().device().max_shared_memory / 128 + 1;  // 2 * 16 floats a key
+  Outcome big = run_cli("bench --nq 8 --d 16 --layout shared --block-keys " +
+                        std::to_string(too_many) + " --json " + path("x.json"));
+  EXPECT_EQ(big.status, 1) << big.output;
+  EXPECT_EQ(big.output.rfind("flashvk: error: block_keys " + std::to_string(too_many), 0), 0u)
+      << big.output;
+  EXPECT_FALSE(fs::exists(path("x.json")));
+  Outcome suite = run_cli("bench --suite standard --block-rows 32");
+  EXPECT_EQ(suite.status, 2) << suite.output;
+  EXPECT_NE(suite.output.find("drop --block-rows"), std::string::npos) << suite.output;
 }
 
 // --layout is checked, and the cooperative-matrix layout runs where the device has it and is
@@ -191,13 +234,6 @@ TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
               0u)
         << o.output;  // before any table is printed
   }
-}
-
-// The number after "key": in a flat JSON text, or NaN.
-double json_number(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(json.c_str() + at + key.size() + 4, nullptr);
 }
 
 // --peak and --check: the figures in the JSON agree with each other and with the shape's FLOPs.

@@ -138,6 +138,11 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   result.gpu_ms = plan.gpu_ms();
   result.device_bytes = plan.device_bytes;
   result.tile_layout = plan.tile_layout();
+  if (params.variant != Variant::naive) {
+    result.block_rows = plan.spec.block();
+    result.block_keys = plan.spec.keys;
+  }
+  result.splits = plan.splits;
   result.out = std::move(plan.out);
   result.lse = std::move(plan.lse);
   return result;
@@ -156,6 +161,9 @@ HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTenso
   host.gpu_ms = r.gpu_ms;
   host.device_bytes = r.device_bytes + tq.bytes() + tk.bytes() + tv.bytes();
   host.tile_layout = r.tile_layout;
+  host.block_rows = r.block_rows;
+  host.block_keys = r.block_keys;
+  host.splits = r.splits;
   return host;
 }
 

@@ -40,8 +40,11 @@ struct AttentionParams {
   std::optional<float> scale;  ///< default 1/sqrt(d)
   bool causal = false;         ///< bottom-right aligned: query i sees keys j <= i + Nk - Nq
   uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
-  uint32_t block_rows = 0;     ///< Br, query rows per workgroup; 0 = auto (64)
-  uint32_t block_keys = 0;     ///< Bc, keys per tile; 0 = the most that fit in shared memory
+  /// Invocations per workgroup; 0 = auto (64). With shared tiles one query row each; with
+  /// register tiles a subgroup works on R rows together (AttentionResult::block_rows says how
+  /// many rows a workgroup covered).
+  uint32_t block_rows = 0;
+  uint32_t block_keys = 0;  ///< Bc, keys per tile; 0 = the most that fit in shared memory
   TileLayout tile_layout = TileLayout::automatic;  ///< fused variants (not naive, not traces)
   /// Shared memory the kernels may use per workgroup; 0 = the device's (at most 48 KiB).
   /// 16384 runs them as on a device with only Vulkan's guaranteed minimum.
@@ -71,6 +74,9 @@ struct AttentionResult {
   double gpu_ms = 0.0;        ///< from timestamp queries; 0 when the device has none
   uint64_t device_bytes = 0;  ///< bytes this call allocated: outputs and scratch
   TileLayout tile_layout = TileLayout::shared;  ///< the layout that ran (naive: shared)
+  /// The tiling that ran: query rows per workgroup and keys per K/V tile (0 for naive, which
+  /// has no tiles), and splitkv's number of key chunks (1 for the other variants).
+  uint32_t block_rows = 0, block_keys = 0, splits = 1;
 };
 
 /// Runs attention on device tensors, submits and waits.
@@ -83,6 +89,7 @@ struct HostAttentionResult {
   double gpu_ms = 0.0;
   uint64_t device_bytes = 0;
   TileLayout tile_layout = TileLayout::shared;
+  uint32_t block_rows = 0, block_keys = 0, splits = 1;  ///< as in AttentionResult
 };
 
 /// Uploads, runs and downloads: the simplest way in.
