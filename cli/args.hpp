@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "flashvk/attention.hpp"
+
 namespace flashvk::cli {
 
 /// Thrown for anything the user typed wrong; main() prints it and exits with status 2.
@@ -33,6 +35,14 @@ class Args {
   std::map<std::string, std::string> values_;
   std::set<std::string> flags_;
 };
+
+/// --layout: auto, shared, registers or coopmat.
+TileLayout parse_layout(const std::string& text);
+
+/// "registers 48x8": a layout with its query rows per workgroup x keys per tile (none for naive),
+/// and ", 3 splits" for splitkv.
+std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
+                        uint32_t block_keys, uint32_t splits);
 
 /// Writes text to a temporary name in the same folder, then renames it into place, so a failed
 /// write leaves no output file behind; throws Error naming the file.

@@ -196,14 +196,8 @@ void print_header(const Options& o) {
               "vs flash2", "memory MiB", o.check ? "  max error" : "", "tiles");
 }
 
-// "registers 48x8": the layout, query rows per workgroup x keys per tile, and splitkv's chunks.
 std::string tiles_text(const Row& r) {
-  std::string s = tile_layout_name(r.layout);
-  if (r.block_keys == 0) return s;  // naive: no tiles
-  s += " " + std::to_string(r.block_rows) + "x" + std::to_string(r.block_keys);
-  if (r.variant == Variant::splitkv)
-    s += ", " + std::to_string(r.splits) + (r.splits == 1 ? " split" : " splits");
-  return s;
+  return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits);
 }
 
 void print_row(const Row& r, const Options& o) {
@@ -410,14 +404,6 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     s += "}";
   }
   return s + "\n]}\n";
-}
-
-TileLayout parse_layout(const std::string& text) {
-  if (text == "auto") return TileLayout::automatic;
-  if (text == "shared") return TileLayout::shared;
-  if (text == "registers") return TileLayout::registers;
-  if (text == "coopmat") return TileLayout::cooperative_matrix;
-  throw UsageError{"--layout must be auto, shared, registers or coopmat, got '" + text + "'"};
 }
 
 // The one shape given by --batch, --heads, ... for the chosen variants.

@@ -46,6 +46,12 @@ options:
                       with f16 on GPUs with cooperative matrices, the softmax weights are
                       rounded to fp16 for the P V product: up to 2^-11 max|v| more error)
   --splits N          splitkv: number of key chunks (default: from the device)
+  --layout auto|shared|registers|coopmat
+                      where the fused kernels keep K/V tiles (default auto: see
+                      docs/engine.md); the line printed at the end names what ran
+  --block-rows N --block-keys N
+                      invocations per workgroup and keys per tile (default: the engine's;
+                      `flashvk bench` with the same options times them)
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
   --device N          Vulkan device index (see `flashvk devices`)
@@ -131,6 +137,9 @@ AttentionParams attention_options(const Args& args) {
   if (args.has("scale")) p.scale = static_cast<float>(args.number("scale", 0.0));
   p.causal = args.flag("causal");
   p.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 4096));
+  p.tile_layout = parse_layout(args.text("layout", "auto"));
+  p.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  p.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   try {
     p.rope = parse_rope(args.text("rope", "none"));
   } catch (const Error& e) {
@@ -152,7 +161,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << kRunHelp, 0;
   Args args(argv,
             {"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits", "rope",
-             "rope-base", "device"},
+             "rope-base", "device", "layout", "block-rows", "block-keys"},
             {"causal"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
@@ -168,9 +177,11 @@ int cmd_run(const std::vector<std::string>& argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   npy::write(out_path, r.out);
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
-  std::fprintf(stderr, "flashvk: %s (%s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
-               variant_name(params.variant), dtype_name(dtype), ctx.device().name.c_str(),
-               shape_string(r.out.shape).c_str(), r.gpu_ms, wall);
+  std::string tiles =
+      tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
+  std::fprintf(stderr, "flashvk: %s (%s, %s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
+               variant_name(params.variant), dtype_name(dtype), tiles.c_str(),
+               ctx.device().name.c_str(), shape_string(r.out.shape).c_str(), r.gpu_ms, wall);
   return 0;
 }
 

@@ -114,6 +114,33 @@ TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
   }
 }
 
+// --layout, --block-rows and --block-keys reach the engine; the closing line names the tiling
+// that ran, and a layout the variant cannot use is refused without an output file.
+TEST_F(CliTest, RunTakesTheTilingAndNamesIt) {
+  HostTensor q = random_tensor({1, 2, 19, 8}, 7), k = random_tensor({1, 2, 45, 8}, 8),
+             v = random_tensor({1, 2, 45, 8}, 9);
+  put("q.npy", npy_bytes("<f4", "(1, 2, 19, 8)", float_data(q)));
+  put("k.npy", npy_bytes("<f4", "(1, 2, 45, 8)", float_data(k)));
+  put("v.npy", npy_bytes("<f4", "(1, 2, 45, 8)", float_data(v)));
+  Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") +
+                      " --variant splitkv --layout shared --block-rows 32 --block-keys 16 "
+                      "--splits 3");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("splitkv (f32, shared 32x16, 3 splits)"), std::string::npos) << o.output;
+  reference::Result ref = reference::direct(q, k, v, {});
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, v, {}));
+
+  Outcome naive =
+      run_cli("run " + qkv() + " --out " + path("n.npy") + " --variant naive --layout registers");
+  EXPECT_EQ(naive.status, 1) << naive.output;
+  EXPECT_NE(naive.output.find("tile_layout registers applies to the fused variants"),
+            std::string::npos)
+      << naive.output;
+  EXPECT_FALSE(fs::exists(path("n.npy")));
+  Outcome bad = run_cli("run " + qkv() + " --out " + path("n.npy") + " --layout diagonal");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+}
+
 TEST_F(CliTest, RunReadsFloat16Inputs) {
   HostTensor q = round_to_half(random_tensor({5, 8}, 4)),
              k = round_to_half(random_tensor({9, 8}, 5));
