@@ -92,6 +92,11 @@ class CliTest : public ::testing::Test {
   }
 };
 
+std::string read_text(const std::string& file) {
+  std::ifstream in(file);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
   HostTensor q = random_tensor({2, 4, 19, 24}, 1), k = random_tensor({2, 2, 33, 24}, 2),
              v = random_tensor({2, 2, 33, 8}, 3);
@@ -166,8 +171,7 @@ TEST_F(CliTest, TraceWritesJsonWithStepsAndTiles) {
   Outcome o =
       run_cli("trace " + qkv() + " --row 4 --head 1 --variant flash2 --out " + path("t.json"));
   ASSERT_EQ(o.status, 0) << o.output;
-  std::ifstream in(path("t.json"));
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string json = read_text(path("t.json"));
   for (const char* key : {"\"variant\":\"flash2\"", "\"row\":4", "\"head\":1", "\"keys\":70",
                           "\"steps\":{\"s\":[", "\"tiles\":{", "\"out\":[", "\"lse\":"})
     EXPECT_NE(json.find(key), std::string::npos) << key;
@@ -198,8 +202,7 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("flash2"), std::string::npos);
   EXPECT_TRUE(fs::exists(path("b.json")));
-  std::ifstream in(path("b.json"));
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string json = read_text(path("b.json"));
   // The layout that ran and its tiles are named in the table's last column and in the JSON: on
   // a CPU register tiles, one key per lane of a subgroup.
   bool cpu = context().device().type == "cpu";
@@ -225,8 +228,7 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
       path("t.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("  shared 32x16, 3 splits\n"), std::string::npos) << o.output;
-  std::ifstream in(path("t.json"));
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string json = read_text(path("t.json"));
   EXPECT_EQ(json_number(json, "block_rows"), 32) << json;
   EXPECT_EQ(json_number(json, "block_keys"), 16) << json;
   EXPECT_EQ(json_number(json, "splits"), 3) << json;
@@ -271,8 +273,7 @@ TEST_F(CliTest, BenchPeakAndCheckFiguresAreConsistent) {
       path("p.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("of peak"), std::string::npos);
-  std::ifstream in(path("p.json"));
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string json = read_text(path("p.json"));
   double ms = json_number(json, "ms"), gflops = json_number(json, "gflops");
   double peak = json_number(json, "peak_gflops"), fraction = json_number(json, "peak_fraction");
   EXPECT_GT(json_number(json, "fma_gflops"), 0.0);
@@ -312,8 +313,7 @@ TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
   Outcome o =
       run_cli("bench --heads 2 --nq 24 --d 8 --repeat 3 --warm-cache --json " + path("r.json"));
   ASSERT_EQ(o.status, 0) << o.output;
-  std::ifstream in(path("r.json"));
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string json = read_text(path("r.json"));
   EXPECT_NE(json.find("\"runs\": 3, \"cache_flush\": false"), std::string::npos) << json;
   auto part = [&](const char* variant) {
     return json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
