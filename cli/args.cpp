@@ -118,14 +118,4 @@ TileLayout parse_layout(const std::string& text) {
   throw UsageError{"--layout must be auto, shared, registers or coopmat, got '" + text + "'"};
 }
 
-std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
-                        uint32_t block_keys, uint32_t splits) {
-  std::string s = tile_layout_name(layout);
-  if (block_keys == 0) return s;  // naive: no tiles
-  s += " " + std::to_string(block_rows) + "x" + std::to_string(block_keys);
-  if (variant == Variant::splitkv)
-    s += ", " + std::to_string(splits) + (splits == 1 ? " split" : " splits");
-  return s;
-}
-
 }  // namespace flashvk::cli

@@ -39,11 +39,6 @@ class Args {
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);
 
-/// "registers 48x8": a layout with its query rows per workgroup x keys per tile (none for naive),
-/// and ", 3 splits" for splitkv.
-std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
-                        uint32_t block_keys, uint32_t splits);
-
 /// Writes text to a temporary name in the same folder, then renames it into place, so a failed
 /// write leaves no output file behind; throws Error naming the file.
 void write_text(const std::string& path, const std::string& text);

@@ -2,10 +2,17 @@
 #include <string>
 #include <vector>
 
+#include "flashvk/attention.hpp"
+
 namespace flashvk::cli {
 
 /// `flashvk bench`: GPU time (timestamp queries, median of --repeat runs after a warm-up),
 /// GFLOP/s and device memory per variant, printed as a table and optionally written as JSON.
 int cmd_bench(const std::vector<std::string>& argv);
+
+/// "registers 48x8": a layout with its query rows per workgroup x keys per tile (none for naive),
+/// and ", 3 splits" for splitkv.
+std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
+                        uint32_t block_keys, uint32_t splits);
 
 }  // namespace flashvk::cli
