@@ -106,17 +106,13 @@ Row make_row(uint b, uint h, uint i, bool valid) {
 
 // Fused kernels pack the query rows of all heads that share one KV head into the same
 // workgroups (grouped-query attention), so every K/V tile serves them all. Workgroup y = b * Hkv
-// + kv head; x = block of packed rows (head in group, query): one per invocation with shared
-// tiles, ROWS per subgroup with register tiles.
+// + kv head; x = block of packed rows (head in group, query), ROWS per invocation (one with
+// shared tiles).
 Row packed_row(uint rr) {
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads;
   uint hkv = gl_WorkGroupID.y % pc.kv_heads;
-#ifdef REG_TILE
-  uint r = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * ROWS + rr;
-#else
-  uint r = gl_GlobalInvocationID.x;
-#endif
+  uint r = gl_GlobalInvocationID.x * ROWS + rr;
   bool valid = r < group * pc.nq;
   uint hg = valid ? r / pc.nq : 0u;
   uint i = valid ? r % pc.nq : 0u;

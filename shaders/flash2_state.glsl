@@ -11,10 +11,6 @@ bool pass_needs_v(uint pass) { return true; }
 float m_run[ROWS];   // running max of the scores seen so far
 float l_run[ROWS];   // running denominator, relative to m_run
 float l_tile[ROWS];  // the current tile's part of l_run, for its share in traces
-#ifdef REG_TILE
-float m_drop[ROWS];  // m_prev - m_new of the current chunk (-inf: nothing seen before)
-float l_new[ROWS];   // the chunk's sum of e^(s - m_new)
-#endif
 
 void state_init(uint rr) {
   m_run[rr] = NEG_INF;
@@ -27,12 +23,9 @@ void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   float m_new = max(m_run[rr], chunk_max(rr));
-  // Nothing visible yet: the state stays empty. Register tiles take no branch (llvmpipe runs
-  // both sides of one, with a blend for every value written after it); there the selects below
-  // and in chunk_rows_done keep the state empty: alpha = 0, p = 0, l = 0, o = 0 * 0.
-#ifndef REG_TILE
-  if (m_new == NEG_INF) return;
-#endif
+  // No branch while nothing is visible (m_new = -inf; llvmpipe would run both sides, blending
+  // every value written after it): the selects keep the state empty, alpha = 0, p = 0, l = 0,
+  // o = 0 * 0. exp(-inf) is spelled out as 0: Vulkan does not promise IEEE infinities in exp().
   float p[CH];
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
@@ -41,35 +34,12 @@ void chunk_update(uint pass, uint c0, uint rr) {
   }
   l_chunk = chunk_sum(l_chunk);
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci];
-#ifdef REG_TILE
-  m_drop[rr] = m_run[rr] == NEG_INF ? NEG_INF : m_run[rr] - m_new;
-  l_new[rr] = l_chunk;
-#else
-  // exp(-inf) is spelled out as 0: Vulkan does not promise IEEE infinities in exp().
   float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   l_run[rr] = l_run[rr] * alpha + l_chunk;
   l_tile[rr] = l_tile[rr] * alpha + l_chunk;
   o_keep[rr] = alpha;
-#endif
   m_run[rr] = m_new;
 }
-
-#ifdef REG_TILE
-#define HAS_CHUNK_ROWS_DONE
-// Register tiles: a row's rescale factor e^(m_prev - m_new) is the same in every lane, so after
-// every row's step the rows are packed one per lane and all their factors are one exp.
-void chunk_rows_done(uint pass) {
-  uint lane = gl_SubgroupInvocationID;
-  float drop = NEG_INF;
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) drop = lane == rr ? m_drop[rr] : drop;
-  float alphas = drop == NEG_INF ? 0.0 : exp(drop);
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-    float alpha = subgroupShuffle(alphas, rr);
-    l_run[rr] = l_run[rr] * alpha + l_new[rr];
-    o_keep[rr] = alpha;
-  }
-}
-#endif
 
 void tile_end(uint pass, uint j0, uint rr) {
   float m = m_run[rr], l = l_run[rr];

@@ -31,43 +31,12 @@ void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
 
 #include "flashd_step.glsl"
 
-#ifdef REG_TILE
-#define HAS_CHUNK_ROWS_DONE
-// Register tiles: every row's step waits for chunk_rows_done, which packs the rows into lanes
-// (row rr in lane rr) and takes all their exps, divisions and logs as one vector operation.
-float chunk_m[ROWS], chunk_l[ROWS];  // the current chunk of each row; l = 0: nothing visible
-
-void chunk_rows_done(uint pass) {
-  uint lane = gl_SubgroupInvocationID;
-  float m = 0.0, l = 0.0, lse = NEG_INF;
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-    m = lane == rr ? chunk_m[rr] : m;
-    l = lane == rr ? chunk_l[rr] : l;
-    lse = lane == rr ? lse_run[rr] : lse;
-  }
-  float keep, wt;
-  sigma_step(m, l, lse, keep, wt);  // lanes without a row compute on nothing and are ignored
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-    bool seen = chunk_l[rr] > 0.0;
-    float row_keep = subgroupShuffle(keep, rr), row_wt = subgroupShuffle(wt, rr);
-    float row_lse = subgroupShuffle(lse, rr);
-    o_keep[rr] = seen ? row_keep : o_keep[rr];
-    o_coef[rr][0] *= seen ? row_wt : 1.0;
-    lse_run[rr] = seen ? row_lse : lse_run[rr];
-  }
-}
-#endif
 
 void chunk_update(uint pass, uint c0, uint rr) {
   o_hold(rr);
   // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
   float m_chunk = chunk_max(rr);
-#ifdef REG_TILE
-  // No branch here (llvmpipe would run both sides): with every key masked, the selects below
-  // give p = 0 and l = 0, which chunk_rows_done reads as nothing seen (w = 0).
-#else
   if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
-#endif
   float p[CH];
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
@@ -80,16 +49,10 @@ void chunk_update(uint pass, uint c0, uint rr) {
   float tt = t_tile[rr];
   t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
 #endif
-#ifdef REG_TILE
-  chunk_m[rr] = m_chunk;
-  chunk_l[rr] = l_chunk;
-  o_coef[rr][0] = p[0];  // times w / l in chunk_rows_done
-#else
   float keep, wt;
   sigma_step(m_chunk, l_chunk, lse_run[rr], keep, wt);
   o_keep[rr] = keep;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * wt;
-#endif
 }
 
 void tile_end(uint pass, uint j0, uint rr) {

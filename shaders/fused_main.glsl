@@ -9,8 +9,7 @@
 //   void chunk_update(uint pass, uint c0, uint rr);  the recurrence over the scores in sc[rr]
 // and, optionally (defining HAS_CHUNK_ROWS_DONE),
 //   void chunk_rows_done(uint pass);                 after every row's chunk_update: work done
-//                                                    for all rows at once (register tiles:
-//                                                    flashd, flash2 and splitkv)
+//                                                    for all rows at once
 //   void tile_end(uint pass, uint j0, uint rr);      records the trace
 //   void state_finish(uint rr);
 // With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
@@ -46,8 +45,8 @@ void finish_rows() {
 
 #ifdef REG_TILE
 // Register tiles: no barriers; every lane of a subgroup runs every step together (rows outside
-// the problem compute on zeros and store nothing), as the shuffles and reductions need. The rows
-// of a workgroup share one batch and K/V head.
+// the problem compute on zeros and store nothing), as the shuffles need. The rows of a workgroup
+// share one batch and K/V head.
 // One pass over the keys. Called with a constant pass, so that pass_needs_v(pass) is a constant:
 // llvmpipe runs both sides of a branch on a value it cannot see is uniform, so in a loop over the
 // passes the online softmax's first pass would fetch and add the values under a mask.
@@ -55,7 +54,7 @@ void key_pass(uint pass, uint begin, uint end) {
   for (uint j0 = begin; j0 < end; j0 += BC) {
     uint n = min(BC, end - j0);
     mark_tile_keys(rows[0], j0, n);
-    score_tile(j0, n, pass_needs_v(pass));
+    score_tile();
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       tile_begin(pass, rr);
       chunk_update(pass, 0u, rr);

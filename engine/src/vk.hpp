@@ -53,14 +53,14 @@ class Buffer {
 struct Spec {
   uint32_t rows = 64, keys = 32, d = 64, dv = 64;
   bool registers = false;   // fused kernels: register tiles (TileLayout::registers)
-  uint32_t group_rows = 1;  // register tiles: query rows each subgroup works on together
+  uint32_t group_rows = 1;  // register tiles: query rows each invocation works on
   bool key_mask = false;    // a key mask is bound (a constant, so unmasked calls skip its reads)
   bool coopmat = false;     // fused kernels: TileLayout::cooperative_matrix (128 invocations)
-  /// Query rows one workgroup covers: one per invocation, group_rows per subgroup (register
+  /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
     if (coopmat) return rows / 2;
-    return registers ? rows / keys * group_rows : rows;
+    return registers ? rows * group_rows : rows;
   }
   auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat); }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
