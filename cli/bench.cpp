@@ -53,7 +53,7 @@ options:
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
-                      tiles a multiple of the subgroup size, each subgroup working on R rows)
+                      tiles a multiple of the subgroup size, each invocation working on R rows)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
                       register tiles: the subgroup size)
   --splits N          splitkv's number of key chunks (default: from the device)

@@ -296,6 +296,30 @@ TEST_F(VulkanTest, LoopCapIsRefusedNotSilentlyWrong) {
 namespace flashvk::test {
 namespace {
 
+// Register tiles give each lane 4 query rows where a KV head has enough of them, and spread a
+// decoding step's few rows one per lane, in workgroups no larger than they need.
+TEST_F(VulkanTest, RegisterTilesSpreadFewRowsOverTheLanes) {
+  const DeviceInfo& dev = context().device();
+  if (dev.type != "cpu" || !dev.subgroup_shuffle)
+    GTEST_SKIP() << "register tiles are the automatic layout on CPU drivers only";
+  struct RowsCase {
+    int64_t heads, nq;
+    uint32_t rows_per_group;
+  };
+  for (RowsCase shape : {RowsCase{8, 1, dev.subgroup_size}, RowsCase{2, 300, 64 * 4}}) {
+    HostTensor q = random_tensor({1, shape.heads, shape.nq, 16}, 64),
+               k = random_tensor({1, 2, 100, 16}, 65), v = random_tensor({1, 2, 100, 16}, 66);
+    AttentionParams params;
+    params.variant = Variant::splitkv;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    EXPECT_EQ(gpu.tile_layout, TileLayout::registers);
+    EXPECT_EQ(gpu.block_rows, shape.rows_per_group) << "Nq=" << shape.nq;
+    EXPECT_EQ(gpu.block_keys, dev.subgroup_size);
+    reference::Result ref = reference::direct(q, k, v, params);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params)) << "Nq=" << shape.nq;
+  }
+}
+
 // Vulkan guarantees only 16 KiB of shared memory; the kernels must fit it at every head dim.
 // Shared tiles within the 16 KiB Vulkan guarantees: at d = 256 a tile holds 7 keys. (Each
 // pipeline here takes llvmpipe 5-30 s to compile, several times that under AddressSanitizer, so

@@ -23,9 +23,17 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims) {
 // multiply-add, but each lane keeps rows x (d + dv) values of queries and outputs, and the
 // kernels unroll rows x head dim x keys. 4 rows at d = 64 and 128 measured fastest on llvmpipe
 // (6 at d = 128: 57% of the FMA peak against 67%; 2: 59%); at most 512 / d, so that the queries
-// and outputs stay within a core's 32 KiB level-1 data cache.
-uint32_t group_rows(const Dims& dims) {
-  return std::clamp(512u / std::max(dims.d, dims.dv), 1u, 4u);
+// and outputs stay within a core's 32 KiB level-1 data cache. Fewer when a KV head has few rows
+// (decoding), so that they spread over the lanes instead of leaving lanes idle; and then no more
+// invocations per workgroup than the rows need.
+void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, bool auto_rows) {
+  uint32_t most = std::clamp(512u / std::max(dims.d, dims.dv), 1u, 4u);
+  uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
+  spec.group_rows = static_cast<uint32_t>(std::clamp<uint64_t>(rows / info.subgroup_size, 1, most));
+  if (!auto_rows) return;
+  uint64_t lanes = (rows + spec.group_rows - 1) / spec.group_rows;
+  uint64_t subgroups = (lanes + info.subgroup_size - 1) / info.subgroup_size;
+  spec.rows = static_cast<uint32_t>(std::min<uint64_t>(spec.rows, subgroups * info.subgroup_size));
 }
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
@@ -118,7 +126,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
   if (use_registers(info, dims, params, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
-    spec.group_rows = group_rows(dims);
+    size_register_tiles(spec, info, dims, params.block_rows == 0);
     return spec;
   }
   uint32_t budget = shared_bytes - 64u;

@@ -13,8 +13,9 @@ namespace flashvk {
 enum class Variant { naive, online, flash1, flash2, flashd, splitkv };
 enum class RopeLayout { none, interleaved, half };
 /// Where the fused kernels keep a K/V tile (docs/engine.md): `shared` memory, read by every row
-/// of the workgroup (GPUs), or `registers`, one key per subgroup lane, read with subgroup
-/// shuffles (CPU drivers such as lavapipe, where it is several times faster). `automatic`
+/// of the workgroup (GPUs), or `registers`, spread over a subgroup's lanes and read with subgroup
+/// shuffles, each invocation working on 4 rows (CPU drivers such as lavapipe, where it is tens
+/// of times faster). `automatic`
 /// picks registers on CPU devices that have the subgroup operations, shared memory elsewhere.
 /// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
 /// (VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16 storage, flash1, flash2, flashd and
@@ -41,8 +42,8 @@ struct AttentionParams {
   bool causal = false;         ///< bottom-right aligned: query i sees keys j <= i + Nk - Nq
   uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
   /// Invocations per workgroup; 0 = auto (64). With shared tiles one query row each; with
-  /// register tiles a subgroup works on R rows together (AttentionResult::block_rows says how
-  /// many rows a workgroup covered).
+  /// register tiles R rows each (AttentionResult::block_rows says how many rows a workgroup
+  /// covered).
   uint32_t block_rows = 0;
   uint32_t block_keys = 0;  ///< Bc, keys per tile; 0 = the most that fit in shared memory
   TileLayout tile_layout = TileLayout::automatic;  ///< fused variants (not naive, not traces)
