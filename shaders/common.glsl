@@ -30,7 +30,7 @@ layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (regi
 layout(constant_id = 5) const bool KEY_MASK = false;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
-// gain). Register tiles (tile.glsl) have a chunk of one key per lane.
+// gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
 #ifndef REG_TILE
 const uint CH = 1u;
 #endif

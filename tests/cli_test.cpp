@@ -204,7 +204,7 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   EXPECT_TRUE(fs::exists(path("b.json")));
   std::string json = read_text(path("b.json"));
   // The layout that ran and its tiles are named in the table's last column and in the JSON: on
-  // a CPU register tiles, one key per lane of a subgroup.
+  // a CPU register tiles, as many keys as a subgroup has lanes.
   bool cpu = context().device().type == "cpu";
   const char* layout = cpu ? "registers" : "shared";
   EXPECT_NE(json.find(std::string("\"tile_layout\": \"") + layout + "\""), std::string::npos)
