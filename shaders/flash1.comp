@@ -15,7 +15,7 @@ float l_tile[ROWS];  // the current tile's part of l_run, for its share in trace
 void state_init(uint rr) {
   m_run[rr] = NEG_INF;
   l_run[rr] = 0.0;
-  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
@@ -31,7 +31,6 @@ void chunk_update(uint pass, uint c0, uint rr) {
     p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
     l_chunk += p[ci];
   }
-  l_chunk = chunk_sum(l_chunk);
   float l_new = l_run[rr] * alpha + l_chunk;
   l_tile[rr] = l_tile[rr] * alpha + l_chunk;
   float inv = 1.0 / l_new;
@@ -49,14 +48,14 @@ void tile_end(uint pass, uint j0, uint rr) {
   trace_put(t, 2u, l);
   trace_put(t, 3u, l_tile[rr] / l);
   trace_put(t, 4u, m + log(l));
-  [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+  [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
 void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
   float m = m_run[rr], l = l_run[rr];
   store_o(row * DV, rr, 1.0);
-  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
 }
 
 #include "fused_main.glsl"

@@ -15,7 +15,7 @@ float l_tile[ROWS];  // the current tile's part of l_run, for its share in trace
 void state_init(uint rr) {
   m_run[rr] = NEG_INF;
   l_run[rr] = 0.0;
-  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
@@ -32,7 +32,6 @@ void chunk_update(uint pass, uint c0, uint rr) {
     p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
     l_chunk += p[ci];
   }
-  l_chunk = chunk_sum(l_chunk);
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci];
   float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   l_run[rr] = l_run[rr] * alpha + l_chunk;
@@ -49,7 +48,7 @@ void tile_end(uint pass, uint j0, uint rr) {
   trace_put(t, 2u, l);
   trace_put(t, 3u, l_tile[rr] / l);  // the tile's share of the denominator
   trace_put(t, 4u, m + log(l));
-  [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+  [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
 void state_finish(uint rr) {
@@ -60,13 +59,11 @@ void state_finish(uint rr) {
   // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
   uint part = row * pc.splits + gl_WorkGroupID.z;
   store_partial(part * DV, rr, inv);
-  if (first_lane()) {
-    scratch2[part * 2u] = m;
-    scratch2[part * 2u + 1u] = l;
-  }
+  scratch2[part * 2u] = m;
+  scratch2[part * 2u + 1u] = l;
 #else
   store_o(row * DV, rr, inv);
-  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
 #endif
 }
 

@@ -24,7 +24,7 @@ float t_tile[ROWS];   // log-sum-exp of the current tile's scores, for its weigh
 
 void state_init(uint rr) {
   lse_run[rr] = NEG_INF;
-  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
@@ -43,7 +43,6 @@ void chunk_update(uint pass, uint c0, uint rr) {
     p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_chunk);
     l_chunk += p[ci];
   }
-  l_chunk = chunk_sum(l_chunk);
 #ifdef TRACE
   float t = m_chunk + log(l_chunk);
   float tt = t_tile[rr];
@@ -62,13 +61,13 @@ void tile_end(uint pass, uint j0, uint rr) {
   // The tile's weight in the output: e^(t_tile - L_end), which is sigma(t_tile - L_start).
   trace_put(t, 3u, tt == NEG_INF ? 0.0 : exp(tt - lse));
   trace_put(t, 4u, lse);
-  [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+  [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
 void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
   store_o(row * DV, rr, 1.0);
-  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = lse_run[rr];
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = lse_run[rr];
 }
 
 #include "fused_main.glsl"

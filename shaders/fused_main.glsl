@@ -7,16 +7,9 @@
 //   void state_init(uint rr);
 //   void tile_begin(uint pass, uint rr);             remembers the state the tile starts from
 //   void chunk_update(uint pass, uint c0, uint rr);  the recurrence over the scores in sc[rr]
-// and, optionally (defining HAS_CHUNK_ROWS_DONE),
-//   void chunk_rows_done(uint pass);                 after every row's chunk_update: work done
-//                                                    for all rows at once
 //   void tile_end(uint pass, uint j0, uint rr);      records the trace
 //   void state_finish(uint rr);
 // With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
-
-#ifndef HAS_CHUNK_ROWS_DONE
-void chunk_rows_done(uint pass) {}
-#endif
 
 // The keys this workgroup walks: all of them, or its chunk for splitkv, up to the last one any of
 // its rows can see.
@@ -59,7 +52,6 @@ void key_pass(uint pass, uint begin, uint end) {
       tile_begin(pass, rr);
       chunk_update(pass, 0u, rr);
     }
-    chunk_rows_done(pass);
     if (pass_needs_v(pass)) accumulate_o(0u);
   }
 }
@@ -91,7 +83,6 @@ void main() {
       for (uint c0 = 0u; c0 < n; c0 += CH) {
         chunk_scores(j0, c0, n);
         chunk_update(pass, c0, 0u);
-        chunk_rows_done(pass);
         if (pass_needs_v(pass)) accumulate_o(c0);
       }
       if (BC == 1u && is_traced(r)) trace_put(j0, 0u, sc[0][0]);  // per-key trace: the score

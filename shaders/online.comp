@@ -16,7 +16,7 @@ float w_tile[ROWS];  // pass 2: the weight the tile's keys add to the output
 void state_init(uint rr) {
   m_run[rr] = NEG_INF;
   l_run[rr] = 0.0;
-  [[unroll]] for (uint e = 0; e < OD; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { w_tile[rr] = 0.0; }
@@ -28,7 +28,6 @@ void first_pass(uint rr) {
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
     l_chunk += sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
-  l_chunk = chunk_sum(l_chunk);
   l_run[rr] = l_run[rr] * alpha + l_chunk;
   m_run[rr] = m_new;
 }
@@ -62,7 +61,7 @@ void tile_end(uint pass, uint j0, uint rr) {
     trace_put(t, 4u, m + log(l));
   } else {
     trace_put(t, 3u, w_tile[rr]);
-    [[unroll]] for (uint e = 0; e < OD; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+    [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
   }
 }
 
@@ -70,7 +69,7 @@ void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
   float m = m_run[rr], l = l_run[rr];
   store_o(row * DV, rr, 1.0);
-  if ((pc.flags & FLAG_LSE) != 0u && first_lane()) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
 }
 
 #include "fused_main.glsl"

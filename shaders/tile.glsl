@@ -16,9 +16,6 @@
 
 #ifdef REG_TILE
 const uint CH = BC;  // the whole tile: one key per lane
-const uint OD = DV;
-uint o_dim(uint e) { return e; }
-bool first_lane() { return true; }
 
 // The tile being worked on (its first key and key count), and for lane c whether key j0 + c is
 // in it and not masked out by key_mask (1) or not (0).
@@ -34,26 +31,19 @@ void mark_tile_keys(Row r, uint j0, uint n) {
   }
 }
 
-// This lane's texel u of row `key` (of `width` elements): texel lane + BC * u, or zeros past the
-// row's end. Keys past the tile read the last key's row (their weight is 0).
 const uint KT = (D / 4u + BC - 1u) / BC;   // texels of a key row per lane
 const uint VT = (DV / 4u + BC - 1u) / BC;  // texels of a value row per lane
-vec4 k_texel(uint key, uint u) {
-  uint t = gl_SubgroupInvocationID + BC * u;
-  if (BC * KT * 4u == D) return texelFetch(k_tex, int(key * (D / 4u) + t));
-  vec4 x = texelFetch(k_tex, int(key * (D / 4u) + min(t, D / 4u - 1u)));
-  return t < D / 4u ? x : vec4(0.0);
-}
-vec4 v_texel(uint key, uint u) {
-  uint t = gl_SubgroupInvocationID + BC * u;
-  if (BC * VT * 4u == DV) return texelFetch(v_tex, int(key * (DV / 4u) + t));
-  vec4 x = texelFetch(v_tex, int(key * (DV / 4u) + min(t, DV / 4u - 1u)));
-  return t < DV / 4u ? x : vec4(0.0);
+
+// This lane's texel u of row `key` of a tensor with `width` elements a row (D or DV): texel
+// lane + BC * u, or zeros past the row's end (a constant test when the lanes cover the row
+// exactly). Keys past the tile read the last key's row (their weight is 0).
+vec4 lane_texel(samplerBuffer tex, uint width, uint key, uint u) {
+  uint t = gl_SubgroupInvocationID + BC * u, texels = width / 4u;
+  if ((texels + BC - 1u) / BC * BC == texels) return texelFetch(tex, int(key * texels + t));
+  vec4 x = texelFetch(tex, int(key * texels + min(t, texels - 1u)));
+  return t < texels ? x : vec4(0.0);
 }
 #else
-const uint OD = DV;
-uint o_dim(uint e) { return e; }
-bool first_lane() { return true; }
 
 shared float tile_k[BC * D];
 shared float tile_v[BC * DV];
@@ -105,7 +95,7 @@ uint tile_key(uint c) { return rows[0].kv_base + tile_j0 + min(c, tile_n - 1u); 
 void score_tile() {
   [[unroll]] for (uint c = 0; c < BC; ++c) {
     vec4 kt[KT];
-    [[unroll]] for (uint u = 0; u < KT; ++u) kt[u] = k_texel(tile_key(c), u);
+    [[unroll]] for (uint u = 0; u < KT; ++u) kt[u] = lane_texel(k_tex, D, tile_key(c), u);
     float acc[ROWS];
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0;
     [[unroll]] for (uint k = 0; k < D; ++k) {
@@ -138,12 +128,11 @@ float chunk_max(uint rr) {
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) m = max(m, sc[rr][ci]);
   return m;
 }
-float chunk_sum(float x) { return x; }  // the caller summed its chunk
 
 // Every recurrence updates its output the same way, o <- o * o_keep + sum_c o_coef[c] v_c; the
 // recurrence sets the two, and the caller applies them (accumulate_o) outside any branch a row
 // took on its own, as register tiles need every lane at each shuffle.
-float o_acc[ROWS][OD];
+float o_acc[ROWS][DV];
 float o_keep[ROWS];
 float o_coef[ROWS][CH];
 
@@ -158,7 +147,7 @@ void o_hold(uint rr) {  // leave the output as it is
 void accumulate_o(uint c0) {
   [[unroll]] for (uint u = 0; u < VT; ++u) {
     vec4 vt[BC];
-    [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = v_texel(tile_key(c), u);
+    [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = lane_texel(v_tex, DV, tile_key(c), u);
     [[unroll]] for (uint lane = 0; lane < BC; ++lane)
       [[unroll]] for (uint i = 0; i < 4u; ++i) {
         uint e = 4u * (lane + BC * u) + i;
@@ -185,14 +174,12 @@ void accumulate_o(uint c0) {
 // Writes row rr's output, times mul, to dst[base .. base + DV): the dimensions this invocation
 // holds.
 void store_o(uint base, uint rr, float mul) {
-  [[unroll]] for (uint e = 0; e < OD; ++e)
-    if (o_dim(e) < DV) o_buf[base + o_dim(e)] = o_acc[rr][e] * mul;
+  [[unroll]] for (uint e = 0; e < DV; ++e) o_buf[base + e] = o_acc[rr][e] * mul;
 }
 
 #ifdef SPLIT_KV
 void store_partial(uint base, uint rr, float mul) {
-  [[unroll]] for (uint e = 0; e < OD; ++e)
-    if (o_dim(e) < DV) scratch1[base + o_dim(e)] = o_acc[rr][e] * mul;
+  [[unroll]] for (uint e = 0; e < DV; ++e) scratch1[base + e] = o_acc[rr][e] * mul;
 }
 #endif
 
