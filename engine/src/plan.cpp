@@ -22,10 +22,10 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims) {
 // lane that fetched it serves all of them, so more rows mean fewer broadcasts and fetches per
 // multiply-add, but each lane keeps rows x (d + dv) values of queries and outputs, and the
 // kernels unroll rows x head dim x keys. 4 rows at d = 64 and 128 measured fastest on llvmpipe
-// (6 at d = 128: 57% of the FMA peak against 67%; 2: 59%); at most 512 / d, so that the queries
-// and outputs stay within a core's 32 KiB level-1 data cache. Fewer when a KV head has few rows
-// (decoding), so that they spread over the lanes instead of leaving lanes idle; and then no more
-// invocations per workgroup than the rows need.
+// (a standalone flash2 of this layout at d = 128: 67% of the FMA peak, 57% with 6, 59% with 2); at
+// most 512 / d, so that the queries and outputs stay within a core's 32 KiB level-1 data cache.
+// Fewer when a KV head has few rows (decoding), so that they spread over the lanes instead of
+// leaving lanes idle; and then no more invocations per workgroup than the rows need.
 void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, bool auto_rows) {
   uint32_t most = std::clamp(512u / std::max(dims.d, dims.dv), 1u, 4u);
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
