@@ -33,10 +33,11 @@ void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
 
 
 void chunk_update(uint pass, uint c0, uint rr) {
-  o_hold(rr);
-  // The chunk's own log-sum-exp, stabilised by its local max (not a running one).
+  // The chunk's own log-sum-exp, stabilised by its local max (not a running one). A fully masked
+  // chunk (m = -inf) gives w = 0 and leaves L alone; selects, not a branch, keep it so: a row's
+  // branch costs register tiles more than the few operations it would skip.
   float m_chunk = chunk_max(rr);
-  if (m_chunk == NEG_INF) return;  // every key of the chunk is masked: w = 0
+  bool seen = m_chunk != NEG_INF;
   float p[CH];
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
@@ -44,14 +45,17 @@ void chunk_update(uint pass, uint c0, uint rr) {
     l_chunk += p[ci];
   }
 #ifdef TRACE
-  float t = m_chunk + log(l_chunk);
-  float tt = t_tile[rr];
-  t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
+  if (seen) {
+    float t = m_chunk + log(l_chunk);
+    float tt = t_tile[rr];
+    t_tile[rr] = tt == NEG_INF ? t : max(tt, t) + softplus(-abs(tt - t));
+  }
 #endif
-  float keep, wt;
-  sigma_step(m_chunk, l_chunk, lse_run[rr], keep, wt);
-  o_keep[rr] = keep;
-  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * wt;
+  float lse = lse_run[rr], keep, wt;
+  sigma_step(seen ? m_chunk : 0.0, seen ? l_chunk : 1.0, lse, keep, wt);
+  lse_run[rr] = seen ? lse : lse_run[rr];
+  o_keep[rr] = seen ? keep : 1.0;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci] * (seen ? wt : 0.0);
 }
 
 void tile_end(uint pass, uint j0, uint rr) {
