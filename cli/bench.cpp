@@ -42,7 +42,8 @@ is what the call allocated on the device: outputs and scratch (S for naive); the
 counted.
 
 options:
-  --variant NAME|all  one variant or all six (default all)
+  --variant LIST|all  one variant, several separated by commas (flash2,flashd), or all six
+                      (default all)
   --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
@@ -62,9 +63,9 @@ options:
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
   --peak              measure the device's FMA throughput and read bandwidth with calibration
-                      shaders first, then the FMA throughput again just before every run, and
-                      report each variant as the median of its runs' fractions of the
-                      calibration next to them; on devices with cooperative matrices also
+                      shaders first, then the FMA throughput again just before and just after
+                      every run, and report each variant as the median of its runs' fractions
+                      of the mean of the two; on devices with cooperative matrices also
                       their fp16 peak, which the cooperative_matrix rows are a fraction of
   --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
   --warm-cache        skip the cache flush before each run
@@ -87,7 +88,8 @@ struct Case {
   std::vector<Variant> variants;
 };
 
-// One timed run, and the FMA calibration read just before it (--peak).
+// One timed run, and the FMA calibration around it (--peak): the mean of one just before and
+// one just after.
 struct Run {
   double ms = 0, peak_gflops = 0;
 };
@@ -301,6 +303,8 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
       if (meters.fma) run.peak_gflops = meters.fma->gflops();
       AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
       run.ms = res.gpu_ms;
+      // The machine's speed drifts during a long run: take the calibration on both sides.
+      if (meters.fma) run.peak_gflops = 0.5 * (run.peak_gflops + meters.fma->gflops());
       r.bytes = res.device_bytes;
       r.layout = res.tile_layout;
       r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
@@ -419,6 +423,26 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
   return s + "\n]}\n";
 }
 
+// "flash2,flashd": the variants in the order given, each once.
+std::vector<Variant> parse_variant_list(const std::string& text) {
+  std::vector<Variant> variants;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = std::min(text.find(',', start), text.size());
+    Variant v;
+    try {
+      v = parse_variant(text.substr(start, comma - start));
+    } catch (const Error& e) {
+      throw UsageError{std::string("--variant: ") + e.what()};
+    }
+    if (std::find(variants.begin(), variants.end(), v) != variants.end())
+      throw UsageError{"--variant: '" + std::string(variant_name(v)) + "' is named twice"};
+    variants.push_back(v);
+    start = comma + 1;
+  }
+  return variants;
+}
+
 // The one shape given by --batch, --heads, ... for the chosen variants.
 Case custom_case(const Args& args) {
   const int64_t big = 1 << 24;
@@ -440,13 +464,7 @@ Case custom_case(const Args& args) {
   c.causal = args.flag("causal");
   c.dtype = dtype_text == "f16" ? DType::f16 : DType::f32;
   c.variants = all_variants();
-  if (args.text("variant", "all") != "all") {
-    try {
-      c.variants = {parse_variant(args.text("variant"))};
-    } catch (const Error& e) {
-      throw UsageError{std::string("--variant: ") + e.what()};
-    }
-  }
+  if (args.text("variant", "all") != "all") c.variants = parse_variant_list(args.text("variant"));
   return c;
 }
 

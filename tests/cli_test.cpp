@@ -333,6 +333,37 @@ TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
   }
 }
 
+// --variant takes a list: exactly those variants run, in that order, and flash2 among them is
+// the base of the others' ratios. A name given twice or unknown is a usage error.
+TEST_F(CliTest, BenchRunsTheVariantsListed) {
+  Outcome o =
+      run_cli("bench --variant flashd,flash2 --nq 24 --d 8 --repeat 2 --json " + path("l.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::string json = read_text(path("l.json"));
+  size_t flashd = json.find("\"variant\": \"flashd\""),
+         flash2 = json.find("\"variant\": \"flash2\"");
+  ASSERT_NE(flashd, std::string::npos) << json;
+  ASSERT_NE(flash2, std::string::npos) << json;
+  EXPECT_LT(flashd, flash2);
+  for (const char* other : {"naive", "online", "flash1", "splitkv"})
+    EXPECT_EQ(json.find(std::string("\"variant\": \"") + other + "\""), std::string::npos) << other;
+  std::vector<double> d = json_list(json.substr(flashd), "runs_ms");
+  std::vector<double> base = json_list(json.substr(flash2), "runs_ms");
+  ASSERT_EQ(d.size(), 2u);
+  ASSERT_EQ(base.size(), 2u);
+  EXPECT_NEAR(json_number(json.substr(flashd), "vs_flash2"),
+              median_of({d[0] / base[0], d[1] / base[1]}), 1e-3);
+
+  Outcome twice = run_cli("bench --variant flash2,flash2 --nq 8 --d 8");
+  EXPECT_EQ(twice.status, 2) << twice.output;
+  EXPECT_NE(twice.output.find("'flash2' is named twice"), std::string::npos) << twice.output;
+  Outcome unknown = run_cli("bench --variant flash2,flash9 --nq 8 --d 8");
+  EXPECT_EQ(unknown.status, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("--variant: "), std::string::npos) << unknown.output;
+  Outcome empty = run_cli("bench --variant flash2, --nq 8 --d 8");
+  EXPECT_EQ(empty.status, 2) << empty.output;
+}
+
 TEST_F(CliTest, MissingAndUnreadableFiles) {
   write_qkv({4, 8}, {6, 8}, {6, 8});
   expect_refused("run --q " + path("nope.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
