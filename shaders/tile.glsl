@@ -33,6 +33,11 @@ void mark_tile_keys(Row r, uint j0, uint n) {
 
 const uint KT = (D / 4u + BC - 1u) / BC;   // texels of a key row per lane
 const uint VT = (DV / 4u + BC - 1u) / BC;  // texels of a value row per lane
+// Scores are computed for KB keys at a time, so that each query element loaded serves KB
+// products, into ACC partial sums per score, so that the additions form ACC independent chains
+// (one chain per score was bound by the latency of the add; measured at N = 2048: 10-17% faster
+// than one key and one sum; 4 keys or 4 sums were no better).
+const uint KB = 2u, ACC = 2u;
 
 // This lane's texel u of row `key` of a tensor with `width` elements a row (D or DV): texel
 // lane + BC * u, or zeros past the row's end (a constant test when the lanes cover the row
@@ -88,24 +93,39 @@ void load_q(uint rr) {
 // Key c of the tile (past its end: the last key). The rows of a subgroup share one K/V head.
 uint tile_key(uint c) { return rows[0].kv_base + tile_j0 + min(c, tile_n - 1u); }
 
-// Every row's scores against the tile's keys, one key at a time: its texels, fetched right
+// Every row's scores against the tile's keys, KB keys at a time: their texels, fetched right
 // before the products that use them, then element k from lane (k / 4) % BC. The shuffles have
 // constant lanes, so llvmpipe makes each a broadcast from a register; the loops are unrolled and
 // take no branch (one would keep them from unrolling; llvmpipe then keeps arrays in memory).
 void score_tile() {
-  [[unroll]] for (uint c = 0; c < BC; ++c) {
-    vec4 kt[KT];
-    [[unroll]] for (uint u = 0; u < KT; ++u) kt[u] = lane_texel(k_tex, D, tile_key(c), u);
-    float acc[ROWS];
-    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0;
+  [[unroll]] for (uint c0 = 0; c0 < BC; c0 += KB) {
+    vec4 kt[KB][KT];
+    [[unroll]] for (uint b = 0; b < KB; ++b)
+      [[unroll]] for (uint u = 0; u < KT; ++u) kt[b][u] = lane_texel(k_tex, D, tile_key(c0 + b), u);
+    float acc[ROWS][KB][ACC];
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+      [[unroll]] for (uint b = 0; b < KB; ++b)
+        [[unroll]] for (uint a = 0; a < ACC; ++a) acc[rr][b][a] = 0.0;
     [[unroll]] for (uint k = 0; k < D; ++k) {
-      float x = subgroupShuffle(kt[k / (4u * BC)][k % 4u], (k / 4u) % BC);
-      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) acc[rr] = fma(q_reg[rr][k], x, acc[rr]);
+      float x[KB];
+      [[unroll]] for (uint b = 0; b < KB; ++b)
+        x[b] = subgroupShuffle(kt[b][k / (4u * BC)][k % 4u], (k / 4u) % BC);
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+        float q = q_reg[rr][k];
+        [[unroll]] for (uint b = 0; b < KB; ++b)
+          acc[rr][b][k % ACC] = fma(q, x[b], acc[rr][b][k % ACC]);
+      }
     }
-    bool key_ok = subgroupShuffle(lane_key_ok, c) != 0u;
-    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-      bool seen = key_ok && tile_j0 + c < rows[rr].key_end;
-      sc[rr][c] = seen ? acc[rr] * pc.scale : NEG_INF;
+    [[unroll]] for (uint b = 0; b < KB; ++b) {
+      uint c = c0 + b;
+      if (c >= BC) continue;  // a constant
+      bool key_ok = subgroupShuffle(lane_key_ok, c) != 0u;
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+        float dot = 0.0;
+        [[unroll]] for (uint a = 0; a < ACC; ++a) dot += acc[rr][b][a];
+        bool seen = key_ok && tile_j0 + c < rows[rr].key_end;
+        sc[rr][c] = seen ? dot * pc.scale : NEG_INF;
+      }
     }
   }
 }
