@@ -357,7 +357,7 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
       return a.peak_gflops < b.peak_gflops;
     });
     std::printf(
-        "peak next to the runs (median per case): %.2f to %.2f GFLOP/s%s\n", lo->peak_gflops,
+        "peak around the runs (median per case): %.2f to %.2f GFLOP/s%s\n", lo->peak_gflops,
         hi->peak_gflops,
         o.peak->coopmat_gflops > 0 ? " (cooperative_matrix rows: of the fp16 matrix peak)" : "");
   }
