@@ -297,11 +297,15 @@ namespace flashvk::test {
 namespace {
 
 // Register tiles give each lane 4 query rows where a KV head has enough of them, and spread a
-// decoding step's few rows one per lane, in workgroups no larger than they need.
+// decoding step's few rows one per lane, in workgroups no larger than they need. Asked for by
+// name, so that every device with the subgroup operations runs it, not only CPU drivers.
 TEST_F(VulkanTest, RegisterTilesSpreadFewRowsOverTheLanes) {
   const DeviceInfo& dev = context().device();
-  if (dev.type != "cpu" || !dev.subgroup_shuffle)
-    GTEST_SKIP() << "register tiles are the automatic layout on CPU drivers only";
+  if (!dev.subgroup_shuffle || !dev.texel_buffers || dev.subgroup_size < 4 ||
+      64 % dev.subgroup_size != 0)
+    GTEST_SKIP() << "register tiles need subgroup shuffles, RGBA texel buffers and a subgroup "
+                    "size of 4 to 64; "
+                 << dev.name << " lacks them";
   struct RowsCase {
     int64_t heads, nq;
     uint32_t rows_per_group;
@@ -311,6 +315,7 @@ TEST_F(VulkanTest, RegisterTilesSpreadFewRowsOverTheLanes) {
                k = random_tensor({1, 2, 100, 16}, 65), v = random_tensor({1, 2, 100, 16}, 66);
     AttentionParams params;
     params.variant = Variant::splitkv;
+    params.tile_layout = TileLayout::registers;
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     EXPECT_EQ(gpu.tile_layout, TileLayout::registers);
     EXPECT_EQ(gpu.block_rows, shape.rows_per_group) << "Nq=" << shape.nq;
