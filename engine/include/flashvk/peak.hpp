@@ -43,9 +43,9 @@ class FmaProbe {
   uint32_t iterations_ = 16;
 };
 
-/// Reads a buffer larger than any cache (128 MiB, or what one binding allows), so the next
-/// dispatch finds its inputs in device memory: as a decode step finds its KV cache after the
-/// rest of a model's layer has run. The buffer is allocated once, at construction.
+/// Fills a buffer larger than any cache (128 MiB, or the largest allocation) on the device, so
+/// the next dispatch finds its inputs in device memory: as a decode step finds its KV cache
+/// after the rest of a model's layer has run. The buffer is allocated once, at construction.
 class CacheFlush {
  public:
   explicit CacheFlush(Context& ctx);
@@ -58,6 +58,7 @@ class CacheFlush {
   struct Buffers;
   Context* ctx_;
   std::unique_ptr<Buffers> buffers_;
+  uint32_t word_ = 0;  // a new value each run, so no driver can skip a fill as redundant
 };
 
 }  // namespace flashvk
