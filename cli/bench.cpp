@@ -35,11 +35,11 @@ Times each variant on random inputs with GPU timestamp queries, after a warm-up 
 with at most 512 query rows (which builds the pipeline). The variants of a shape run in --repeat
 rounds, each variant once per round, so that they all see the same drift of the machine's speed;
 a variant's time is the median of its runs, and "vs flash2" the median, over rounds, of its time
-over flash2's in the same round. Before every run a 128 MiB buffer is read, so that the inputs
-come from device memory and not from a cache warmed by the run before (a decode step finds its
-KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d (only visible pairs when causal). Memory
-is what the call allocated on the device: outputs and scratch (S for naive); the inputs are not
-counted.
+over flash2's in the same round. Before every run a 128 MiB buffer is filled on the device, so
+that the inputs come from device memory and not from a cache warmed by the run before (a decode
+step finds its KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d (only visible pairs when
+causal). Memory is what the call allocated on the device: outputs and scratch (S for naive);
+the inputs are not counted.
 
 options:
   --variant LIST|all  one variant, several separated by commas (flash2,flashd), or all six
@@ -63,11 +63,15 @@ options:
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
                       H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
   --peak              measure the device's FMA throughput and read bandwidth with calibration
-                      shaders first, then the FMA throughput again just before and just after
-                      every run, and report each variant as the median of its runs' fractions
-                      of the mean of the two; on devices with cooperative matrices also
+                      shaders first, then the FMA throughput again around the runs (at most
+                      once a second: short runs share their probes), and report each variant
+                      as the median of its runs' fractions of the mean of the probes just
+                      before and just after it; on devices with cooperative matrices also
                       their fp16 peak, which the cooperative_matrix rows are a fraction of
   --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
+  --min-time S        more rounds for short runs: a variant whose first run is shorter than
+                      S / --repeat seconds runs ceil(S / first run) rounds, at most 100, and
+                      flash2 as many as the most (default 0; 0.5 with --suite)
   --warm-cache        skip the cache flush before each run
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
@@ -182,9 +186,13 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
   attention(ctx, in.q, in.k, in.v, params, c.dtype);
 }
 
+// Of an even count, the mean of the middle two: the upper one alone made a pair's median its
+// worse run.
 double median(std::vector<double> x) {
+  if (x.empty()) return 0;
   std::sort(x.begin(), x.end());
-  return x.empty() ? 0 : x[x.size() / 2];
+  size_t h = x.size() / 2;
+  return x.size() % 2 ? x[h] : 0.5 * (x[h - 1] + x[h]);
 }
 
 double check_error(Context& ctx, const Inputs& in, const AttentionParams& params, DType dtype) {
@@ -198,6 +206,7 @@ double check_error(Context& ctx, const Inputs& in, const AttentionParams& params
 
 struct Options {
   int repeat = 3;
+  double min_time = 0;  // seconds of runs each variant gathers, in extra rounds if need be
   bool check = false;
   bool flush = true;  // read a cache-sized buffer before every timed run
   TileLayout layout = TileLayout::automatic;
@@ -240,18 +249,52 @@ void progress(size_t done, size_t total, const Case& c, Variant v, int round, do
   std::fflush(stderr);
 }
 
-// What the timed runs need next to them: the cache flush and the FMA calibration.
-struct Meters {
-  std::optional<CacheFlush> flush;
-  std::optional<FmaProbe> fma;
-};
-
 struct Clock {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   size_t done = 0, total = 0;
   double seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+};
+
+// The FMA calibration around the runs (--peak). The machine's speed drifts, so a run's peak is
+// the mean of a probe just before it and one just after; short runs share their probes, one a
+// second at most, so that calibrating does not take longer than the runs it calibrates.
+class Calibration {
+ public:
+  explicit Calibration(Context& ctx) : probe_(ctx) {}
+  void before(Row& row) {
+    if (!last_ || since_.seconds() > kGapSeconds) take();
+    row.runs.back().peak_gflops = *last_;
+    pending_.push_back({&row, row.runs.size() - 1});
+  }
+  void after() {
+    if (since_.seconds() > kGapSeconds) take();
+  }
+  void finish() {
+    if (!pending_.empty()) take();
+  }
+
+ private:
+  static constexpr double kGapSeconds = 1.0;
+  void take() {
+    double gflops = probe_.gflops();
+    for (auto [row, i] : pending_)
+      row->runs[i].peak_gflops = 0.5 * (row->runs[i].peak_gflops + gflops);
+    pending_.clear();
+    last_ = gflops;
+    since_ = Clock{};
+  }
+  FmaProbe probe_;
+  std::optional<double> last_;
+  Clock since_;
+  std::vector<std::pair<Row*, size_t>> pending_;
+};
+
+// What the timed runs need next to them: the cache flush and the FMA calibration.
+struct Meters {
+  std::optional<CacheFlush> flush;
+  std::optional<Calibration> fma;
 };
 
 AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
@@ -284,6 +327,40 @@ void summarise(Row& r, const Row* flash2, const Case& c) {
   r.vs_flash2 = median(ratio);
 }
 
+// One timed run of `r`'s variant, the cache flushed before it and calibrated around it.
+void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, Meters& meters,
+              Row& r) {
+  r.runs.emplace_back();
+  if (meters.fma) meters.fma->before(r);
+  if (meters.flush) meters.flush->run();
+  AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
+  if (meters.fma) meters.fma->after();
+  r.runs.back().ms = res.gpu_ms;
+  r.bytes = res.device_bytes;
+  r.layout = res.tile_layout;
+  r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
+}
+
+constexpr int kMaxRounds = 100;
+constexpr double kSuiteMinTime = 0.5;
+
+// Rounds each variant runs: --repeat, or more for short runs until they add up to --min-time
+// (judged by the first round). flash2 runs as many as any other, so every ratio has its pair.
+std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) {
+  std::vector<int> rounds;
+  int most = o.repeat;
+  for (const Row& r : rows) {
+    double ms = std::max(r.runs.front().ms, 1e-3);
+    double wanted = std::ceil(o.min_time * 1e3 / ms);
+    rounds.push_back(
+        std::clamp(int(std::min(wanted, 1e6)), o.repeat, std::max(o.repeat, kMaxRounds)));
+    most = std::max(most, rounds.back());
+  }
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].variant == Variant::flash2) rounds[i] = most;
+  return rounds;
+}
+
 // Every variant of a case, in rounds: each round runs each variant once (in turn first), so
 // all variants see the same drift of the machine's speed, and their ratios are fair.
 std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const Inputs& in,
@@ -294,28 +371,26 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
     warm_up(ctx, c, case_params(c, v, o));
   }
   const size_t n = rows.size();
-  for (int round = 0; round < o.repeat; ++round)
+  std::vector<int> rounds(n, o.repeat);
+  for (int round = 0; round < *std::max_element(rounds.begin(), rounds.end()); ++round) {
     for (size_t k = 0; k < n; ++k) {
-      Row& r = rows[(size_t(round) + k) % n];
-      progress(clock.done++, clock.total, c, r.variant, round, clock.seconds());
-      if (meters.flush) meters.flush->run();
-      Run run;
-      if (meters.fma) run.peak_gflops = meters.fma->gflops();
-      AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
-      run.ms = res.gpu_ms;
-      // The machine's speed drifts during a long run: take the calibration on both sides.
-      if (meters.fma) run.peak_gflops = 0.5 * (run.peak_gflops + meters.fma->gflops());
-      r.bytes = res.device_bytes;
-      r.layout = res.tile_layout;
-      r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
-      // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
-      if (o.peak && r.layout == TileLayout::cooperative_matrix)
-        run.peak_gflops = o.peak->coopmat_gflops;
-      r.runs.push_back(run);
+      size_t i = (size_t(round) + k) % n;
+      if (round >= rounds[i]) continue;
+      progress(clock.done++, clock.total, c, rows[i].variant, round, clock.seconds());
+      time_run(ctx, c, qkv, o, meters, rows[i]);
     }
+    if (round > 0) continue;
+    rounds = rounds_per_row(rows, o);
+    for (int r : rounds) clock.total += size_t(r - o.repeat);
+  }
+  if (meters.fma) meters.fma->finish();
   const Row* flash2 = nullptr;
-  for (const Row& r : rows)
+  for (Row& r : rows) {
+    // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
+    if (o.peak && r.layout == TileLayout::cooperative_matrix)
+      for (Run& run : r.runs) run.peak_gflops = o.peak->coopmat_gflops;
     if (r.variant == Variant::flash2) flash2 = &r;
+  }
   for (Row& r : rows) {
     summarise(r, flash2, c);
     if (o.check) r.max_err = check_error(ctx, in, case_params(c, r.variant, o), c.dtype);
@@ -385,8 +460,8 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
                   o.peak->fma_gflops, o.peak->bandwidth_gbs, o.peak->coopmat_gflops);
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, ", \"runs\": %d, \"cache_flush\": %s", o.repeat,
-                o.flush ? "true" : "false");
+  std::snprintf(buf, sizeof buf, ", \"runs\": %d, \"min_time\": %.6g, \"cache_flush\": %s",
+                o.repeat, o.min_time, o.flush ? "true" : "false");
   s += buf;
   s += ", \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -475,7 +550,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     return std::cout << kBenchHelp, 0;
   Args args(argv,
             {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
-             "json", "device", "suite", "layout", "block-rows", "block-keys", "splits"},
+             "min-time", "json", "device", "suite", "layout", "block-rows", "block-keys", "splits"},
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
@@ -494,6 +569,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   Options o;
   o.repeat = static_cast<int>(args.integer("repeat", args.has("suite") ? 1 : 3, 1, 1000));
+  o.min_time = args.number("min-time", args.has("suite") ? kSuiteMinTime : 0);
+  if (o.min_time < 0) throw UsageError{"--min-time must be at least 0 seconds"};
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
   o.layout = parse_layout(args.text("layout", "auto"));

@@ -304,7 +304,8 @@ std::vector<double> json_list(const std::string& json, const std::string& key) {
 
 double median_of(std::vector<double> x) {
   std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
+  size_t h = x.size() / 2;
+  return x.size() % 2 ? x[h] : 0.5 * (x[h - 1] + x[h]);
 }
 
 // Variants run in rounds: each reports every run, its time is their median, and vs_flash2 the
@@ -314,7 +315,8 @@ TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
       run_cli("bench --heads 2 --nq 24 --d 8 --repeat 3 --warm-cache --json " + path("r.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   std::string json = read_text(path("r.json"));
-  EXPECT_NE(json.find("\"runs\": 3, \"cache_flush\": false"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"runs\": 3, \"min_time\": 0, \"cache_flush\": false"), std::string::npos)
+      << json;
   auto part = [&](const char* variant) {
     return json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
   };
@@ -362,6 +364,35 @@ TEST_F(CliTest, BenchRunsTheVariantsListed) {
   EXPECT_NE(unknown.output.find("--variant: "), std::string::npos) << unknown.output;
   Outcome empty = run_cli("bench --variant flash2, --nq 8 --d 8");
   EXPECT_EQ(empty.status, 2) << empty.output;
+}
+
+// --min-time: a variant whose first run is short runs more rounds, ceil(min-time / first run)
+// but at least --repeat and at most 100, and flash2 as many as the most, so every ratio pairs.
+TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
+  Outcome o = run_cli(
+      "bench --variant flashd,naive,flash2 --nq 96 --d 16 --repeat 2 --min-time "
+      "0.01 --warm-cache --json " +
+      path("m.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::string json = read_text(path("m.json"));
+  EXPECT_NE(json.find("\"min_time\": 0.01,"), std::string::npos) << json;
+  size_t most = 0;
+  for (const char* variant : {"flashd", "naive"}) {
+    std::string text = json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
+    std::vector<double> runs = json_list(text, "runs_ms");
+    ASSERT_FALSE(runs.empty()) << variant;
+    double wanted = std::ceil(10.0 / runs[0]);
+    EXPECT_EQ(double(runs.size()), std::clamp(wanted, 2.0, 100.0)) << variant << " " << runs[0];
+    most = std::max(most, runs.size());
+  }
+  std::vector<double> base =
+      json_list(json.substr(json.find("\"variant\": \"flash2\"")), "runs_ms");
+  EXPECT_GE(base.size(), most);
+  EXPECT_GE(double(base.size()), std::clamp(std::ceil(10.0 / base[0]), 2.0, 100.0));
+
+  Outcome negative = run_cli("bench --nq 8 --d 8 --min-time -1");
+  EXPECT_EQ(negative.status, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--min-time"), std::string::npos) << negative.output;
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {
