@@ -208,7 +208,7 @@ struct Options {
   int repeat = 3;
   double min_time = 0;  // seconds of runs each variant gathers, in extra rounds if need be
   bool check = false;
-  bool flush = true;  // read a cache-sized buffer before every timed run
+  bool flush = true;  // fill a cache-sized buffer before every timed run
   TileLayout layout = TileLayout::automatic;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
