@@ -72,6 +72,9 @@ options:
   --min-time S        more rounds for short runs: a variant whose first run is shorter than
                       S / --repeat seconds runs ceil(S / first run) rounds, at most 100, and
                       flash2 as many as the most (default 0; 0.5 with --suite)
+  --flashd-rounds N   flashd and flash2 run at least N rounds, so that their ratio, which
+                      FLASH-D's target names, is a median of N pairs (default 0; 9 with
+                      --suite: on a noisy machine the median of 3 pairs misses by a tenth)
   --warm-cache        skip the cache flush before each run
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
@@ -206,7 +209,8 @@ double check_error(Context& ctx, const Inputs& in, const AttentionParams& params
 
 struct Options {
   int repeat = 3;
-  double min_time = 0;  // seconds of runs each variant gathers, in extra rounds if need be
+  double min_time = 0;    // seconds of runs each variant gathers, in extra rounds if need be
+  int flashd_rounds = 0;  // rounds flashd and flash2 run at least
   bool check = false;
   bool flush = true;  // fill a cache-sized buffer before every timed run
   TileLayout layout = TileLayout::automatic;
@@ -343,9 +347,11 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
 
 constexpr int kMaxRounds = 100;
 constexpr double kSuiteMinTime = 0.5;
+constexpr int kSuiteFlashdRounds = 9;
 
 // Rounds each variant runs: --repeat, or more for short runs until they add up to --min-time
-// (judged by the first round). flash2 runs as many as any other, so every ratio has its pair.
+// (judged by the first round), and for flashd at least --flashd-rounds. flash2 runs as many as
+// any other, so every ratio has its pair.
 std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) {
   std::vector<int> rounds;
   int most = o.repeat;
@@ -354,6 +360,7 @@ std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) 
     double wanted = std::ceil(o.min_time * 1e3 / ms);
     rounds.push_back(
         std::clamp(int(std::min(wanted, 1e6)), o.repeat, std::max(o.repeat, kMaxRounds)));
+    if (r.variant == Variant::flashd) rounds.back() = std::max(rounds.back(), o.flashd_rounds);
     most = std::max(most, rounds.back());
   }
   for (size_t i = 0; i < rows.size(); ++i)
@@ -460,8 +467,9 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
                   o.peak->fma_gflops, o.peak->bandwidth_gbs, o.peak->coopmat_gflops);
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, ", \"runs\": %d, \"min_time\": %.6g, \"cache_flush\": %s",
-                o.repeat, o.min_time, o.flush ? "true" : "false");
+  std::snprintf(buf, sizeof buf,
+                ", \"runs\": %d, \"min_time\": %.6g, \"flashd_rounds\": %d, \"cache_flush\": %s",
+                o.repeat, o.min_time, o.flashd_rounds, o.flush ? "true" : "false");
   s += buf;
   s += ", \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -550,7 +558,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     return std::cout << kBenchHelp, 0;
   Args args(argv,
             {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
-             "min-time", "json", "device", "suite", "layout", "block-rows", "block-keys", "splits"},
+             "min-time", "flashd-rounds", "json", "device", "suite", "layout", "block-rows",
+             "block-keys", "splits"},
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
@@ -571,6 +580,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.repeat = static_cast<int>(args.integer("repeat", args.has("suite") ? 1 : 3, 1, 1000));
   o.min_time = args.number("min-time", args.has("suite") ? kSuiteMinTime : 0);
   if (o.min_time < 0) throw UsageError{"--min-time must be at least 0 seconds"};
+  o.flashd_rounds = static_cast<int>(
+      args.integer("flashd-rounds", args.has("suite") ? kSuiteFlashdRounds : 0, 0, 1000));
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
   o.layout = parse_layout(args.text("layout", "auto"));

@@ -315,7 +315,8 @@ TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
       run_cli("bench --heads 2 --nq 24 --d 8 --repeat 3 --warm-cache --json " + path("r.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   std::string json = read_text(path("r.json"));
-  EXPECT_NE(json.find("\"runs\": 3, \"min_time\": 0, \"cache_flush\": false"), std::string::npos)
+  EXPECT_NE(json.find("\"runs\": 3, \"min_time\": 0, \"flashd_rounds\": 0, \"cache_flush\": false"),
+            std::string::npos)
       << json;
   auto part = [&](const char* variant) {
     return json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
@@ -393,6 +394,29 @@ TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
   Outcome negative = run_cli("bench --nq 8 --d 8 --min-time -1");
   EXPECT_EQ(negative.status, 2) << negative.output;
   EXPECT_NE(negative.output.find("--min-time"), std::string::npos) << negative.output;
+}
+
+// --flashd-rounds: flashd runs at least that many rounds, flash2 with it (its ratio's pairs), and
+// the other variants --repeat.
+TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
+  Outcome o = run_cli(
+      "bench --variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5 "
+      "--warm-cache --json " +
+      path("f.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::string json = read_text(path("f.json"));
+  EXPECT_NE(json.find("\"flashd_rounds\": 5,"), std::string::npos) << json;
+  auto runs = [&](const char* variant) {
+    std::string text = json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
+    return json_list(text, "runs_ms").size();
+  };
+  EXPECT_EQ(runs("naive"), 2u);
+  EXPECT_EQ(runs("flashd"), 5u);
+  EXPECT_EQ(runs("flash2"), 5u);
+
+  Outcome negative = run_cli("bench --nq 8 --d 8 --flashd-rounds -1");
+  EXPECT_EQ(negative.status, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--flashd-rounds"), std::string::npos) << negative.output;
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {
