@@ -367,56 +367,57 @@ TEST_F(CliTest, BenchRunsTheVariantsListed) {
   EXPECT_EQ(empty.status, 2) << empty.output;
 }
 
+// The runs_ms of the row of `variant` in bench JSON (the first such row).
+std::vector<double> runs_of(const std::string& json, const std::string& variant) {
+  return json_list(json.substr(json.find("\"variant\": \"" + variant + "\"")), "runs_ms");
+}
+
+// Runs `bench <options> --warm-cache --json <file>` and returns the JSON.
+std::string bench_json(const std::string& options, const std::string& file) {
+  Outcome o = run_cli("bench " + options + " --warm-cache --json " + file);
+  EXPECT_EQ(o.status, 0) << o.output;
+  return read_text(file);
+}
+
+// A usage error (exit status 2) whose message names `option`.
+void expect_usage_error(const std::string& args, const std::string& option) {
+  Outcome o = run_cli(args);
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_NE(o.output.find(option), std::string::npos) << o.output;
+}
+
 // --min-time: a variant whose first run is short runs more rounds, ceil(min-time / first run)
 // but at least --repeat and at most 100, and flash2 as many as the most, so every ratio pairs.
 TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
-  Outcome o = run_cli(
-      "bench --variant flashd,naive,flash2 --nq 96 --d 16 --repeat 2 --min-time "
-      "0.01 --warm-cache --json " +
-      path("m.json"));
-  ASSERT_EQ(o.status, 0) << o.output;
-  std::string json = read_text(path("m.json"));
+  std::string json = bench_json(
+      "--variant flashd,naive,flash2 --nq 96 --d 16 --repeat 2 --min-time 0.01", path("m.json"));
   EXPECT_NE(json.find("\"min_time\": 0.01,"), std::string::npos) << json;
   size_t most = 0;
   for (const char* variant : {"flashd", "naive"}) {
-    std::string text = json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
-    std::vector<double> runs = json_list(text, "runs_ms");
+    std::vector<double> runs = runs_of(json, variant);
     ASSERT_FALSE(runs.empty()) << variant;
     double wanted = std::ceil(10.0 / runs[0]);
     EXPECT_EQ(double(runs.size()), std::clamp(wanted, 2.0, 100.0)) << variant << " " << runs[0];
     most = std::max(most, runs.size());
   }
-  std::vector<double> base =
-      json_list(json.substr(json.find("\"variant\": \"flash2\"")), "runs_ms");
+  std::vector<double> base = runs_of(json, "flash2");
   EXPECT_GE(base.size(), most);
   EXPECT_GE(double(base.size()), std::clamp(std::ceil(10.0 / base[0]), 2.0, 100.0));
 
-  Outcome negative = run_cli("bench --nq 8 --d 8 --min-time -1");
-  EXPECT_EQ(negative.status, 2) << negative.output;
-  EXPECT_NE(negative.output.find("--min-time"), std::string::npos) << negative.output;
+  expect_usage_error("bench --nq 8 --d 8 --min-time -1", "--min-time");
 }
 
 // --flashd-rounds: flashd runs at least that many rounds, flash2 with it (its ratio's pairs), and
 // the other variants --repeat.
 TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
-  Outcome o = run_cli(
-      "bench --variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5 "
-      "--warm-cache --json " +
-      path("f.json"));
-  ASSERT_EQ(o.status, 0) << o.output;
-  std::string json = read_text(path("f.json"));
+  std::string json = bench_json(
+      "--variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5", path("f.json"));
   EXPECT_NE(json.find("\"flashd_rounds\": 5,"), std::string::npos) << json;
-  auto runs = [&](const char* variant) {
-    std::string text = json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
-    return json_list(text, "runs_ms").size();
-  };
-  EXPECT_EQ(runs("naive"), 2u);
-  EXPECT_EQ(runs("flashd"), 5u);
-  EXPECT_EQ(runs("flash2"), 5u);
+  EXPECT_EQ(runs_of(json, "naive").size(), 2u);
+  EXPECT_EQ(runs_of(json, "flashd").size(), 5u);
+  EXPECT_EQ(runs_of(json, "flash2").size(), 5u);
 
-  Outcome negative = run_cli("bench --nq 8 --d 8 --flashd-rounds -1");
-  EXPECT_EQ(negative.status, 2) << negative.output;
-  EXPECT_NE(negative.output.find("--flashd-rounds"), std::string::npos) << negative.output;
+  expect_usage_error("bench --nq 8 --d 8 --flashd-rounds -1", "--flashd-rounds");
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {
