@@ -350,8 +350,8 @@ constexpr double kSuiteMinTime = 0.5;
 constexpr int kSuiteFlashdRounds = 9;
 
 // Rounds each variant runs: --repeat, or more for short runs until they add up to --min-time
-// (judged by the first round), and for flashd at least --flashd-rounds. flash2 runs as many as
-// any other, so every ratio has its pair.
+// (judged by the first round), and for flashd and flash2 at least --flashd-rounds. flash2 runs
+// as many as any other, so every ratio has its pair.
 std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) {
   std::vector<int> rounds;
   int most = o.repeat;
@@ -360,7 +360,8 @@ std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) 
     double wanted = std::ceil(o.min_time * 1e3 / ms);
     rounds.push_back(
         std::clamp(int(std::min(wanted, 1e6)), o.repeat, std::max(o.repeat, kMaxRounds)));
-    if (r.variant == Variant::flashd) rounds.back() = std::max(rounds.back(), o.flashd_rounds);
+    if (r.variant == Variant::flashd || r.variant == Variant::flash2)
+      rounds.back() = std::max(rounds.back(), o.flashd_rounds);
     most = std::max(most, rounds.back());
   }
   for (size_t i = 0; i < rows.size(); ++i)

@@ -407,8 +407,8 @@ TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
   expect_usage_error("bench --nq 8 --d 8 --min-time -1", "--min-time");
 }
 
-// --flashd-rounds: flashd runs at least that many rounds, flash2 with it (its ratio's pairs), and
-// the other variants --repeat.
+// --flashd-rounds: flashd and flash2 run at least that many rounds (the ratio's pairs), the
+// other variants --repeat.
 TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
   std::string json = bench_json(
       "--variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5", path("f.json"));
@@ -416,6 +416,10 @@ TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
   EXPECT_EQ(runs_of(json, "naive").size(), 2u);
   EXPECT_EQ(runs_of(json, "flashd").size(), 5u);
   EXPECT_EQ(runs_of(json, "flash2").size(), 5u);
+
+  std::string alone =
+      bench_json("--variant flash2 --nq 16 --d 8 --repeat 1 --flashd-rounds 3", path("f2.json"));
+  EXPECT_EQ(runs_of(alone, "flash2").size(), 3u);
 
   expect_usage_error("bench --nq 8 --d 8 --flashd-rounds -1", "--flashd-rounds");
 }
