@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
-cmake -S "$root" -B "$root/build-asan" -DFLASHVK_SANITIZE=ON -DFLASHVK_VIEWER=OFF \
+cmake -S "$root" -B "$root/build-asan" -DFLASHVK_SANITIZE=ON -DFLASHVK_WERROR=ON -DFLASHVK_VIEWER=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$root/build-asan" -j "$(nproc)"
 cd "$root/build-asan"
