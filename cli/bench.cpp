@@ -48,9 +48,10 @@ options:
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
   --dtype f32|f16     storage type (default f32)
-  --layout auto|shared|registers|coopmat
+  --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
-                      tile products on the matrix units, fp16 only; the last column,
+                      tile products on the matrix units, fp16 only; lanes: splitkv's
+                      decoding kernel, a key's head dimension over a few lanes; the last column,
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
@@ -76,6 +77,10 @@ options:
                       FLASH-D's target names, is a median of N pairs (default 0; 9 with
                       --suite: on a noisy machine the median of 3 pairs misses by a tenth)
   --warm-cache        skip the cache flush before each run
+  --gpu-warm S        before each shape's timed runs, keep the device busy for S seconds
+                      (the FMA calibration, back to back), so that a GPU has raised its clocks
+                      from idle: an H100 ran its first seconds of work 3-4x slower (default 1
+                      on GPUs, 0 on CPU drivers)
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
@@ -213,6 +218,7 @@ struct Options {
   int flashd_rounds = 0;  // rounds flashd and flash2 run at least
   bool check = false;
   bool flush = true;  // fill a cache-sized buffer before every timed run
+  double gpu_warm = 0;  // seconds of busy work before each shape (GPU clocks up from idle)
   TileLayout layout = TileLayout::automatic;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
@@ -298,6 +304,7 @@ class Calibration {
 // What the timed runs need next to them: the cache flush and the FMA calibration.
 struct Meters {
   std::optional<CacheFlush> flush;
+  std::optional<FmaProbe> busy;  // --gpu-warm's work
   std::optional<Calibration> fma;
 };
 
@@ -377,6 +384,13 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
   for (Variant v : c.variants) {
     rows.push_back(Row{&c, v});
     warm_up(ctx, c, case_params(c, v, o));
+  }
+  if (o.gpu_warm > 0) {
+    if (!meters.busy) meters.busy.emplace(ctx);
+    auto start = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+           o.gpu_warm)
+      meters.busy->gflops();
   }
   const size_t n = rows.size();
   std::vector<int> rounds(n, o.repeat);
@@ -469,8 +483,9 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     s += buf;
   }
   std::snprintf(buf, sizeof buf,
-                ", \"runs\": %d, \"min_time\": %.6g, \"flashd_rounds\": %d, \"cache_flush\": %s",
-                o.repeat, o.min_time, o.flashd_rounds, o.flush ? "true" : "false");
+                ", \"runs\": %d, \"min_time\": %.6g, \"flashd_rounds\": %d, \"cache_flush\": %s"
+                ", \"gpu_warm\": %.6g",
+                o.repeat, o.min_time, o.flashd_rounds, o.flush ? "true" : "false", o.gpu_warm);
   s += buf;
   s += ", \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -560,7 +575,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Args args(argv,
             {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
              "min-time", "flashd-rounds", "json", "device", "suite", "layout", "block-rows",
-             "block-keys", "splits"},
+             "block-keys", "splits", "gpu-warm"},
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
@@ -585,6 +600,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
       args.integer("flashd-rounds", args.has("suite") ? kSuiteFlashdRounds : 0, 0, 1000));
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
+  o.gpu_warm = args.number("gpu-warm", -1);
+  if (args.has("gpu-warm") && o.gpu_warm < 0)
+    throw UsageError{"--gpu-warm must be at least 0 seconds"};
   o.layout = parse_layout(args.text("layout", "auto"));
   o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
@@ -594,6 +612,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.pipeline_cache_path = default_pipeline_cache();
   Context ctx = Context::create(options);
+  if (o.gpu_warm < 0) o.gpu_warm = ctx.device().type == "cpu" ? 0.0 : 1.0;
   if (o.layout == TileLayout::cooperative_matrix && !ctx.device().cooperative_matrix)
     throw Error(
         "--layout coopmat needs cooperative matrices (VK_NV_cooperative_matrix with fp16 "
