@@ -115,7 +115,9 @@ TileLayout parse_layout(const std::string& text) {
   if (text == "shared") return TileLayout::shared;
   if (text == "registers") return TileLayout::registers;
   if (text == "coopmat") return TileLayout::cooperative_matrix;
-  throw UsageError{"--layout must be auto, shared, registers or coopmat, got '" + text + "'"};
+  if (text == "lanes") return TileLayout::lanes;
+  throw UsageError{"--layout must be auto, shared, registers, coopmat or lanes, got '" + text +
+                   "'"};
 }
 
 }  // namespace flashvk::cli

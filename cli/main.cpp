@@ -46,9 +46,10 @@ options:
                       with f16 on GPUs with cooperative matrices, the softmax weights are
                       rounded to fp16 for the P V product: up to 2^-11 max|v| more error)
   --splits N          splitkv: number of key chunks (default: from the device)
-  --layout auto|shared|registers|coopmat
+  --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto: see
-                      docs/engine.md); the line printed at the end names what ran
+                      docs/engine.md; lanes: splitkv's decoding kernel for GPUs); the line
+                      printed at the end names what ran
   --block-rows N --block-keys N
                       invocations per workgroup and keys per tile (default: the engine's;
                       `flashvk bench` with the same options times them)

@@ -9,7 +9,7 @@
 // about correctness on llvmpipe: it stops every loop of an invocation once all its loops together
 // have run 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS), so only the loops over keys iterate.
 #extension GL_EXT_control_flow_attributes : require
-#ifdef REG_TILE
+#if defined(REG_TILE) || defined(LANE_TILE)
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
@@ -28,6 +28,8 @@ layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (regi
 // A key mask is bound. A constant, not a push-constant flag: llvmpipe runs a branch on a value it
 // cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
 layout(constant_id = 5) const bool KEY_MASK = false;
+// Lanes that share one key's head dimension (LANE_TILE: splitkv_lanes.comp).
+layout(constant_id = 6) const uint LANES = 1;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
@@ -36,8 +38,19 @@ const uint CH = 1u;
 #endif
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
+#ifdef LANE_TILE
+// K and V as 16-byte vectors: 8 halves (unpacked by the kernel) or 4 floats.
+#ifdef FP16
+#define KV_VEC uvec4
+#else
+#define KV_VEC vec4
+#endif
+layout(std430, binding = 1) readonly buffer KBuf { KV_VEC k_vec[]; };
+layout(std430, binding = 2) readonly buffer VBuf { KV_VEC v_vec[]; };
+#else
 layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
 layout(std430, binding = 2) readonly buffer VBuf { ELEM v_buf[]; };
+#endif
 layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };  // [B, Nk], 0 = masked

@@ -61,6 +61,8 @@ const char* tile_layout_name(TileLayout layout) {
       return "registers";
     case TileLayout::cooperative_matrix:
       return "cooperative_matrix";
+    case TileLayout::lanes:
+      return "lanes";
   }
   return "unknown";
 }

@@ -102,6 +102,7 @@ void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, fla
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);
 void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);
-uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys);
+uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys,
+                     uint64_t gpu_groups = 1024);
 
 }  // namespace flashvk::detail

@@ -56,13 +56,19 @@ struct Spec {
   uint32_t group_rows = 1;  // register tiles: query rows each invocation works on
   bool key_mask = false;    // a key mask is bound (a constant, so unmasked calls skip its reads)
   bool coopmat = false;     // fused kernels: TileLayout::cooperative_matrix (128 invocations)
+  bool lanes = false;           // splitkv: TileLayout::lanes (group_rows rows per workgroup)
+  uint32_t lanes_per_key = 1;   // TileLayout::lanes: lanes sharing one key's head dimension
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
     if (coopmat) return rows / 2;
+    if (lanes) return group_rows;
     return registers ? rows * group_rows : rows;
   }
-  auto tie() const { return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat); }
+  auto tie() const {
+    return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
+                    lanes_per_key);
+  }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 

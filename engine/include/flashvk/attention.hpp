@@ -20,7 +20,11 @@ enum class RopeLayout { none, interleaved, half };
 /// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
 /// (VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16 storage, flash1, flash2, flashd and
 /// splitkv, d and dv multiples of 16 up to 128. `automatic` picks it wherever it can run.
-enum class TileLayout { automatic, shared, registers, cooperative_matrix };
+/// `lanes`: splitkv for decoding on GPUs: all of a KV head's query rows (at most 8) in one
+/// workgroup, each key's head dimension spread over a few lanes that load 16 bytes each;
+/// d and dv multiples of 8 (fp16) or 4 (fp32), subgroup shuffles. `automatic` picks it for
+/// splitkv on GPUs when a KV head has at most 8 query rows.
+enum class TileLayout { automatic, shared, registers, cooperative_matrix, lanes };
 const char* tile_layout_name(TileLayout layout);
 
 const std::vector<Variant>& all_variants();

@@ -7,11 +7,17 @@
 
 namespace flashvk::detail {
 
+// Workgroups a lanes decode aims for: on an H100 (decode, 8 KV heads, 4096 to 65536 keys) 64
+// chunks each, 512 workgroups of 64 invocations, were fastest of 16 to 256 chunks; more made
+// the merge cost more than the extra parallelism gained.
+constexpr uint64_t kLaneGroups = 512;
+
 // Enough chunks that the device has about as many workgroups in flight as it can run at once:
-// a CPU driver runs one per hardware thread, a GPU several per compute unit.
-uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys) {
+// a CPU driver runs one per hardware thread, a GPU several per compute unit (`gpu_groups`).
+uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys,
+                     uint64_t gpu_groups) {
   uint64_t in_flight =
-      info.type == "cpu" ? 2ull * std::max(1u, std::thread::hardware_concurrency()) : 1024ull;
+      info.type == "cpu" ? 2ull * std::max(1u, std::thread::hardware_concurrency()) : gpu_groups;
   uint64_t splits = (in_flight + groups - 1) / groups;
   uint64_t max_splits = (uint64_t(nk) + keys - 1) / keys;  // at least one tile per chunk
   return static_cast<uint32_t>(
@@ -23,13 +29,16 @@ void plan_splitkv(Plan& plan) {
   uint32_t group = d.heads / d.kv_heads;
   uint64_t rows = uint64_t(group) * d.nq;
   uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
-  uint32_t keys = plan.spec.keys;
+  // Keys a workgroup takes per step: a tile, or with lanes every cluster's keys.
+  uint32_t keys = plan.spec.lanes ? plan.spec.keys * (plan.spec.rows / plan.spec.lanes_per_key)
+                                  : plan.spec.keys;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
     uint32_t splits =
         plan.params.splits
             ? plan.params.splits
-            : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads, d.nk, keys);
+            : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads, d.nk, keys,
+                          plan.spec.lanes ? kLaneGroups : 1024);
     uint32_t per = (d.nk + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
     while (!plan.params.splits && plan.impl.loop_limited && kps > keys &&
@@ -54,13 +63,20 @@ void plan_splitkv(Plan& plan) {
   VkPipeline partial = plan.impl.pipeline(plan.shader("splitkv"), plan.spec);
   plan.add(partial, set, {blocks, d.batch * d.kv_heads, plan.splits});
   plan.add_barrier();
-  Spec merge_spec;  // the merge reads only dv
+  // The merge: a row per invocation on CPU drivers; on GPUs a row's elements spread over 32
+  // lanes (keys = invocations per row), so that its reads of the chunks are wide.
+  Spec merge_spec;
   merge_spec.rows = 64;
+  merge_spec.keys = plan.ctx.device().type == "cpu" ? 1 : 32;
   merge_spec.d = plan.spec.d;
   merge_spec.dv = plan.spec.dv;
   VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
-  plan.add(merge, set, {static_cast<uint32_t>((total_rows + 63) / 64), 1, 1});
+  uint64_t merge_groups = (total_rows + 64 / merge_spec.keys - 1) / (64 / merge_spec.keys);
+  uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);
+  plan.add(merge, set,
+           {static_cast<uint32_t>(across), static_cast<uint32_t>((merge_groups + across - 1) / across),
+            1});
 }
 
 }  // namespace flashvk::detail

@@ -1,0 +1,158 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// Flash-Decoding partial pass for GPUs (TileLayout::lanes): FlashAttention-2 over one chunk of
+// keys per workgroup (z), shaped for decoding, where a KV head has few query rows and the cost
+// is reading K and V once, at the memory's speed.
+//
+// - Every query row of the workgroup's KV head (at most ROWS; the host gives them all to one
+//   workgroup when they fit) is worked on by every invocation, so K and V are read once per
+//   KV head, not once per query head (grouped-query attention).
+// - A key's head dimension is spread over a cluster of LANES lanes, each loading 16 bytes a row
+//   (8 halves or 4 floats), so one load instruction of the cluster reads a whole row and the
+//   memory sees wide, contiguous requests. The score's partial sums meet by a butterfly of
+//   subgroup shuffles within the cluster.
+// - The workgroup's clusters walk the chunk KB keys at a time, interleaved, with every K and V
+//   load of a step issued before its arithmetic; each cluster keeps its own (m, l, o) and the
+//   clusters merge once at the end, through shared memory, as splitkv_merge.comp merges chunks.
+// No shared memory in the loop and no barrier but the one before the merge.
+#define SPLIT_KV
+#define LANE_TILE
+#include "common.glsl"
+
+#ifdef FP16
+const uint VEC = 8u;  // elements per 16-byte load
+#else
+const uint VEC = 4u;
+#endif
+const uint KE = D / LANES;    // elements of a key row per lane
+const uint VE = DV / LANES;   // elements of a value row (and of the output) per lane
+const uint KB = BC;           // keys a cluster takes per step, their loads all in flight
+const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
+
+void unpack(KV_VEC x, inout float f[VEC]) {
+#ifdef FP16
+  [[unroll]] for (uint i = 0; i < 4u; ++i) {
+    vec2 h = unpackHalf2x16(x[i]);
+    f[2u * i] = h.x;
+    f[2u * i + 1u] = h.y;
+  }
+#else
+  [[unroll]] for (uint i = 0; i < 4u; ++i) f[i] = x[i];
+#endif
+}
+
+Row rows[ROWS];
+float q_reg[ROWS][KE];
+float o_acc[ROWS][VE];
+float m_run[ROWS], l_run[ROWS];
+
+shared float part_ml[CLUSTERS][ROWS][2];
+shared float part_o[CLUSTERS][ROWS][DV];
+
+void main() {
+  uint lane = gl_LocalInvocationID.x;
+  uint cluster = lane / LANES, sub = lane % LANES;
+  uint group = pc.heads / pc.kv_heads;
+  uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint key_end = 0u;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    uint r = gl_WorkGroupID.x * ROWS + rr;
+    bool valid = r < group * pc.nq;
+    rows[rr] = make_row(b, hkv * group + (valid ? r / pc.nq : 0u), valid ? r % pc.nq : 0u, valid);
+    key_end = max(key_end, rows[rr].key_end);
+    uint base = (rows[rr].bh * pc.nq + rows[rr].i) * D + sub * KE;
+    [[unroll]] for (uint e = 0; e < KE; ++e)
+      q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
+    [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
+    m_run[rr] = NEG_INF;
+    l_run[rr] = 0.0;
+  }
+  uint begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
+  uint end = min(min(pc.nk, begin + pc.keys_per_split), key_end);
+  uint kv_base = rows[0].kv_base;  // the rows share one K/V head
+
+  for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
+    KV_VEC kx[KB][KE / VEC], vx[KB][VE / VEC];
+    [[unroll]] for (uint c = 0; c < KB; ++c) {
+      uint key = kv_base + min(j0 + c, end - 1u);  // past the end: the last key, weight 0
+      [[unroll]] for (uint u = 0; u < KE / VEC; ++u) kx[c][u] = k_vec[(key * D + sub * KE) / VEC + u];
+      [[unroll]] for (uint u = 0; u < VE / VEC; ++u) vx[c][u] = v_vec[(key * DV + sub * VE) / VEC + u];
+    }
+    float s[KB][ROWS];
+    [[unroll]] for (uint c = 0; c < KB; ++c) {
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = 0.0;
+      [[unroll]] for (uint u = 0; u < KE / VEC; ++u) {
+        float k[VEC];
+        unpack(kx[c][u], k);
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+          [[unroll]] for (uint i = 0; i < VEC; ++i) s[c][rr] = fma(q_reg[rr][u * VEC + i], k[i], s[c][rr]);
+      }
+    }
+    [[unroll]] for (uint step = LANES / 2u; step > 0u; step /= 2u)
+      [[unroll]] for (uint c = 0; c < KB; ++c)
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] += subgroupShuffleXor(s[c][rr], step);
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      float m_new = m_run[rr];
+      [[unroll]] for (uint c = 0; c < KB; ++c) {
+        bool seen = j0 + c < end && key_visible(rows[rr].b, rows[rr].key_end, j0 + c);
+        s[c][rr] = seen ? s[c][rr] : NEG_INF;
+        m_new = max(m_new, s[c][rr]);
+      }
+      // As in flash2_state.glsl: exp(-inf) spelled out as 0, no branch while nothing is seen.
+      float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
+      l_run[rr] *= alpha;
+      [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] *= alpha;
+      [[unroll]] for (uint c = 0; c < KB; ++c) {
+        float p = s[c][rr] == NEG_INF ? 0.0 : exp(s[c][rr] - m_new);
+        l_run[rr] += p;
+        s[c][rr] = p;
+      }
+      m_run[rr] = m_new;
+    }
+    [[unroll]] for (uint c = 0; c < KB; ++c)
+      [[unroll]] for (uint u = 0; u < VE / VEC; ++u) {
+        float v[VEC];
+        unpack(vx[c][u], v);
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+          [[unroll]] for (uint i = 0; i < VEC; ++i)
+            o_acc[rr][u * VEC + i] = fma(s[c][rr], v[i], o_acc[rr][u * VEC + i]);
+      }
+  }
+
+  // The clusters' states merge with log-sum-exp, as chunks do in splitkv_merge.comp.
+  if (CLUSTERS > 1u) {
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      if (sub == 0u) {
+        part_ml[cluster][rr][0] = m_run[rr];
+        part_ml[cluster][rr][1] = l_run[rr];
+      }
+      [[unroll]] for (uint e = 0; e < VE; ++e) part_o[cluster][rr][sub * VE + e] = o_acc[rr][e];
+    }
+    barrier();
+    if (cluster != 0u) return;
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      float m_all = NEG_INF;
+      for (uint c = 0u; c < CLUSTERS; ++c) m_all = max(m_all, part_ml[c][rr][0]);
+      l_run[rr] = 0.0;
+      [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
+      for (uint c = 0u; c < CLUSTERS; ++c) {
+        float m = part_ml[c][rr][0];
+        float w = m == NEG_INF ? 0.0 : exp(m - m_all);
+        l_run[rr] += part_ml[c][rr][1] * w;
+        [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[c][rr][sub * VE + e] * w;
+      }
+      m_run[rr] = m_all;
+    }
+  }
+  // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+    if (!rows[rr].valid) continue;
+    uint part = (rows[rr].bh * pc.nq + rows[rr].i) * pc.splits + gl_WorkGroupID.z;
+    float inv = l_run[rr] > 0.0 ? 1.0 / l_run[rr] : 0.0;
+    [[unroll]] for (uint e = 0; e < VE; ++e) scratch1[part * DV + sub * VE + e] = o_acc[rr][e] * inv;
+    if (sub == 0u) {
+      scratch2[part * 2u] = m_run[rr];
+      scratch2[part * 2u + 1u] = l_run[rr];
+    }
+  }
+}
