@@ -127,6 +127,65 @@ TEST_F(VulkanTest, CooperativeMatrixKernelsMatchTheReferenceOrAreRefused) {
   EXPECT_THROW(attention(context(), q, k, v, params, DType::f32), Error);
 }
 
+// The decoding kernel (TileLayout::lanes, the default for splitkv on GPUs when a KV head has at
+// most 8 query rows), forced on every device: every ragged shape whose head dims are whole
+// 16-byte loads, with chunk counts from the device and forced, several keys per step, causal and
+// key masks, and KV heads with more rows than one workgroup takes (several row blocks). Shapes
+// it cannot run are refused by name.
+TEST_F(VulkanTest, LanesLayoutMatchesTheReferenceOrIsRefused) {
+  for (DType dtype : {DType::f32, DType::f16}) {
+    uint32_t vec = dtype == DType::f16 ? 8 : 4;
+    for (const Shape& s : kShapes) {
+      uint32_t seed = s.nq * 17 + s.nk + s.d;
+      HostTensor q = round_to_half(random_tensor({s.b, s.h, s.nq, s.d}, seed));
+      HostTensor k = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1));
+      HostTensor v = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2));
+      AttentionParams params;
+      params.variant = Variant::splitkv;
+      params.causal = s.causal;
+      params.tile_layout = TileLayout::lanes;
+      if (s.d % vec || s.dv % vec) {
+        try {
+          attention(context(), q, k, v, params, dtype);
+          ADD_FAILURE() << s.name << ": d=" << s.d << " with lanes was not refused";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("multiples of " + std::to_string(vec)),
+                    std::string::npos)
+              << e.what();
+        }
+        continue;
+      }
+      params.key_mask.assign(size_t(s.b) * s.nk, 1);
+      for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.key_mask[j] = 0;
+      reference::Result ref = reference::direct(q, k, v, params);
+      // (chunks, keys a step): the engine's, forced chunks with one key a step, and 16 a step.
+      for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 16u}}) {
+        params.splits = splits;
+        params.block_keys = keys;
+        HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
+        std::string what = std::string(s.name) + " " + dtype_name(dtype) + " splits " +
+                           std::to_string(splits) + " keys " + std::to_string(keys);
+        EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
+        EXPECT_EQ(gpu.block_rows, std::min(s.h / s.hkv * s.nq, 8u)) << what;
+        if (splits) {
+          EXPECT_EQ(gpu.splits, splits) << what;
+        }
+        double tol = tolerance(q, k, v, params);
+        EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << what;
+        EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+      }
+    }
+  }
+  HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
+  AttentionParams params;
+  params.tile_layout = TileLayout::lanes;
+  params.variant = Variant::flash2;  // a splitkv kernel: refused for the other variants
+  EXPECT_THROW(attention(context(), q, k, k, params), Error);
+  params.variant = Variant::splitkv;
+  params.block_keys = 17;
+  EXPECT_THROW(attention(context(), q, k, k, params), Error);
+}
+
 TEST_F(VulkanTest, RegisterTilesRefuseWhatTheyCannotDo) {
   HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
   AttentionParams params;

@@ -424,6 +424,18 @@ TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
   expect_usage_error("bench --nq 8 --d 8 --flashd-rounds -1", "--flashd-rounds");
 }
 
+// --gpu-warm: its value is in the JSON (by default 0 on CPU drivers, 1 on GPUs), and a negative
+// one is a usage error.
+TEST_F(CliTest, BenchWarmsGpusUpAndSaysHowLong) {
+  std::string json = bench_json("--variant flash2 --nq 16 --d 8 --repeat 1", path("w.json"));
+  bool cpu = context().device().type == "cpu";
+  EXPECT_NE(json.find(cpu ? "\"gpu_warm\": 0," : "\"gpu_warm\": 1,"), std::string::npos) << json;
+  std::string warmed =
+      bench_json("--variant flash2 --nq 16 --d 8 --repeat 1 --gpu-warm 0.05", path("w2.json"));
+  EXPECT_NE(warmed.find("\"gpu_warm\": 0.05,"), std::string::npos) << warmed;
+  expect_usage_error("bench --nq 8 --d 8 --gpu-warm -1", "--gpu-warm");
+}
+
 TEST_F(CliTest, MissingAndUnreadableFiles) {
   write_qkv({4, 8}, {6, 8}, {6, 8});
   expect_refused("run --q " + path("nope.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
