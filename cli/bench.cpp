@@ -217,7 +217,7 @@ struct Options {
   double min_time = 0;    // seconds of runs each variant gathers, in extra rounds if need be
   int flashd_rounds = 0;  // rounds flashd and flash2 run at least
   bool check = false;
-  bool flush = true;  // fill a cache-sized buffer before every timed run
+  bool flush = true;    // fill a cache-sized buffer before every timed run
   double gpu_warm = 0;  // seconds of busy work before each shape (GPU clocks up from idle)
   TileLayout layout = TileLayout::automatic;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
@@ -572,10 +572,10 @@ Case custom_case(const Args& args) {
 int cmd_bench(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
     return std::cout << kBenchHelp, 0;
-  Args args(argv,
-            {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype", "repeat",
-             "min-time", "flashd-rounds", "json", "device", "suite", "layout", "block-rows",
-             "block-keys", "splits", "gpu-warm"},
+  Args args(argv, {"variant", "batch",   "heads", "kv-heads", "nq",         "nk",
+                   "d",       "dv",      "dtype", "repeat",   "min-time",   "flashd-rounds",
+                   "json",    "device",  "suite", "layout",   "block-rows", "block-keys",
+                   "splits",  "gpu-warm"},
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {

@@ -2,8 +2,8 @@
 # A shader may be compiled several times with different -D defines (fp16 storage, tracing);
 # each build gets its own array name: <file>_<suffix>.
 
-set(FLASHVK_SHADER_DIR ${CMAKE_SOURCE_DIR}/shaders)
-set(FLASHVK_SHADER_OUT ${CMAKE_BINARY_DIR}/generated/shaders)
+set(FLASHVK_SHADER_DIR ${flashvk_SOURCE_DIR}/shaders)
+set(FLASHVK_SHADER_OUT ${flashvk_BINARY_DIR}/generated/shaders)
 file(MAKE_DIRECTORY ${FLASHVK_SHADER_OUT})  # glslangValidator exits 0 even when it cannot write
 
 # flashvk_add_shader(<list-var> <file.comp> <suffix> [DEFINES...])

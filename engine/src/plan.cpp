@@ -130,8 +130,8 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 
 // The lanes layout where it is asked for, or by default for splitkv on GPUs when a KV head has
 // few query rows (decoding), which all go to one workgroup.
-bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-               DType dtype, bool trace) {
+bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
+               bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
   bool usable = params.variant == Variant::splitkv && info.subgroup_shuffle && lanes > 0 &&
                 params.block_rows == 0 && params.block_keys <= 16;
@@ -169,8 +169,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
     spec.rows = lanes_workgroup(spec.lanes_per_key, spec.group_rows, dims.dv, shared_bytes);
     spec.keys = params.block_keys ? params.block_keys : kLaneKeys;  // keys a cluster takes a step
     if ((spec.rows / spec.lanes_per_key) * spec.group_rows * (dims.dv + 2) * 4 > shared_bytes)
-      throw Error("tile_layout lanes needs " +
-                  std::to_string(spec.group_rows * (dims.dv + 2) * 4) +
+      throw Error("tile_layout lanes needs " + std::to_string(spec.group_rows * (dims.dv + 2) * 4) +
                   " bytes of shared memory for one cluster's output; this device or "
                   "max_shared_memory allows " +
                   std::to_string(shared_bytes));

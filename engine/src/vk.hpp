@@ -52,12 +52,12 @@ class Buffer {
 /// Specialization constants shared by every kernel: workgroup size, tile keys, head dims.
 struct Spec {
   uint32_t rows = 64, keys = 32, d = 64, dv = 64;
-  bool registers = false;   // fused kernels: register tiles (TileLayout::registers)
-  uint32_t group_rows = 1;  // register tiles: query rows each invocation works on
-  bool key_mask = false;    // a key mask is bound (a constant, so unmasked calls skip its reads)
-  bool coopmat = false;     // fused kernels: TileLayout::cooperative_matrix (128 invocations)
-  bool lanes = false;           // splitkv: TileLayout::lanes (group_rows rows per workgroup)
-  uint32_t lanes_per_key = 1;   // TileLayout::lanes: lanes sharing one key's head dimension
+  bool registers = false;      // fused kernels: register tiles (TileLayout::registers)
+  uint32_t group_rows = 1;     // register tiles: query rows each invocation works on
+  bool key_mask = false;       // a key mask is bound (a constant, so unmasked calls skip its reads)
+  bool coopmat = false;        // fused kernels: TileLayout::cooperative_matrix (128 invocations)
+  bool lanes = false;          // splitkv: TileLayout::lanes (group_rows rows per workgroup)
+  uint32_t lanes_per_key = 1;  // TileLayout::lanes: lanes sharing one key's head dimension
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {

@@ -34,11 +34,10 @@ void plan_splitkv(Plan& plan) {
                                   : plan.spec.keys;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
-    uint32_t splits =
-        plan.params.splits
-            ? plan.params.splits
-            : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads, d.nk, keys,
-                          plan.spec.lanes ? kLaneGroups : 1024);
+    uint32_t splits = plan.params.splits
+                          ? plan.params.splits
+                          : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
+                                        d.nk, keys, plan.spec.lanes ? kLaneGroups : 1024);
     uint32_t per = (d.nk + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
     while (!plan.params.splits && plan.impl.loop_limited && kps > keys &&
@@ -75,8 +74,8 @@ void plan_splitkv(Plan& plan) {
   uint64_t merge_groups = (total_rows + 64 / merge_spec.keys - 1) / (64 / merge_spec.keys);
   uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);
   plan.add(merge, set,
-           {static_cast<uint32_t>(across), static_cast<uint32_t>((merge_groups + across - 1) / across),
-            1});
+           {static_cast<uint32_t>(across),
+            static_cast<uint32_t>((merge_groups + across - 1) / across), 1});
 }
 
 }  // namespace flashvk::detail

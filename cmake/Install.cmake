@@ -1,0 +1,29 @@
+# `cmake --install`: the static library, its headers, a CMake package (find_package(flashvk
+# CONFIG) gives flashvk::flashvk, which brings its Vulkan dependency) and flashvk.pc for
+# pkg-config; the flashvk command too when it is built.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS flashvk EXPORT flashvkTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${flashvk_SOURCE_DIR}/engine/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(FLASHVK_CLI)
+  install(TARGETS flashvk_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+set(FLASHVK_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashvk)
+install(EXPORT flashvkTargets NAMESPACE flashvk:: DESTINATION ${FLASHVK_CMAKE_DIR})
+configure_package_config_file(${flashvk_SOURCE_DIR}/cmake/flashvkConfig.cmake.in
+                              ${flashvk_BINARY_DIR}/flashvkConfig.cmake
+                              INSTALL_DESTINATION ${FLASHVK_CMAKE_DIR})
+write_basic_package_version_file(${flashvk_BINARY_DIR}/flashvkConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${flashvk_BINARY_DIR}/flashvkConfig.cmake
+              ${flashvk_BINARY_DIR}/flashvkConfigVersion.cmake
+        DESTINATION ${FLASHVK_CMAKE_DIR})
+
+# pkg-config: a static library, so its link line names what it needs (the Vulkan loader through
+# vulkan.pc, and the C++ standard library the application's C++ compiler links anyway).
+configure_file(${flashvk_SOURCE_DIR}/cmake/flashvk.pc.in ${flashvk_BINARY_DIR}/flashvk.pc @ONLY)
+install(FILES ${flashvk_BINARY_DIR}/flashvk.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
