@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds and runs examples/decode_loop the ways an application takes flashvk (README, "In your
+# project"): against an installed prefix with find_package, from source with add_subdirectory
+# (Release, clang: a consumer's build must not fail on flashvk's warnings), with FetchContent
+# (a clone of this checkout's HEAD commit), and a compile and link through pkg-config. Fails if any build fails or the example's outputs are
+# off. Usage: bash scripts/consumer.sh   (after scripts/setup.sh; builds into build-consumer/)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/scripts/setup.sh"
+out="$root/build-consumer"
+rm -rf "$out"
+mkdir -p "$out"
+jobs="$(nproc)"
+
+echo "consumer: install flashvk (library only) into $out/prefix"
+cmake -S "$root" -B "$out/flashvk" -DCMAKE_BUILD_TYPE=Release -DFLASHVK_CLI=OFF \
+  -DFLASHVK_VIEWER=OFF -DFLASHVK_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$out/prefix" >/dev/null
+cmake --build "$out/flashvk" -j "$jobs" >/dev/null
+cmake --install "$out/flashvk" >/dev/null
+
+echo "consumer: find_package(flashvk CONFIG) from the installed prefix"
+cmake -S "$root/examples/decode_loop" -B "$out/find_package" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$out/prefix" >/dev/null
+cmake --build "$out/find_package" -j "$jobs" >/dev/null
+"$out/find_package/decode_loop" | tail -n 1
+
+echo "consumer: add_subdirectory(flashvk), Release, clang++"
+CXX=clang++ cmake -S "$root/examples/decode_loop" -B "$out/add_subdirectory" \
+  -DCMAKE_BUILD_TYPE=Release -DFLASHVK_SOURCE_DIR="$root" >/dev/null
+cmake --build "$out/add_subdirectory" -j "$jobs" >/dev/null
+"$out/add_subdirectory/decode_loop" | tail -n 1
+
+echo "consumer: FetchContent from a clone of this checkout's HEAD"
+cmake -S "$root/examples/decode_loop" -B "$out/fetch_content" -DCMAKE_BUILD_TYPE=Release \
+  -DFLASHVK_GIT_REPOSITORY="file://$root" -DFLASHVK_GIT_TAG="$(git -C "$root" rev-parse HEAD)" \
+  >/dev/null
+cmake --build "$out/fetch_content" -j "$jobs" >/dev/null
+"$out/fetch_content/decode_loop" | tail -n 1
+
+echo "consumer: pkg-config --cflags --libs flashvk"
+export PKG_CONFIG_PATH="$out/prefix/lib/pkgconfig"
+# shellcheck disable=SC2046
+g++ -std=c++20 -O2 "$root/examples/decode_loop/main.cpp" -o "$out/pkg_config_decode_loop" \
+  $(pkg-config --cflags --libs flashvk)
+"$out/pkg_config_decode_loop" | tail -n 1
+echo "consumer: all four builds ran"
