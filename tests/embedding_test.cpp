@@ -14,9 +14,9 @@ struct AppVulkan {
   uint32_t family = 0;
   VkCommandPool pool = VK_NULL_HANDLE;
 
-  AppVulkan() {
+  explicit AppVulkan(uint32_t api_version = VK_API_VERSION_1_1) {
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
-    app.apiVersion = VK_API_VERSION_1_1;
+    app.apiVersion = api_version;
     VkInstanceCreateInfo ii{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
     ii.pApplicationInfo = &app;
     EXPECT_EQ(vkCreateInstance(&ii, nullptr, &instance), VK_SUCCESS);
@@ -108,6 +108,19 @@ TEST(Embedding, AdoptedDeviceRunsAttentionAndSurvivesTheEngine) {
 
 TEST(Embedding, AdoptRefusesMissingHandles) {
   EXPECT_THROW(Context::adopt(ExternalDevice{}), Error);
+}
+
+// An application whose instance asked for Vulkan 1.0 is told so at adopt(), by name, instead of
+// failing at its first buffer ("exceeds maxMemoryAllocationSize (0 bytes)").
+TEST(Embedding, AdoptRefusesAVulkan10InstanceByName) {
+  AppVulkan app(VK_API_VERSION_1_0);
+  try {
+    Context ctx = Context::adopt(app.external());
+    ADD_FAILURE() << "adopt() took an instance created for Vulkan 1.0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("apiVersion VK_API_VERSION_1_1"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Devices, ListsAtLeastOneDeviceWithTheGuaranteedLimits) {

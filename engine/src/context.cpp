@@ -1,10 +1,11 @@
-#include <unistd.h>
-
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <utility>
 
 #include "flashvk/context.hpp"
@@ -384,7 +385,12 @@ bool ContextImpl::save_pipeline_cache() const {
   if (vkGetPipelineCacheData(device, cache, &size, nullptr) != VK_SUCCESS) return false;
   std::vector<char> data(size);
   if (vkGetPipelineCacheData(device, cache, &size, data.data()) != VK_SUCCESS) return false;
-  std::string tmp = cache_path + ".tmp." + std::to_string(::getpid());
+  // A name no other process writing the same cache picks (the standard library only: the engine
+  // builds for Windows, Android and macOS too), then a rename that replaces the old file.
+  std::random_device entropy;
+  auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::string tmp =
+      cache_path + ".tmp." + std::to_string(entropy()) + "." + std::to_string(uint64_t(now));
   {
     std::ofstream file(tmp, std::ios::binary);
     file.write(data.data(), static_cast<std::streamsize>(size));
@@ -393,7 +399,9 @@ bool ContextImpl::save_pipeline_cache() const {
       return false;
     }
   }
-  if (std::rename(tmp.c_str(), cache_path.c_str()) != 0) {
+  std::error_code error;
+  std::filesystem::rename(tmp, cache_path, error);
+  if (error) {
     std::remove(tmp.c_str());
     return false;
   }
@@ -595,6 +603,18 @@ Context Context::adopt(const ExternalDevice& external) {
   impl->queue = external.queue;
   impl->family = external.queue_family;
   impl->info = detail::describe(external.instance, external.physical_device, 0);
+  // flashvk needs Vulkan 1.1 (subgroup and maintenance3 properties, 16-bit storage, SPIR-V 1.3).
+  // An instance created with apiVersion 1.0 answers the 1.1 property queries with zeros, which
+  // would fail later and elsewhere; say so here.
+  if (VK_API_VERSION_MAJOR(impl->info.api_version) == 1 &&
+      VK_API_VERSION_MINOR(impl->info.api_version) == 0)
+    throw Error("Context::adopt: " + impl->info.name +
+                " supports only Vulkan 1.0; flashvk needs Vulkan 1.1 or later");
+  if (impl->info.max_allocation == 0 || impl->info.subgroup_size == 0)
+    throw Error(
+        "Context::adopt: the device's Vulkan 1.1 properties came back empty; create the "
+        "VkInstance with VkApplicationInfo::apiVersion VK_API_VERSION_1_1 or later (flashvk "
+        "needs Vulkan 1.1)");
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
   impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
   impl->coopmat_enabled = external.cooperative_matrix_enabled && impl->info.cooperative_matrix;
