@@ -129,9 +129,12 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 }
 
 // The lanes layout where it is asked for, or by default for splitkv on GPUs when a KV head has
-// few query rows (decoding), which all go to one workgroup.
+// few query rows (decoding), which all go to one workgroup; by default only where one cluster's
+// merge fits the shared memory and each lane holds at most four 16-byte loads of a row (a head
+// dim that splits badly, such as d = 80 in fp16 over 2 lanes, would keep 40 elements a row in
+// every lane, and spill).
 bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
-               bool trace) {
+               uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
   bool usable = params.variant == Variant::splitkv && info.subgroup_shuffle && lanes > 0 &&
                 params.block_rows == 0 && params.block_keys <= 16;
@@ -146,8 +149,11 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
     return !trace;  // traces record from the shared-memory kernels
   }
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  return params.tile_layout == TileLayout::automatic && usable && params.block_keys == 0 &&
-         !trace && info.type != "cpu" && rows <= kLaneRows;
+  uint32_t vec = dtype == DType::f16 ? 8 : 4;
+  bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
+              std::max(dims.d, dims.dv) <= 4 * vec * lanes;
+  return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
+         !trace && info.type != "cpu";
 }
 
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
@@ -161,7 +167,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
   spec.dv = dims.dv;
   uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
   uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
-  if (!forced_keys && use_lanes(info, dims, params, dtype, trace)) {
+  if (!forced_keys && use_lanes(info, dims, params, dtype, shared_bytes, trace)) {
     spec.lanes = true;
     spec.lanes_per_key = lanes_per_key(info, dims, dtype);
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
