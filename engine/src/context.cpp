@@ -379,7 +379,9 @@ std::vector<char> read_pipeline_cache(const std::string& path, VkPhysicalDevice 
 
 }  // namespace
 
-bool ContextImpl::save_pipeline_cache() const {
+// Called from the destructor too, so nothing may escape: a failure (std::random_device, a full
+// disk, an allocation) only means the next run compiles its pipelines again.
+bool ContextImpl::save_pipeline_cache() const try {
   if (cache_path.empty() || cache == VK_NULL_HANDLE) return true;
   size_t size = 0;
   if (vkGetPipelineCacheData(device, cache, &size, nullptr) != VK_SUCCESS) return false;
@@ -406,6 +408,8 @@ bool ContextImpl::save_pipeline_cache() const {
     return false;
   }
   return true;
+} catch (...) {
+  return false;
 }
 
 void ContextImpl::init_shared_objects() {
