@@ -4,9 +4,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS flashvk EXPORT flashvkTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS flashvk EXPORT flashvkTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${flashvk_SOURCE_DIR}/engine/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(FLASHVK_CLI)
   install(TARGETS flashvk_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -24,6 +22,10 @@ install(FILES ${flashvk_BINARY_DIR}/flashvkConfig.cmake
         DESTINATION ${FLASHVK_CMAKE_DIR})
 
 # pkg-config: a static library, so its link line names what it needs (the Vulkan loader through
-# vulkan.pc, and the C++ standard library the application's C++ compiler links anyway).
+# vulkan.pc, and the C++ standard library the application's C++ compiler links anyway). The
+# prefix is found from the .pc file's own place, so an install moved elsewhere
+# (cmake --install --prefix, a copied tree) still works.
+file(RELATIVE_PATH FLASHVK_PC_TO_PREFIX
+     "${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "${CMAKE_INSTALL_PREFIX}")
 configure_file(${flashvk_SOURCE_DIR}/cmake/flashvk.pc.in ${flashvk_BINARY_DIR}/flashvk.pc @ONLY)
 install(FILES ${flashvk_BINARY_DIR}/flashvk.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -17,7 +17,7 @@ function(flashvk_add_shader out_list file suffix)
   endforeach()
   add_custom_command(
     OUTPUT ${header}
-    COMMAND ${GLSLANG_VALIDATOR} -V --target-env vulkan1.1 ${defines} --vn ${name}
+    COMMAND ${FLASHVK_GLSLANG_VALIDATOR} -V --target-env vulkan1.1 ${defines} --vn ${name}
             --depfile ${header}.d -o ${header} ${FLASHVK_SHADER_DIR}/${file}
     DEPENDS ${FLASHVK_SHADER_DIR}/${file}
     DEPFILE ${header}.d

@@ -13,10 +13,12 @@ mkdir -p "$out"
 jobs="$(nproc)"
 
 echo "consumer: install flashvk (library only) into $out/prefix"
+# Configured for the default prefix and installed elsewhere: the CMake package and flashvk.pc
+# must find their files from where they are.
 cmake -S "$root" -B "$out/flashvk" -DCMAKE_BUILD_TYPE=Release -DFLASHVK_CLI=OFF \
-  -DFLASHVK_VIEWER=OFF -DFLASHVK_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$out/prefix" >/dev/null
+  -DFLASHVK_VIEWER=OFF -DFLASHVK_TESTS=OFF >/dev/null
 cmake --build "$out/flashvk" -j "$jobs" >/dev/null
-cmake --install "$out/flashvk" >/dev/null
+cmake --install "$out/flashvk" --prefix "$out/prefix" >/dev/null
 
 echo "consumer: find_package(flashvk CONFIG) from the installed prefix"
 cmake -S "$root/examples/decode_loop" -B "$out/find_package" -DCMAKE_BUILD_TYPE=Release \

@@ -2,6 +2,7 @@
 // new token a step, each step attending over the whole cache (grouped-query attention, 8 query
 // heads on 2 KV heads, fp16 storage). Every step is checked against flashvk's float64 reference;
 // the program exits 1 if an output is off, 2 on an error.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
