@@ -51,7 +51,8 @@ options:
   --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; lanes: splitkv's
-                      decoding kernel, a key's head dimension over a few lanes; the last column,
+                      decoding kernel, a key's head dimension over a few lanes, with
+                      --variant splitkv; the last column,
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
