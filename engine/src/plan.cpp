@@ -105,8 +105,12 @@ bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParam
 // bytes of a key row (8 halves or 4 floats); the most that divide both d and dv into whole
 // loads, a power of two no larger than the subgroup. 0 when d or dv is not a whole number of
 // loads.
+uint32_t lane_vec(DType dtype) {  // elements of one 16-byte load
+  return dtype == DType::f16 ? 8 : 4;
+}
+
 uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, DType dtype) {
-  uint32_t vec = dtype == DType::f16 ? 8 : 4;
+  uint32_t vec = lane_vec(dtype);
   if (dims.d % vec || dims.dv % vec) return 0;
   uint32_t lanes = 1;
   while (lanes * 2 <= info.subgroup_size && (dims.d / vec) % (lanes * 2) == 0 &&
@@ -144,14 +148,13 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
           "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
           "block_keys (keys a cluster of lanes takes a step) at most 16, on devices with "
           "subgroup shuffles, d and dv multiples of " +
-          std::to_string(dtype == DType::f16 ? 8 : 4) + " (16-byte loads); " + info.name +
+          std::to_string(lane_vec(dtype)) + " (16-byte loads); " + info.name +
           " with this call does not qualify");
     return !trace;  // traces record from the shared-memory kernels
   }
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  uint32_t vec = dtype == DType::f16 ? 8 : 4;
   bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
-              std::max(dims.d, dims.dv) <= 4 * vec * lanes;
+              std::max(dims.d, dims.dv) <= 4 * lane_vec(dtype) * lanes;
   return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
          !trace && info.type != "cpu";
 }
