@@ -80,7 +80,7 @@ options:
   --warm-cache        skip the cache flush before each run
   --gpu-warm S        before each shape's timed runs, keep the device busy for S seconds
                       (the FMA calibration, back to back), so that a GPU has raised its clocks
-                      from idle: an H100 ran its first seconds of work 3-4x slower (default 1
+                      from idle: an H100 ran its first seconds of work about 4x slower (default 1
                       on GPUs, 0 on CPU drivers)
   --check             also report the max error against the float64 reference (slow)
   --json FILE         write every figure as JSON
