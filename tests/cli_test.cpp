@@ -256,7 +256,7 @@ TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   Outcome o = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat");
   if (context().device().cooperative_matrix) {
     EXPECT_EQ(o.status, 0) << o.output;
-    EXPECT_NE(o.output.find("  cooperative_matrix\n"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("  cooperative_matrix "), std::string::npos) << o.output;
   } else {
     EXPECT_EQ(o.status, 1) << o.output;
     EXPECT_EQ(o.output.rfind("flashvk: error: --layout coopmat needs cooperative matrices", 0),

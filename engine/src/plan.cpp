@@ -121,7 +121,8 @@ uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, DType dtype) {
 
 constexpr uint32_t kLaneRows = 8;  // query rows of a lanes workgroup at most
 // Keys a cluster of lanes takes a step, all their loads in flight together: 8 read 5-8% faster
-// than 4 on an H100.
+// than 4 on an H100. Also the most a caller may ask for: the step is unrolled over keys and rows,
+// and NVIDIA's compiler took 213 s for one pipeline of 16 keys by 8 rows (4 s for 8 keys).
 constexpr uint32_t kLaneKeys = 8;
 
 // Invocations of a lanes workgroup: 64, or fewer where its clusters' merge would not fit the
@@ -141,12 +142,14 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
                uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
   bool usable = params.variant == Variant::splitkv && info.subgroup_shuffle && lanes > 0 &&
-                params.block_rows == 0 && params.block_keys <= 16;
+                params.block_rows == 0 && params.block_keys <= kLaneKeys;
   if (params.tile_layout == TileLayout::lanes) {
     if (!usable)
       throw Error(
           "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
-          "block_keys (keys a cluster of lanes takes a step) at most 16, on devices with "
+          "block_keys (keys a cluster of lanes takes a step) at most " +
+          std::to_string(kLaneKeys) +
+          ", on devices with "
           "subgroup shuffles, d and dv multiples of " +
           std::to_string(lane_vec(dtype)) + " (16-byte loads); " + info.name +
           " with this call does not qualify");
