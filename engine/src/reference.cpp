@@ -153,27 +153,34 @@ RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v) {
   return t;
 }
 
-// Seed 000 §4 verbatim: w_1 = 1, w_i = sigma(s_i - s_{i-1} + ln w_{i-1}). Exact in real
-// arithmetic; in floating point ln w_{i-1} can reach -inf, after which every w is 0.
-RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v) {
+// Seed 000 §4 verbatim: w_1 = 1, w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), with sigma(x) =
+// 1 / (1 + e^-x) as the seed's Python writes it. Exact in real arithmetic; in floating point
+// e^-x overflows once ln w_{i-1} is low enough, w becomes 0, and every later w is 0.
+template <typename T>
+RowTrace flashd_seed_row_in(const Vec& s, const std::vector<Vec>& v) {
   RowTrace t;
-  Vec o(width(v), 0.0);
-  double weight = 1.0, prev = 0.0;
+  std::vector<T> o(width(v), T(0));
+  T weight = 1, prev = 0;
   bool first = true;
   for (size_t i = 0; i < s.size(); ++i) {
-    double w = 0.0;
+    T w = 0;
     if (s[i] != -kInf) {
-      if (!first) weight = sigmoid(s[i] - prev + std::log(weight));
+      T x = T(s[i]);
+      if (!first) weight = T(1) / (T(1) + std::exp(-(x - prev + std::log(weight))));
       first = false;
       w = weight;
-      for (size_t k = 0; k < o.size(); ++k) o[k] = o[k] * (1 - weight) + v[i][k] * weight;
-      prev = s[i];
+      for (size_t k = 0; k < o.size(); ++k) o[k] = o[k] * (T(1) - weight) + T(v[i][k]) * weight;
+      prev = x;
     }
-    push_step(t, kNaN, kNaN, w, kNaN, o);
+    push_step(t, kNaN, kNaN, double(w), kNaN, Vec(o.begin(), o.end()));
   }
-  t.out = o;
+  t.out = Vec(o.begin(), o.end());
   t.final_lse = kNaN;
   return t;
+}
+
+RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v, bool in_fp32) {
+  return in_fp32 ? flashd_seed_row_in<float>(s, v) : flashd_seed_row_in<double>(s, v);
 }
 
 // Seed 002 Flash-Decoding: each chunk runs flash attention and returns (o'_c, m_c, d'_c);

@@ -25,8 +25,9 @@ RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v);
 RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v);
 /// FLASH-D carried as the running log-sum-exp L: w_i = sigma(s_i - L_{i-1}).
 RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v);
-/// FLASH-D exactly as seed 000 writes it: w_i = sigma(s_i - s_{i-1} + ln w_{i-1}).
-RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v);
+/// FLASH-D exactly as seed 000 writes it: w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), in float64,
+/// or in fp32 with `in_fp32` (as a kernel would run it; it underflows sooner).
+RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v, bool in_fp32 = false);
 /// Flash-Decoding: flash1 over chunks of `chunk` keys, merged with log-sum-exp.
 RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk);
 /// softmax(s) v by the direct formula, e^(s - max) / sum e^(s - max).
