@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lessons.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {
@@ -132,6 +133,137 @@ TEST(Viewer, SummaryReportsExactOutputs) {
     ++checked;
   }
   EXPECT_EQ(checked, 6);
+}
+
+const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising",
+                                "sink",        "masked-mid-row", "fully-masked-row",
+                                "empty-split", "fp16-overflow"};
+
+// From 1280 x 720 up nothing is cut at the side: the viewer asks ImGui how far each panel's
+// content reached and how wide each plot title is, and names what did not fit.
+TEST(Viewer, EveryPresetFitsAt1280x720And1920x1080) {
+  for (const char* size : {"1280x720", "1920x1080"})
+    for (const char* preset : kPresets) {
+      std::string out;
+      Image img =
+          screenshot(std::string("--preset ") + preset +
+                         " --variant naive,online,flash1,flash2,flashd,splitkv --size " + size,
+                     &out);
+      EXPECT_EQ(img.w, size[0] == '1' && size[1] == '2' ? 1280 : 1920) << preset;
+      EXPECT_NE(out.find("layout: every panel's text fits its width"), std::string::npos)
+          << preset << " at " << size << ":\n"
+          << out;
+    }
+  std::string out;  // and the check does find what does not fit
+  screenshot("--preset sample --size 800x600", &out);
+  EXPECT_NE(out.find("wider than the p"), std::string::npos) << out;  // panel or plot
+  EXPECT_EQ(out.find("every panel's text fits"), std::string::npos) << out;
+}
+
+// Each preset's lesson has points of interest inside its trace, at the steps its text names.
+class LessonTest : public VulkanTest {};
+
+const viewer::PointOfInterest* point_at(const viewer::Lesson& lesson, int step) {
+  for (const auto& p : lesson.points)
+    if (p.step == step) return &p;
+  return nullptr;
+}
+
+TEST_F(LessonTest, EveryPresetHasPointsOfInterestInItsTrace) {
+  for (const char* preset : kPresets) {
+    viewer::Model model(context());
+    model.selected = {Variant::flash1, Variant::flashd, Variant::splitkv};
+    model.load(viewer::make_preset(preset, FLASHVK_ASSETS));
+    viewer::Lesson lesson = viewer::lesson_for(model);
+    EXPECT_GT(lesson.intro.size(), 100u) << preset;
+    ASSERT_GE(lesson.points.size(), 2u) << preset;
+    for (size_t i = 0; i < lesson.points.size(); ++i) {
+      const auto& p = lesson.points[i];
+      EXPECT_GE(p.step, 0) << preset;
+      EXPECT_LT(p.step, model.steps()) << preset;
+      EXPECT_FALSE(p.title.empty() || p.look.empty()) << preset;
+      if (i) {
+        EXPECT_LE(lesson.points[i - 1].step, p.step) << preset << ": in step order";
+      }
+    }
+    EXPECT_EQ(lesson.literal_flashd, std::string(preset) == "falling-rising") << preset;
+  }
+}
+
+// falling-rising: scores -12.5 j fall for 160 keys. In fp32 the seed's w_8 = 1 / (1 + e^100)
+// is 0 (e^100 > FLT_MAX), so ln w = -inf and every later literal w stays 0; the true weight
+// first exceeds 1e-30 at key 236 (s = -62 against the first key's 0), where the kernel's
+// flashd has it and the literal form does not.
+TEST_F(LessonTest, FallingRisingShowsWhereTheLiteralFlashDFails) {
+  viewer::Model model(context());
+  model.selected = {Variant::flashd};
+  model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
+  const auto& literal = model.literal_flashd().w;
+  EXPECT_EQ(viewer::literal_flashd_zero(model), 8);
+  EXPECT_GT(literal[7], 0.0);
+  EXPECT_EQ(literal[8], 0.0);
+  EXPECT_EQ(viewer::literal_flashd_underflow(model), 236);
+  for (size_t i = 8; i < literal.size(); ++i) EXPECT_EQ(literal[i], 0.0) << i;
+  viewer::Lesson lesson = viewer::lesson_for(model);
+  ASSERT_NE(point_at(lesson, 8), nullptr);
+  ASSERT_NE(point_at(lesson, 236), nullptr);
+  const auto& gpu = model.traces().at(0).gpu.steps.w;
+  double exact = std::exp(-62.0) / (1.0 + std::exp(-62.0) + std::exp(-87.5));  // keys 0, 236, 235
+  EXPECT_NEAR(gpu[236], exact, exact * 1e-3) << "the kernel's stable form keeps the weight";
+  EXPECT_GT(gpu.back(), 0.99f);
+  model.literal_flashd_shown = true;  // "run to the next underflow" then stops there
+  model.cursor = 9;
+  EXPECT_EQ(model.find(viewer::Jump::underflow, +1), 236);
+}
+
+TEST_F(LessonTest, OtherPresetsPointWhereTheirEventsAre) {
+  auto lesson_of = [&](const char* preset, viewer::Model& model) {
+    model.selected = {Variant::flash1, Variant::splitkv};
+    model.load(viewer::make_preset(preset, FLASHVK_ASSETS));
+    return viewer::lesson_for(model);
+  };
+  {  // e^s passes fp16's 65504 at the first score above ln 65504, computed here from the formula
+    viewer::Model model(context());
+    viewer::Lesson lesson = lesson_of("fp16-overflow", model);
+    int first = -1;
+    for (int j = 0; j < 200 && first < 0; ++j)
+      if (16.0 * std::sin(0.05 * j) * std::sin(0.011 * j) > std::log(65504.0)) first = j;
+    ASSERT_GT(first, 0);
+    EXPECT_NE(point_at(lesson, first), nullptr) << first;
+  }
+  {  // the largest rescale of the sample row is a step where flash1's m rises on the GPU
+    viewer::Model model(context());
+    viewer::Lesson lesson = lesson_of("sample", model);
+    bool found = false;
+    for (const auto& p : lesson.points)
+      if (p.title.find("rescale") != std::string::npos) {
+        const auto& m = model.traces().at(0).gpu.steps.m;
+        EXPECT_GT(m[size_t(p.step)], m[size_t(p.step - 1)]);
+        found = true;
+      }
+    EXPECT_TRUE(found);
+  }
+  {  // empty-split: keys 64..127 are masked, the second of four chunks reports m = -inf
+    viewer::Model model(context());
+    viewer::Lesson lesson = lesson_of("empty-split", model);
+    EXPECT_NE(point_at(lesson, 64), nullptr);
+    const auto& splits = model.traces().at(1).gpu.splits;
+    ASSERT_EQ(splits.size(), 4u);
+    EXPECT_EQ(splits[1].begin, 64u);
+    EXPECT_TRUE(std::isinf(splits[1].m) && splits[1].m < 0);
+  }
+  {  // masked-mid-row: the block of masked keys starts at 40
+    viewer::Model model(context());
+    viewer::Lesson lesson = lesson_of("masked-mid-row", model);
+    EXPECT_NE(point_at(lesson, 40), nullptr);
+    EXPECT_NE(point_at(lesson, 0), nullptr);
+  }
+  {  // fully-masked-row: row 3 of 40 queries over 24 keys, causal, sees no key
+    viewer::Model model(context());
+    viewer::Lesson lesson = lesson_of("fully-masked-row", model);
+    for (double s : model.scores()) EXPECT_TRUE(std::isinf(s));
+    EXPECT_NE(lesson.points.front().title.find("no key"), std::string::npos);
+  }
 }
 
 TEST(Viewer, BadOptionsAreRefused) {

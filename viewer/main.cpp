@@ -123,13 +123,21 @@ void print_summary(const Model& model, const std::string& path) {
     for (size_t i = 1; i < t.gpu.steps.size(); ++i)
       rescales += t.gpu.steps.m[i] > t.gpu.steps.m[i - 1] && std::isfinite(t.gpu.steps.m[i - 1]);
     for (size_t i = 0; i < t.gpu.steps.size(); ++i)
-      underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > 1e-30;  // as Model::find
+      underflows += t.gpu.steps.w[i] == 0.0f && t.ref.w[i] > kUnderflowFloor;  // as Model::find
     std::printf(
         "  %-8s output error vs float64 %.2e, %u tiles of %u keys, %d rescales of m, %d weight "
         "underflows\n",
         variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales,
         underflows);
   }
+  Lesson lesson = lesson_for(model);
+  std::printf("  lesson: %zu points of interest", lesson.points.size());
+  for (const auto& p : lesson.points)
+    std::printf("%s step %d (%s)", &p == lesson.points.data() ? ":" : ",", p.step, p.title.c_str());
+  std::printf("\n");
+  const auto& overflows = layout_overflows();
+  if (overflows.empty()) std::printf("  layout: every panel's text fits its width\n");
+  for (const auto& o : overflows) std::printf("  layout: %s\n", o.c_str());
   if (!model.last_error.empty()) std::printf("  error: %s\n", model.last_error.c_str());
   std::printf("  wrote %s\n", path.c_str());
 }

@@ -8,10 +8,6 @@
 namespace flashvk::viewer {
 namespace {
 
-// A float64 weight below this is at the edge of fp32 (where GPUs flush to zero) and harmless;
-// a GPU weight of 0 where the float64 one is larger is a real underflow.
-constexpr double kUnderflowFloor = 1e-30;
-
 // The output the state after step i stands for: FA2 and splitkv keep o unnormalised.
 std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
   std::vector<std::vector<double>> out;
@@ -66,6 +62,7 @@ void Model::retrace() {
   fa1_ = reference::flash1_row(scores_, values);
   fa2_ = reference::flash2_row(scores_, values);
   fd_ = reference::flashd_row(scores_, values);
+  literal_fd_ = reference::flashd_seed_row(scores_, values, true);
   traces_.clear();
   for (Variant v : selected) {
     AttentionParams p = in_.params;
@@ -116,6 +113,9 @@ bool Model::event_at(Jump jump, int i) const {
         break;
       case Jump::underflow:
         if (s.w[size_t(i)] == 0.0f && t.ref.w[size_t(i)] > kUnderflowFloor) return true;
+        if (literal_flashd_shown && literal_fd_.w[size_t(i)] == 0.0 &&
+            fd_.w[size_t(i)] > kUnderflowFloor)
+          return true;
         break;
       case Jump::error:
         if (t.error[size_t(i)] > error_threshold) return true;

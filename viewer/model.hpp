@@ -41,6 +41,10 @@ struct VariantTrace {
   std::vector<double> error;                // per step: max |gpu state - float64 state|
 };
 
+// A float64 weight below this is at the edge of fp32 (where GPUs flush to zero) and harmless;
+// a weight of 0 where the float64 one is larger is a real underflow.
+inline constexpr double kUnderflowFloor = 1e-30;
+
 enum class Jump { tile, rescale, nonfinite, underflow, error };
 
 class Model {
@@ -59,12 +63,17 @@ class Model {
   uint32_t batch = 0, head = 0, row = 0;
   int cursor = 0;  ///< step index: the state after key `cursor`
   double error_threshold = 1e-5;
+  /// "underflow" also stops where FLASH-D as the seed writes it (fp32) loses a weight.
+  bool literal_flashd_shown = false;
 
   const std::vector<VariantTrace>& traces() const { return traces_; }
   const reference::Vec& scores() const { return scores_; }
   const reference::RowTrace& direct() const { return direct_; }
   /// float64 recurrences of FA1, FA2 and FLASH-D for the derivation panel, whatever is selected.
   const reference::RowTrace& ref_of(Variant v) const;
+  /// FLASH-D as seed 000 writes it (w from ln w of the step before), run in fp32: where it
+  /// underflows, the stable form in the kernels does not.
+  const reference::RowTrace& literal_flashd() const { return literal_fd_; }
   int steps() const { return int(scores_.size()); }
   int last_visible_key() const;  ///< where the cursor starts: the row's final state
   uint32_t tile_size() const;
@@ -88,7 +97,7 @@ class Model {
   Dims dims_;
   std::vector<VariantTrace> traces_;
   reference::Vec scores_;
-  reference::RowTrace direct_, fa1_, fa2_, fd_;
+  reference::RowTrace direct_, fa1_, fa2_, fd_, literal_fd_;
   std::vector<double> heat_s_, heat_p_;
 };
 

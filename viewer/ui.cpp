@@ -1,9 +1,11 @@
 #include "ui.hpp"
 
 #include <imgui.h>
+#include <imgui_internal.h>  // the windows' extents, to check that their content fits
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -16,6 +18,7 @@ namespace {
 
 const char* kPanels[] = {"Whole window", "Controls", "Plots", "Heatmap", "Derivation", "Output"};
 std::map<int, ImVec4> g_panel_rects;
+std::vector<std::string> g_overflows;
 
 ImU32 variant_color(Variant v) {
   switch (v) {
@@ -36,17 +39,51 @@ ImU32 variant_color(Variant v) {
 }
 const ImU32 kReference = IM_COL32(255, 255, 255, 200);
 const ImU32 kCursor = IM_COL32(255, 220, 0, 255);
+const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);  // FLASH-D as the seed writes it
+
+void wrapped_tooltip(const char* text) {
+  ImGui::BeginTooltip();
+  ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
+  ImGui::TextUnformatted(text);
+  ImGui::PopTextWrapPos();
+  ImGui::EndTooltip();
+}
+
+// What the item just drawn does, shown on hover.
+void tip(const char* text) {
+  if (ImGui::IsItemHovered()) wrapped_tooltip(text);
+}
 
 void help_marker(const char* text) {
   ImGui::SameLine();
   ImGui::TextDisabled("(?)");
-  if (ImGui::IsItemHovered()) {
-    ImGui::BeginTooltip();
-    ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
-    ImGui::TextUnformatted(text);
-    ImGui::PopTextWrapPos();
-    ImGui::EndTooltip();
-  }
+  tip(text);
+}
+
+// Before an item of width `w`: on the same line as the last item if it still fits there.
+void flow(float w) {
+  float right = ImGui::GetItemRectMax().x + ImGui::GetStyle().ItemSpacing.x + w;
+  if (right <= ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x) ImGui::SameLine();
+}
+
+float button_width(const char* label) {
+  return ImGui::CalcTextSize(label, nullptr, true).x + 2 * ImGui::GetStyle().FramePadding.x;
+}
+
+void colored_wrapped(ImU32 color, const char* fmt, ...) IM_FMTARGS(2);
+void colored_wrapped(ImU32 color, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(color));
+  ImGui::TextWrappedV(fmt, args);
+  ImGui::PopStyleColor();
+  va_end(args);
+}
+
+void disabled_wrapped(const char* text) {
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("%s", text);
+  ImGui::PopStyleColor();
 }
 
 bool begin_panel(int index, float x, float y, float w, float h) {
@@ -58,6 +95,35 @@ bool begin_panel(int index, float x, float y, float w, float h) {
       ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse);
 }
 
+// Ends a panel, noting it if anything drawn in it reached past its right edge (panels scroll
+// vertically; nothing may be cut at the side).
+void end_panel(int index) {
+  ImGuiWindow* w = ImGui::GetCurrentWindow();
+  float over = w->DC.CursorMaxPos.x - w->WorkRect.Max.x;
+  if (over > 1.0f)
+    g_overflows.push_back(std::string(kPanels[index]) + ": content " +
+                          std::to_string(int(std::ceil(over))) + " px wider than the panel");
+  ImGui::End();
+}
+
+// Numbers as a person writes them: 1, 9.3, -2000, 0.531; tiny and huge ones as 1e-05.
+std::string number(double v) {
+  char buf[48];
+  double a = std::abs(v);
+  if (a == 0 || (a >= 1e-3 && a < 1e6)) {
+    int decimals = a == 0 ? 0 : std::clamp(3 - int(std::floor(std::log10(a))), 0, 6);
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+    std::string t = buf;
+    if (t.find('.') != std::string::npos) {
+      t.erase(t.find_last_not_of('0') + 1);
+      if (t.back() == '.') t.pop_back();
+    }
+    return t == "-0" ? "0" : t;
+  }
+  std::snprintf(buf, sizeof buf, "%.2g", v);
+  return buf;
+}
+
 struct Series {
   std::string label;
   ImU32 color;
@@ -66,9 +132,9 @@ struct Series {
 };
 
 // A line plot over the key index with the cursor marked. NaN and infinities leave gaps.
-void plot(const char* title, const std::vector<Series>& series, int steps, int cursor, bool log_y,
-          ImVec2 size, const std::vector<int>& markers = {}, double hline = NAN,
-          const char* x_label = "key") {
+void plot(const char* title, const char* about, const std::vector<Series>& series, int steps,
+          int cursor, bool log_y, ImVec2 size, const std::vector<int>& markers = {},
+          double hline = NAN, const char* x_label = "key") {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos();
   ImGui::InvisibleButton(title, size);
@@ -87,10 +153,21 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
   float x0 = p0.x + 4, x1 = p1.x - 4, y0 = p0.y + pad, y1 = p1.y - 4;
   auto X = [&](double i) { return float(x0 + (x1 - x0) * (steps > 1 ? i / (steps - 1) : 0.5)); };
   auto Y = [&](double v) { return float(y1 - (y1 - y0) * (tr(v) - lo) / (hi - lo)); };
-  char label[128];
-  std::snprintf(label, sizeof label, "%s   [%s%.3g, %s%.3g]", title, log_y ? "1e" : "", lo,
-                log_y ? "1e" : "", hi);
-  dl->AddText(ImVec2(p0.x + 4, p0.y + 2), IM_COL32(220, 220, 220, 255), label);
+  // The title on top; the axis's ends as plain numbers at its top and bottom right.
+  ImVec2 title_size = ImGui::CalcTextSize(title);
+  if (title_size.x > size.x - 8)
+    g_overflows.push_back(std::string("plot '") + title + "': title wider than the plot");
+  dl->AddText(ImVec2(p0.x + 4, p0.y + 2), IM_COL32(220, 220, 220, 255), title);
+  auto axis_label = [&](double v, float y) {
+    std::string text = number(log_y ? std::pow(10.0, v) : v);
+    ImVec2 ts = ImGui::CalcTextSize(text.c_str());
+    ImVec2 at(x1 - ts.x - 2, y);
+    dl->AddRectFilled(ImVec2(at.x - 2, at.y), ImVec2(at.x + ts.x + 2, at.y + ts.y),
+                      IM_COL32(25, 27, 33, 200));
+    dl->AddText(at, IM_COL32(170, 170, 180, 255), text.c_str());
+  };
+  axis_label(hi, y0);
+  axis_label(lo, y1 - ImGui::GetFontSize());
   if (std::isfinite(hline))
     dl->AddLine(ImVec2(x0, Y(hline)), ImVec2(x1, Y(hline)), IM_COL32(255, 80, 80, 160));
   int stride = std::max(1, steps / int(std::max(1.0f, x1 - x0)));
@@ -121,6 +198,9 @@ void plot(const char* title, const std::vector<Series>& series, int steps, int c
         int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0,
         steps - 1);
     ImGui::BeginTooltip();
+    ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
+    ImGui::TextDisabled("%s", about);
+    ImGui::PopTextWrapPos();
     ImGui::Text("%s %d", x_label, i);
     for (const auto& s : series)
       if (size_t(i) < s.y.size()) ImGui::Text("%s: %.6g", s.label.c_str(), s.y[size_t(i)]);
@@ -146,34 +226,124 @@ void load(Model& model, UiState& ui, Inputs in) {
   }
 }
 
+// The lesson of what is shown, made again when the inputs or the row change; a preset about
+// FLASH-D's literal form turns its curve on.
+void refresh_lesson(const Model& model, UiState& ui) {
+  std::string of = model.inputs().name + "/" + std::to_string(model.batch) + "/" +
+                   std::to_string(model.head) + "/" + std::to_string(model.row) + "/" +
+                   std::to_string(model.steps()) + "/" + std::to_string(int(model.inputs().dtype)) +
+                   std::to_string(model.inputs().params.causal) +
+                   std::to_string(model.traces().size());
+  if (of == ui.lesson_of) return;
+  bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
+  ui.lesson = lesson_for(model);
+  ui.lesson_of = of;
+  ui.point = -1;
+  if (new_inputs) ui.literal_flashd = ui.lesson.literal_flashd;
+}
+
+void go_to_point(Model& model, UiState& ui, int dir) {
+  const auto& points = ui.lesson.points;
+  int n = int(points.size()), to = -1;
+  if (dir > 0) {
+    for (int i = 0; i < n && to < 0; ++i)
+      if (points[size_t(i)].step > model.cursor ||
+          (points[size_t(i)].step == model.cursor && i > ui.point))
+        to = i;
+  } else {
+    for (int i = n - 1; i >= 0 && to < 0; --i)
+      if (points[size_t(i)].step < model.cursor ||
+          (points[size_t(i)].step == model.cursor && i < ui.point))
+        to = i;
+  }
+  if (to < 0) {
+    ui.status = dir > 0 ? "that was the lesson's last point; try another preset or row"
+                        : "that was the lesson's first point";
+    return;
+  }
+  ui.point = to;
+  model.cursor = points[size_t(to)].step;
+  ui.playing = false;
+  ui.status.clear();
+}
+
+void controls_lesson(Model& model, UiState& ui) {
+  const Lesson& lesson = ui.lesson;
+  ImGui::Separator();
+  ImGui::Text("Lesson");
+  ImGui::TextWrapped("%s", lesson.intro.c_str());
+  if (lesson.points.empty()) return;
+  if (ImGui::Button("< previous")) go_to_point(model, ui, -1);
+  tip("Moves the step cursor to the previous point of interest of this lesson.");
+  flow(button_width("next point of interest >"));
+  if (ImGui::Button("next point of interest >")) go_to_point(model, ui, +1);
+  tip("Moves the step cursor to the next step worth seeing and says what to look at there.");
+  int at = -1;  // the point the cursor is on, if any
+  for (int i = 0; i < int(lesson.points.size()); ++i)
+    if (lesson.points[size_t(i)].step == model.cursor && (at < 0 || i == ui.point)) at = i;
+  if (at >= 0) {
+    const PointOfInterest& p = lesson.points[size_t(at)];
+    colored_wrapped(kCursor, "%d of %zu, step %d: %s", at + 1, lesson.points.size(), p.step,
+                    p.title.c_str());
+    ImGui::TextWrapped("%s", p.look.c_str());
+  } else {
+    std::string steps;
+    for (const auto& p : lesson.points)
+      steps += (steps.empty() ? "" : ", ") + std::to_string(p.step);
+    ImGui::TextDisabled("%zu points of interest, at steps", lesson.points.size());
+    ImGui::TextWrapped("%s", steps.c_str());
+  }
+}
+
 void controls_inputs(Model& model, UiState& ui) {
   const auto& names = preset_names();
-  std::vector<const char*> items;
-  for (const auto& n : names) items.push_back(n.c_str());
-  if (ImGui::Combo("preset", &ui.preset, items.data(), int(items.size()))) {
-    try {
-      load(model, ui, make_preset(names[size_t(ui.preset)], ui.assets));
-    } catch (const Error& e) {
-      ui.status = e.what();
+  if (ImGui::BeginCombo("preset", model.inputs().name.c_str())) {  // names what is shown
+    for (int i = 0; i < int(names.size()); ++i) {
+      if (ImGui::Selectable(names[size_t(i)].c_str(), names[size_t(i)] == model.inputs().name)) {
+        ui.preset = i;
+        try {
+          load(model, ui, make_preset(names[size_t(i)], ui.assets));
+        } catch (const Error& e) {
+          ui.status = e.what();
+        }
+      }
+      if (ImGui::IsItemHovered()) wrapped_tooltip(preset_description(names[size_t(i)]).c_str());
     }
+    ImGui::EndCombo();
   }
-  help_marker("Cases that break naive code. The sample is the one in assets/sample.");
-  ImGui::TextWrapped("%s", preset_description(names[size_t(ui.preset)]).c_str());
+  tip("Built-in inputs, each with a lesson: cases that break naive code. The sample is the one "
+      "in assets/sample.");
+  std::string about = preset_description(model.inputs().name);
+  if (!about.empty()) ImGui::TextWrapped("%s", about.c_str());
+}
+
+void controls_other_inputs(Model& model, UiState& ui) {
   if (ImGui::CollapsingHeader("Random input")) {
     RandomSpec& r = ui.random;
     ImGui::SliderInt("heads", &r.heads, 1, 8);
+    tip("Query heads (and as many KV heads).");
     ImGui::SliderInt("queries", &r.nq, 1, 256);
+    tip("Query rows Nq.");
     ImGui::SliderInt("keys", &r.nk, 1, 2048);
+    tip("Keys Nk: the steps of a row.");
     ImGui::SliderInt("head dim", &r.d, 1, 256);
-    ImGui::InputFloat("scale (0 = 1/sqrt d)", &r.scale);
+    tip("d, the length of each query, key and value row.");
+    ImGui::InputFloat("scale", &r.scale);
+    tip("The factor on q.k; 0 means 1/sqrt(d).");
     ImGui::Checkbox("causal##random", &r.causal);
+    tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
     ImGui::InputInt("seed", &r.seed);
+    tip("Seed of the Gaussian inputs.");
     if (ImGui::Button("Generate")) load(model, ui, make_random(r));
+    tip("Makes the random inputs and traces them; the preset box then says \"random\".");
   }
   if (ImGui::CollapsingHeader("Load .npy")) {
     ImGui::InputText("Q", ui.q_path, sizeof ui.q_path);
+    tip("Path of a float32 .npy of shape [B, H, Nq, d] (or fewer leading axes).");
     ImGui::InputText("K", ui.k_path, sizeof ui.k_path);
+    tip("Path of a float32 .npy of shape [B, Hkv, Nk, d].");
     ImGui::InputText("V", ui.v_path, sizeof ui.v_path);
+    tip("Path of a float32 .npy of shape [B, Hkv, Nk, dv].");
     if (ImGui::Button("Load")) {
       try {
         Inputs in;
@@ -186,7 +356,26 @@ void controls_inputs(Model& model, UiState& ui) {
         ui.status = e.what();
       }
     }
+    tip("Reads the three files and traces them; the preset box then says \"files\".");
   }
+}
+
+const char* variant_about(Variant v) {
+  switch (v) {
+    case Variant::naive:
+      return "naive: three passes over the row (max, sum, output); S and P are materialised.";
+    case Variant::online:
+      return "online: two passes; the first keeps a running max and a rescaled sum.";
+    case Variant::flash1:
+      return "flash1 (FlashAttention): one pass, the output normalised at every step.";
+    case Variant::flash2:
+      return "flash2 (FlashAttention-2): one pass, the division by l deferred to the end.";
+    case Variant::flashd:
+      return "flashd (FLASH-D): one pass with sigmoid weights; no max, no division.";
+    case Variant::splitkv:
+      return "splitkv (Flash-Decoding): chunks of keys in parallel, merged with log-sum-exp.";
+  }
+  return "";
 }
 
 void controls_selection(Model& model, UiState& ui) {
@@ -195,8 +384,11 @@ void controls_selection(Model& model, UiState& ui) {
   help_marker(
       "Each selected variant is traced on the GPU for the chosen row and stepped in lockstep.");
   bool changed = false;
+  bool first = true;
   for (Variant v : all_variants()) {
     bool on = std::find(model.selected.begin(), model.selected.end(), v) != model.selected.end();
+    if (!first) flow(ImGui::GetFrameHeight() + 8 + ImGui::CalcTextSize(variant_name(v)).x);
+    first = false;
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(variant_color(v)));
     if (ImGui::Checkbox(variant_name(v), &on)) {
       changed = true;
@@ -207,23 +399,33 @@ void controls_selection(Model& model, UiState& ui) {
                              model.selected.end());
     }
     ImGui::PopStyleColor();
-    if (v != Variant::flash1 && v != Variant::splitkv) ImGui::SameLine();
+    tip(variant_about(v));
   }
+  ImGui::Checkbox("FLASH-D as the seed writes it", &ui.literal_flashd);
+  tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
+      "fp32, in the weight plot (red): it underflows where the kernels' form does not.");
   const Dims& d = model.dims();
   int b = int(model.batch), h = int(model.head), r = int(model.row);
   if (ImGui::SliderInt("batch", &b, 0, int(d.batch) - 1)) model.batch = uint32_t(b), changed = true;
+  tip("Which batch entry to trace.");
   if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) model.head = uint32_t(h), changed = true;
+  tip("Which query head to trace (and the heatmap's head).");
   if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) model.row = uint32_t(r), changed = true;
+  tip("The query row whose keys the steps walk through.");
   bool causal = model.inputs().params.causal;
   if (ImGui::Checkbox("causal", &causal))
     model.mutable_inputs().params.causal = causal, changed = true;
+  tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
   ImGui::SameLine();
   int f16 = model.inputs().dtype == DType::f16;
   if (ImGui::RadioButton("fp32", f16 == 0))
     model.mutable_inputs().dtype = DType::f32, changed = true;
+  tip("Q, K and V stored as fp32.");
   ImGui::SameLine();
   if (ImGui::RadioButton("fp16", f16 == 1))
     model.mutable_inputs().dtype = DType::f16, changed = true;
+  tip("Q, K and V stored as fp16 (the state stays fp32); the float64 reference sees the same "
+      "rounded inputs.");
   if (changed) retrace(model, ui);
 }
 
@@ -231,18 +433,28 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
   ImGui::Separator();
   int last = std::max(0, model.steps() - 1);
   ImGui::SliderInt("step", &model.cursor, 0, last);
-  if (ImGui::Button("|<")) model.cursor = 0;
-  ImGui::SameLine();
-  if (ImGui::Button("<")) model.cursor = std::max(0, model.cursor - 1);
-  ImGui::SameLine();
-  if (ImGui::Button(ui.playing ? "Pause" : "Play")) ui.playing = !ui.playing;
-  ImGui::SameLine();
-  if (ImGui::Button(">")) model.cursor = std::min(last, model.cursor + 1);
-  ImGui::SameLine();
-  if (ImGui::Button(">|")) model.cursor = last;
+  tip("The step cursor: the state after key `step`. Drag, or use the buttons below.");
+  struct StepButton {
+    const char* label;
+    const char* about;
+    int to;
+  } buttons[] = {{"|<", "To the first key.", 0},
+                 {"<", "One key back.", std::max(0, model.cursor - 1)},
+                 {ui.playing ? "Pause" : "Play", "Steps forward by itself, at steps/s.", -1},
+                 {">", "One key on.", std::min(last, model.cursor + 1)},
+                 {">|", "To the last key.", last}};
+  for (const auto& b : buttons) {
+    if (&b != buttons) flow(button_width(b.label));
+    if (ImGui::Button(b.label)) {
+      if (b.to < 0)
+        ui.playing = !ui.playing;
+      else
+        model.cursor = b.to;
+    }
+    tip(b.about);
+  }
   ImGui::SliderFloat("steps/s", &ui.speed, 1.0f, 500.0f, "%.0f", ImGuiSliderFlags_Logarithmic);
-  ImGui::SameLine();
-  ImGui::Checkbox("log l", &ui.log_l);
+  tip("Playback speed.");
   if (ui.playing) {
     ui.play_clock += dt * ui.speed;
     int advance = int(ui.play_clock);
@@ -253,13 +465,19 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
   ImGui::Text("Run to the next:");
   struct JumpButton {
     const char* label;
+    const char* about;
     Jump jump;
-  } jumps[] = {{"tile", Jump::tile},
-               {"rescale of m", Jump::rescale},
-               {"NaN/Inf", Jump::nonfinite},
-               {"underflow", Jump::underflow},
-               {"error", Jump::error}};
+  } jumps[] = {
+      {"tile", "The last key of the next tile of the tiled kernels.", Jump::tile},
+      {"rescale of m", "The next key that raises the running max m.", Jump::rescale},
+      {"NaN/Inf", "The next step whose output state has a NaN or an infinity.", Jump::nonfinite},
+      {"underflow",
+       "The next step where a weight is 0 but the float64 weight is above 1e-30 (the literal "
+       "FLASH-D's too, when it is drawn).",
+       Jump::underflow},
+      {"error", "The next step whose error against float64 exceeds the threshold.", Jump::error}};
   for (const auto& j : jumps) {
+    if (&j != jumps) flow(button_width(j.label));
     if (ImGui::Button(j.label)) {
       int to = model.find(j.jump, +1);
       if (to >= 0)
@@ -267,60 +485,78 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
       else
         ui.status = std::string("no further ") + j.label;
     }
-    if (j.jump != Jump::rescale && j.jump != Jump::error) ImGui::SameLine();
+    tip(j.about);
   }
   float thr = float(model.error_threshold);
-  if (ImGui::InputFloat("error threshold", &thr, 0, 0, "%.1e")) model.error_threshold = thr;
-  help_marker(
-      "underflow: a step where the GPU's weight is 0 but the float64 weight is above 1e-30.");
+  if (ImGui::InputFloat("error limit", &thr, 0, 0, "%.1e")) model.error_threshold = thr;
+  tip("The threshold of \"error\" (red line in the error plot).");
 }
 
 void controls_export(Model& model, UiState& ui) {
   ImGui::Separator();
-  ImGui::InputText("CSV", ui.csv_path, sizeof ui.csv_path);
+  float save = button_width("Save CSV");
+  ImGui::SetNextItemWidth(ImGui::GetContentRegionAvail().x - save -
+                          ImGui::GetStyle().ItemSpacing.x);
+  ImGui::InputText("##csv", ui.csv_path, sizeof ui.csv_path);
+  tip("Where Save CSV writes the trace.");
   ImGui::SameLine();
   if (ImGui::Button("Save CSV")) {
     std::ofstream(ui.csv_path) << model.csv();
     ui.status = std::string("wrote ") + ui.csv_path;
   }
-  ImGui::InputText("PNG", ui.png_path, sizeof ui.png_path);
+  tip("Writes every selected variant's per-key state (s, m, l, w, LSE, error, o) as CSV.");
+  ImGui::SetNextItemWidth(ImGui::GetContentRegionAvail().x - save -
+                          ImGui::GetStyle().ItemSpacing.x);
+  ImGui::InputText("##png", ui.png_path, sizeof ui.png_path);
+  tip("Where Save PNG writes the image.");
   ImGui::SameLine();
   if (ImGui::Button("Save PNG")) ui.png_requested = true;
+  tip("Saves the panel chosen below (or the whole window) as PNG.");
   ImGui::Combo("panel", &ui.png_panel, kPanels, IM_ARRAYSIZE(kPanels));
+  tip("What Save PNG saves.");
 }
 
 void draw_controls(Model& model, UiState& ui, double dt) {
+  ImGui::PushItemWidth(ImGui::GetContentRegionAvail().x * 0.6f);
   ImGui::Text("flashvk viewer");
-  ImGui::TextDisabled("%s", model.context().device().name.c_str());
-  const Dims& d = model.dims();
-  ImGui::Text("%s: B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", model.inputs().name.c_str(), d.batch,
-              d.heads, d.kv_heads, d.nq, d.nk, d.d, d.dv);
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("%s", model.context().device().name.c_str());
+  ImGui::PopStyleColor();
   controls_inputs(model, ui);
-  controls_selection(model, ui);
+  const Dims& d = model.dims();
+  ImGui::TextWrapped("B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", d.batch, d.heads, d.kv_heads, d.nq,
+                     d.nk, d.d, d.dv);
+  controls_lesson(model, ui);
   controls_stepping(model, ui, dt);
+  if (!ui.status.empty()) colored_wrapped(IM_COL32(255, 140, 120, 255), "%s", ui.status.c_str());
+  controls_selection(model, ui);
+  ImGui::Separator();
+  controls_other_inputs(model, ui);
   controls_export(model, ui);
-  if (!ui.status.empty()) {
-    ImGui::Separator();
-    ImGui::TextWrapped("%s", ui.status.c_str());
-  }
+  ImGui::PopItemWidth();
 }
 
-void legend(const Model& model) {
-  for (const auto& t : model.traces()) {
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)), "-- %s",
-                       variant_name(t.variant));
-    ImGui::SameLine();
-  }
-  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kReference), "-- float64 reference");
-  ImGui::SameLine();
-  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kCursor), "| step %d", model.cursor);
-  ImGui::SameLine();
-  ImGui::TextDisabled("(lines that agree lie on top of each other)");
+// One colour-coded entry per line drawn, flowing onto more lines when the panel is narrow.
+void legend(const Model& model, const UiState& ui) {
+  bool first = true;
+  auto entry = [&](ImU32 color, const std::string& text) {
+    if (!first) flow(ImGui::CalcTextSize(text.c_str()).x);
+    first = false;
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(color), "%s", text.c_str());
+  };
+  for (const auto& t : model.traces())
+    entry(variant_color(t.variant), std::string("-- ") + variant_name(t.variant));
+  entry(kReference, "-- float64 reference");
+  if (ui.literal_flashd) entry(kLiteral, "-- FLASH-D as written (fp32)");
+  entry(kCursor, "| step " + std::to_string(model.cursor));
+  if (!first) flow(ImGui::CalcTextSize("(?)").x);
+  ImGui::TextDisabled("(?)");
+  tip("Lines that agree lie on top of each other. Hover a plot for its values at a key.");
 }
 
-void draw_plots(const Model& model, const UiState& ui) {
+void draw_plots(const Model& model, UiState& ui) {
   int n = model.steps();
-  legend(model);
+  legend(model, ui);
   ImVec2 avail = ImGui::GetContentRegionAvail();
   ImVec2 size((avail.x - 8) / 2, (avail.y - 16) / 3);
   std::vector<Series> s_series = {{"s", IM_COL32(220, 220, 220, 255), model.scores(), false}};
@@ -344,6 +580,8 @@ void draw_plots(const Model& model, const UiState& ui) {
       o_series.push_back({name + " o[0]", c, o0});
     }
   }
+  if (ui.literal_flashd)
+    w_series.push_back({"FLASH-D as written (fp32)", kLiteral, model.literal_flashd().w});
   if (!model.traces().empty()) {
     const auto& m = model.traces()[0].gpu.steps.m;
     for (int i = 1; i < int(m.size()); ++i)
@@ -351,36 +589,57 @@ void draw_plots(const Model& model, const UiState& ui) {
   }
   // In fp16, e^s overflows above ln 65504 = 11.09: the line a max-free fp16 kernel cannot cross.
   double fp16_exp_limit = model.inputs().dtype == DType::f16 ? std::log(65504.0) : NAN;
-  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: e^s overflows fp16 above)" : "scores s",
+  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)" : "scores s",
+       "The scaled scores s = scale * q.k of the row; gaps are masked keys. With fp16 inputs the "
+       "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
        s_series, n, model.cursor, false, size, {}, fp16_exp_limit);
   ImGui::SameLine();
-  plot("running max m (flashd: log-sum-exp L); red = rescale", m_series, n, model.cursor, false,
-       size, rescales);
-  plot(ui.log_l ? "denominator l (log)" : "denominator l", l_series, n, model.cursor, ui.log_l,
-       size);
+  plot("running max m",
+       "Each variant's running max m; red triangles mark where it rises and the state is "
+       "rescaled by e^(m_prev - m_new). FLASH-D keeps no max: its running log-sum-exp L is drawn.",
+       m_series, n, model.cursor, false, size, rescales);
+  plot(ui.log_l ? "denominator l (log)" : "denominator l",
+       "The softmax denominator, relative to the current max: it drops when m rises. Click to "
+       "switch between log and linear scale.",
+       l_series, n, model.cursor, ui.log_l, size);
+  if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
-  plot("weight w of the new key (white: float64)", w_series, n, model.cursor, false, size);
-  plot("error vs float64 recurrence (log)", e_series, n, model.cursor, true, size, {},
-       model.error_threshold);
+  plot("weight w of the new key",
+       "The weight the newest key gets in the normalised output, per variant, with the float64 "
+       "weights in white. FLASH-D's w is this quantity; for the others it is e^(s-m)/l.",
+       w_series, n, model.cursor, false, size);
+  plot("error vs float64 (log)",
+       "Per step, the largest difference between the GPU's state and the same variant's "
+       "float64 recurrence; the red line is the error limit.",
+       e_series, n, model.cursor, true, size, {}, model.error_threshold);
   ImGui::SameLine();
-  plot("output o[0] (normalised)", o_series, n, model.cursor, false, size);
+  plot("output o[0]", "The first component of the output each state stands for (FA2's o/l).",
+       o_series, n, model.cursor, false, size);
 }
 
 void draw_heatmap(Model& model, UiState& ui) {
   const Dims& d = model.dims();
   ImGui::Checkbox("show P (else S)", &ui.show_p);
-  ImGui::SameLine();
+  tip("P = softmax(S) row by row, on a square-root colour scale (most of P is tiny); S = the "
+      "scaled scores.");
   uint32_t br = 64, bc = model.tile_size();
-  ImGui::Text(" Br x Bc = %u x %u; yellow: current tile, shaded: masked tiles", br, bc);
-  help_marker(
-      "Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
+  flow(ImGui::CalcTextSize("(?)").x);
+  ImGui::TextDisabled("(?)");
+  tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
+  ImGui::TextWrapped("Tiles of %u x %u; yellow: current tile and row; dark: masked tiles.%s", br,
+                     bc, d.nq == 1 ? " One query: a single row of P, drawn taller than wide." : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
-  ImGui::InvisibleButton("heatmap", avail);
-  if (heat.empty() || d.nq == 0) return;
-  int cols = std::min<int>(int(d.nk), int(avail.x)), rows = std::min<int>(int(d.nq), int(avail.y));
-  float cw = avail.x / float(cols), ch = avail.y / float(rows);
+  if (heat.empty() || d.nq == 0 || avail.x < 1 || avail.y < 1) return;
+  // Square cells, as large as fit; a map of few rows gets rows at least 24 px tall.
+  float cell = std::min(avail.x / float(d.nk), avail.y / float(d.nq));
+  float cw = cell, ch = std::max(cell, 24.0f / float(d.nq));
+  ImVec2 extent(cw * float(d.nk), std::min(avail.y, ch * float(d.nq)));
+  ImGui::InvisibleButton("heatmap", extent);
+  int cols = std::min<int>(int(d.nk), int(extent.x)),
+      rows = std::min<int>(int(d.nq), int(extent.y));
+  float pw = extent.x / float(cols), ph = extent.y / float(rows);
   double lo = INFINITY, hi = -INFINITY;
   for (double v : heat)
     if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
@@ -397,11 +656,11 @@ void draw_heatmap(Model& model, UiState& ui) {
         col = ImGui::ColorConvertFloat4ToU32(ImVec4(t, 0.3f * t + 0.1f, 1.0f - t, 1.0f));
       }
       float fx = float(c), fy = float(r);
-      dl->AddRectFilled(ImVec2(p0.x + fx * cw, p0.y + fy * ch),
-                        ImVec2(p0.x + (fx + 1) * cw, p0.y + (fy + 1) * ch), col);
+      dl->AddRectFilled(ImVec2(p0.x + fx * pw, p0.y + fy * ph),
+                        ImVec2(p0.x + (fx + 1) * pw, p0.y + (fy + 1) * ph), col);
     }
   }
-  float sx = avail.x / float(d.nk), sy = avail.y / float(d.nq);
+  float sx = extent.x / float(d.nk), sy = extent.y / float(d.nq);
   for (uint32_t i0 = 0; bc && i0 < d.nq; i0 += br) {
     for (uint32_t j0 = 0; j0 < d.nk; j0 += bc) {
       ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
@@ -420,7 +679,7 @@ void draw_heatmap(Model& model, UiState& ui) {
     }
   }
   float ry = p0.y + (float(model.row) + 0.5f) * sy;
-  dl->AddLine(ImVec2(p0.x, ry), ImVec2(p0.x + avail.x, ry), IM_COL32(255, 220, 0, 120));
+  dl->AddLine(ImVec2(p0.x, ry), ImVec2(p0.x + extent.x, ry), IM_COL32(255, 220, 0, 120));
 }
 
 void derivation_flash(const Model& model, int i, const reference::RowTrace& r, bool lazy) {
@@ -428,64 +687,69 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
   double m_prev = i > 0 ? r.m[size_t(i - 1)] : -INFINITY, l_prev = i > 0 ? r.l[size_t(i - 1)] : 0.0;
   double m = r.m[size_t(i)], l = r.l[size_t(i)];
   double resc = std::isfinite(m_prev) ? std::exp(m_prev - m) : 0.0;
-  ImGui::Text("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
-  ImGui::Text("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev, s[size_t(i)],
-              m);
-  ImGui::Text("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
-  ImGui::Text("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
-              std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
+  ImGui::TextWrapped("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
+  ImGui::TextWrapped("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev,
+                     s[size_t(i)], m);
+  ImGui::TextWrapped("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
+  ImGui::TextWrapped("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
+                     std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
   if (lazy) {
-    ImGui::Text("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i,
-                i);
-    ImGui::Text("     factor on o' = %.6g, on v = %.6g; divide by d'_N once at the end", resc,
-                std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0);
+    ImGui::TextWrapped("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i,
+                       i, i, i);
+    ImGui::TextWrapped("     factor on o' = %.6g, on v = %.6g; divide by d'_N once at the end",
+                       resc, std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0);
   } else {
-    ImGui::Text("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d", i,
-                i - 1, i - 1, i - 1, i, i, i, i, i, i);
-    ImGui::Text("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0,
-                r.w[size_t(i)]);
+    ImGui::TextWrapped("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d",
+                       i, i - 1, i - 1, i - 1, i, i, i, i, i, i);
+    ImGui::TextWrapped("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0,
+                       r.w[size_t(i)]);
   }
   if (resc > 0 && resc < 1)
-    ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1),
-                       "m rose: earlier state rescaled by e^(m_prev - m_new) = %.6g", resc);
+    colored_wrapped(IM_COL32(255, 100, 100, 255),
+                    "m rose: earlier state rescaled by e^(m_prev - m_new) = %.6g", resc);
 }
 
-void derivation_flashd(const Model& model, int i, const reference::RowTrace& r) {
+void derivation_flashd(const Model& model, int i, const reference::RowTrace& r, bool literal) {
   const auto& s = model.scores();
   double L_prev = i > 0 ? r.lse[size_t(i - 1)] : -INFINITY;
-  ImGui::Text("s_%d = %.6g", i, s[size_t(i)]);
-  ImGui::Text("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i,
-              i - 1);
-  ImGui::Text("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
-  ImGui::Text("L_%d = L_%d + ln(1 + e^(s_%d - L_%d)) = %.6g", i, i - 1, i, i - 1, r.lse[size_t(i)]);
-  ImGui::Text("o_%d = o_%d (1 - w_%d) + v_%d w_%d", i, i - 1, i, i, i);
-  ImGui::TextDisabled("carrying L = s - ln w keeps ln w from underflowing (docs/algorithms.md)");
+  ImGui::TextWrapped("s_%d = %.6g", i, s[size_t(i)]);
+  ImGui::TextWrapped("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1,
+                     i, i - 1);
+  ImGui::TextWrapped("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
+  if (literal)  // the same step as the seed writes it, in fp32
+    colored_wrapped(
+        kLiteral, "as written, in fp32: w_%d = %.6g%s", i, model.literal_flashd().w[size_t(i)],
+        model.literal_flashd().w[size_t(i)] == 0.0 ? " (ln w = -inf from here on)" : "");
+  ImGui::TextWrapped("L_%d = L_%d + ln(1 + e^(s_%d - L_%d)) = %.6g", i, i - 1, i, i - 1,
+                     r.lse[size_t(i)]);
+  ImGui::TextWrapped("o_%d = o_%d (1 - w_%d) + v_%d w_%d", i, i - 1, i, i, i);
+  disabled_wrapped("Carrying L = s - ln w keeps ln w from underflowing (docs/algorithms.md).");
 }
 
-void draw_derivation(const Model& model) {
+void draw_derivation(const Model& model, const UiState& ui) {
   int i = model.cursor;
   if (model.steps() == 0) return;
   Variant v = model.selected.empty() ? Variant::flash1 : model.selected[0];
-  ImGui::Text("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1,
-              variant_name(v));
+  ImGui::TextWrapped("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1,
+                     variant_name(v));
   ImGui::Separator();
   if (!std::isfinite(model.scores()[size_t(i)])) {
-    ImGui::Text("key %d is masked: s = -inf, w = 0, the state is unchanged", i);
+    ImGui::TextWrapped("key %d is masked: s = -inf, w = 0, the state is unchanged", i);
   } else if (v == Variant::flashd) {
-    derivation_flashd(model, i, model.ref_of(Variant::flashd));
+    derivation_flashd(model, i, model.ref_of(Variant::flashd), ui.literal_flashd);
   } else if (v == Variant::naive || v == Variant::online) {
     const auto& d = model.direct();
-    ImGui::Text("a_%d = e^(x_%d - m_N) / d_N = %.6g", i, i, d.w[size_t(i)]);
-    ImGui::Text("o_%d = o_%d + a_%d v_%d", i, i - 1, i, i);
-    ImGui::TextDisabled(v == Variant::naive ? "m_N and d_N come from the first two passes over S"
-                                            : "m_N and d'_N come from the first (online) pass");
+    ImGui::TextWrapped("a_%d = e^(x_%d - m_N) / d_N = %.6g", i, i, d.w[size_t(i)]);
+    ImGui::TextWrapped("o_%d = o_%d + a_%d v_%d", i, i - 1, i, i);
+    disabled_wrapped(v == Variant::naive ? "m_N and d_N come from the first two passes over S."
+                                         : "m_N and d'_N come from the first (online) pass.");
   } else {
     derivation_flash(model, i,
                      model.ref_of(v == Variant::flash1 ? Variant::flash1 : Variant::flash2),
                      v != Variant::flash1);
   }
   ImGui::Separator();
-  ImGui::Text("What ties the variants together at this step (float64):");
+  ImGui::TextWrapped("What ties the variants together at this step (float64):");
   const auto& fa1 = model.ref_of(Variant::flash1);
   const auto& fa2 = model.ref_of(Variant::flash2);
   const auto& fd = model.ref_of(Variant::flashd);
@@ -494,24 +758,25 @@ void draw_derivation(const Model& model) {
     double diff = 0;
     for (size_t c = 0; c < fa1.o[k].size(); ++c)
       diff = std::max(diff, std::abs(fa2.o[k][c] / fa2.l[k] - fa1.o[k][c]));
-    ImGui::Text("FA2 o/l = FA1 o            max |diff| = %.2e", diff);
-    ImGui::Text("FLASH-D w = e^(s-m)/l      %.9g = %.9g", fd.w[k],
-                std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
-    ImGui::Text("FLASH-D L = m + ln l       %.9g = %.9g", fd.lse[k], fa1.m[k] + std::log(fa1.l[k]));
+    ImGui::TextWrapped("FA2 o/l = FA1 o: max |diff| = %.2e", diff);
+    ImGui::TextWrapped("FLASH-D w = e^(s-m)/l: %.9g = %.9g", fd.w[k],
+                       std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
+    ImGui::TextWrapped("FLASH-D L = m + ln l: %.9g = %.9g", fd.lse[k],
+                       fa1.m[k] + std::log(fa1.l[k]));
   } else {
-    ImGui::Text("no key visible yet");
+    ImGui::TextWrapped("no key visible yet");
   }
   ImGui::Separator();
-  ImGui::Text("GPU state at this step (per variant):");
+  ImGui::TextWrapped("GPU state at this step (per variant):");
   for (const auto& t : model.traces()) {
     const auto& st = t.gpu.steps;
-    ImVec4 color = ImGui::ColorConvertU32ToFloat4(variant_color(t.variant));
+    ImU32 color = variant_color(t.variant);
     if (t.variant == Variant::flashd)  // FLASH-D keeps no max and no denominator, only L
-      ImGui::TextColored(color, "%-8s L=%-10.5g            w=%-10.5g err=%.1e",
-                         variant_name(t.variant), st.lse[k], st.w[k], t.error[k]);
+      colored_wrapped(color, "%-8s L=%.5g  w=%.5g  err=%.1e", variant_name(t.variant), st.lse[k],
+                      st.w[k], t.error[k]);
     else
-      ImGui::TextColored(color, "%-8s m=%-10.5g l=%-10.5g w=%-10.5g err=%.1e",
-                         variant_name(t.variant), st.m[k], st.l[k], st.w[k], t.error[k]);
+      colored_wrapped(color, "%-8s m=%.5g  l=%.5g  w=%.5g  err=%.1e", variant_name(t.variant),
+                      st.m[k], st.l[k], st.w[k], t.error[k]);
   }
 }
 
@@ -529,34 +794,36 @@ void output_vector_plot(const Model& model) {
     series.push_back({std::string(variant_name(t.variant)) + " (float64)", kReference, ref, true});
   }
   ImVec2 avail = ImGui::GetContentRegionAvail();
-  plot("output vector at the step, by component", series, int(model.dims().dv), -1, false,
-       ImVec2(avail.x, std::min(160.0f, avail.y * 0.4f)), {}, NAN, "component");
+  plot("output vector at the step",
+       "The whole output vector each variant's state stands for at the step, by component, "
+       "with that variant's float64 state in white.",
+       series, int(model.dims().dv), -1, false, ImVec2(avail.x, std::min(160.0f, avail.y * 0.4f)),
+       {}, NAN, "component");
 }
 
 void draw_output(const Model& model) {
   output_vector_plot(model);
   const auto& d = model.direct();
-  ImGui::Text("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row,
-              d.final_lse);
+  ImGui::TextWrapped("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row,
+                     d.final_lse);
   for (const auto& t : model.traces()) {
     double err = 0;
     for (size_t c = 0; c < d.out.size(); ++c)
       err = std::max(err, std::abs(double(t.gpu.out[c]) - d.out[c]));
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(variant_color(t.variant)),
-                       "%-8s max |o - o_ref| = %.2e  LSE %.6g", variant_name(t.variant), err,
-                       t.gpu.lse);
+    colored_wrapped(variant_color(t.variant), "%-8s max |o - o_ref| = %.2e  LSE %.6g",
+                    variant_name(t.variant), err, t.gpu.lse);
   }
   for (const auto& t : model.traces()) {
     if (t.variant != Variant::splitkv) continue;
     ImGui::Separator();
-    ImGui::Text("splitkv: %zu chunks merged with log-sum-exp", t.gpu.splits.size());
-    ImGui::Text("%-12s %-11s %-11s %-11s", "keys", "m_c", "d'_c", "o'_c[0]");
+    ImGui::TextWrapped("splitkv: %zu chunks merged with log-sum-exp", t.gpu.splits.size());
+    ImGui::TextWrapped("%-12s %-11s %-11s %-11s", "keys", "m_c", "d'_c", "o'_c[0]");
     for (const auto& s : t.gpu.splits)
-      ImGui::Text("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l,
-                  s.o.empty() ? 0.0f : s.o[0], std::isfinite(s.m) ? "" : "  (empty)");
-    ImGui::Text("merged: m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N)");
-    ImGui::Text("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0],
-                d.out.empty() ? 0.0 : d.out[0]);
+      ImGui::TextWrapped("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l,
+                         s.o.empty() ? 0.0f : s.o[0], std::isfinite(s.m) ? "" : "  (empty)");
+    ImGui::TextWrapped("merged: m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N)");
+    ImGui::TextWrapped("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0],
+                       d.out.empty() ? 0.0 : d.out[0]);
   }
 }
 
@@ -574,19 +841,30 @@ bool panel_rect(int index, float rect[4]) {
   return true;
 }
 
+const std::vector<std::string>& layout_overflows() {
+  return g_overflows;
+}
+
 void draw_ui(Model& model, UiState& ui, double dt) {
+  g_overflows.clear();
+  refresh_lesson(model, ui);
+  model.literal_flashd_shown = ui.literal_flashd;
   ImVec2 size = ImGui::GetIO().DisplaySize;
-  float left = 360, right = 470, mid = size.x - left - right, top = size.y * 0.62f;
+  // 360 | plots | 470 at 1600 wide; the side panels narrow to 300 and 376 at 1280.
+  float left = std::clamp(size.x * 0.225f, 300.0f, 420.0f);
+  float right = std::clamp(size.x * 0.29375f, 376.0f, 560.0f);
+  if (size.x < 1280) left = size.x * 300 / 1280, right = size.x * 376 / 1280;  // scaled down
+  float mid = size.x - left - right, top = size.y * 0.62f;
   if (begin_panel(1, 0, 0, left, size.y)) draw_controls(model, ui, dt);
-  ImGui::End();
+  end_panel(1);
   if (begin_panel(2, left, 0, mid, top)) draw_plots(model, ui);
-  ImGui::End();
+  end_panel(2);
   if (begin_panel(3, left, top, mid, size.y - top)) draw_heatmap(model, ui);
-  ImGui::End();
-  if (begin_panel(4, left + mid, 0, right, size.y * 0.55f)) draw_derivation(model);
-  ImGui::End();
+  end_panel(3);
+  if (begin_panel(4, left + mid, 0, right, size.y * 0.55f)) draw_derivation(model, ui);
+  end_panel(4);
   if (begin_panel(5, left + mid, size.y * 0.55f, right, size.y * 0.45f)) draw_output(model);
-  ImGui::End();
+  end_panel(5);
 }
 
 }  // namespace flashvk::viewer

@@ -1,7 +1,9 @@
 #pragma once
 // The viewer's panels, one function each, laid out over the whole display.
 #include <string>
+#include <vector>
 
+#include "lessons.hpp"
 #include "model.hpp"
 
 namespace flashvk::viewer {
@@ -20,6 +22,11 @@ struct UiState {
   int png_panel = 0;           // 0 = whole window, else a panel index
   bool png_requested = false;  // set by the Export button; the frame loop saves the image
   std::string status;
+  // The lesson of what is shown, made again when the inputs, batch, head or row change.
+  Lesson lesson;
+  std::string lesson_of;        // what `lesson` was made for
+  int point = -1;               // the point of interest last gone to
+  bool literal_flashd = false;  // draw FLASH-D as the seed writes it (fp32) in the weight plot
 };
 
 /// Panel names in export order (index 0 is the whole window).
@@ -27,6 +34,10 @@ const char* const* panel_names(int* count);
 
 /// Draws every panel for this frame. `dt` advances playback.
 void draw_ui(Model& model, UiState& ui, double dt);
+
+/// What did not fit in the last frame: each panel whose content is wider than the panel, each
+/// plot label wider than its plot. Empty when everything fits.
+const std::vector<std::string>& layout_overflows();
 
 /// The rectangle of panel `index` (1-based) from the last frame, in pixels: x, y, w, h.
 bool panel_rect(int index, float rect[4]);
