@@ -61,7 +61,7 @@ void add(Lesson& l, int step, std::string title, std::string look) {
 }
 
 void add_end(Lesson& l, const Model& model, std::string look) {
-  add(l, model.last_visible_key(), "the last key", std::move(look));
+  add(l, model.last_visible_key(), "the last visible key", std::move(look));
 }
 
 // A walk for inputs with no story of their own: first key, a rescale, a tile, the end.
@@ -92,17 +92,18 @@ void general(Lesson& l, const Model& model) {
 void falling_rising(Lesson& l, const Model& model) {
   l.literal_flashd = true;
   l.intro =
-      "Scores fall from 0 to -2000, then rise back to 14.5. FLASH-D as seed 000 writes it, "
+      "Scores fall from 0 to -2000, then rise back to 14.5. FLASH-D in its paper's form (seed "
+      "000), "
       "w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), is exact on paper; run in fp32 (the red "
       "curve in the weight plot) its w reaches 0, ln w = -inf, and no later key can get weight "
       "back. The kernel's form carries L = s - ln w instead and does not fail.";
   add(l, first_visible(model), "the first key", "w = 1: the first key is the whole output.");
   int zero = literal_flashd_zero(model);
   if (zero >= 0)
-    add(l, zero, "the literal w reaches 0",
-        format("e^-(s_i - s_(i-1) + ln w_(i-1)) passes fp32's largest number, so the literal w "
-               "is 0. The true weight, %.2g, is below fp32's smallest number anyway; but now "
-               "ln w = -inf, and the literal w stays 0 whatever comes.",
+    add(l, zero, "the paper form's w reaches 0",
+        format("e^-(s_i - s_(i-1) + ln w_(i-1)) = e^100 passes fp32's largest number, so the "
+               "paper form's w is 0 (the true weight is %.2g: tiny, so no harm yet). But now "
+               "ln w = -inf, and the paper form's w stays 0 whatever comes.",
                model.ref_of(Variant::flashd).w[size_t(zero)]));
   int bottom = 0;
   for (int i = 0; i < model.steps(); ++i)
@@ -112,13 +113,13 @@ void falling_rising(Lesson& l, const Model& model) {
       "first.");
   int fail = literal_flashd_underflow(model);
   if (fail >= 0)
-    add(l, fail, "the literal form fails",
+    add(l, fail, "the paper form fails",
         format("The true weight of this key is %.3g, and the kernel's stable w agrees; the "
-               "literal w is still 0, so its output keeps the first keys' values.",
+               "paper form's w is still 0 (red), so its output keeps the first keys' values.",
                model.ref_of(Variant::flashd).w[size_t(fail)]));
   add_end(l, model,
           "The last key has the largest score and takes almost all the weight: the stable output "
-          "is its value row; the literal fp32 form would still give the first key's.");
+          "is its value row; the paper form in fp32 would still give the first key's.");
 }
 
 void huge_logits(Lesson& l, const Model& model) {
@@ -175,7 +176,8 @@ void masked(Lesson& l, const Model& model) {
       gap = i - 1;
       break;
     }
-  add(l, gap, "a masked block begins", "Step through it: m, l and w do not change.");
+  add(l, gap, "a masked block begins",
+      "Step through it: m and l do not change, and the masked key's weight w is 0.");
   add_end(l, model, "The output matches softmax over the visible keys only.");
 }
 
@@ -209,7 +211,8 @@ void empty_split(Lesson& l, const Model& model) {
       end = i;
     }
   add(l, begin - 1, "the end of the first chunk's keys",
-      "The first chunk's state is complete: in the Output panel its m_c and d'_c.");
+      "The first chunk's state is complete: with splitkv selected, the Output panel lists each "
+      "chunk's m_c and d'_c.");
   add(l, begin, "an empty chunk begins",
       format("Keys %d to %d are masked: this chunk sees nothing, m_c = -inf.", begin, end));
   add_end(l, model,
@@ -234,7 +237,9 @@ void fp16_overflow(Lesson& l, const Model& model) {
       "A kernel forming e^s (or its sum) in fp16 has overflowed here; e^(s - m) stays <= 1.");
   add(l, heaviest_key(model), "the heaviest key",
       "The largest score: m settles here and later keys are measured against it.");
-  add_end(l, model, "The fp16 inputs' results agree with float64 on the same rounded inputs.");
+  add_end(l, model,
+          "Nothing overflowed: every state is finite. fp16 storage costs precision (the error "
+          "plot), not range.");
 }
 
 }  // namespace

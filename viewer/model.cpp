@@ -20,12 +20,17 @@ std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
   return out;
 }
 
-std::vector<double> step_errors(const TraceSeries& gpu, const reference::RowTrace& ref) {
+// Per step, the largest difference between the output the GPU's state stands for and the one
+// the same variant's float64 state stands for (FA2 and splitkv divided by their own l), so that
+// the error plot and the Output panel measure the same quantity.
+std::vector<double> step_errors(Variant v, const std::vector<std::vector<double>>& gpu,
+                                const reference::RowTrace& ref) {
   std::vector<double> err;
-  for (size_t i = 0; i < gpu.o.size() && i < ref.o.size(); ++i) {
-    double e = 0.0;
-    for (size_t c = 0; c < gpu.o[i].size(); ++c) {
-      double d = std::abs(double(gpu.o[i][c]) - ref.o[i][c]);
+  bool lazy = v == Variant::flash2 || v == Variant::splitkv;
+  for (size_t i = 0; i < gpu.size() && i < ref.o.size(); ++i) {
+    double e = 0.0, div = lazy && ref.l[i] > 0 ? ref.l[i] : 1.0;
+    for (size_t c = 0; c < gpu[i].size(); ++c) {
+      double d = std::abs(gpu[i][c] - ref.o[i][c] / div);
       e = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(e, d);
     }
     err.push_back(e);
@@ -77,7 +82,7 @@ void Model::retrace() {
     uint32_t chunk = t.gpu.splits.empty() ? 0 : t.gpu.splits[0].end - t.gpu.splits[0].begin;
     t.ref = reference::variant_row(v, scores_, values, chunk);
     t.o_norm = normalised(v, t.gpu.steps);
-    t.error = step_errors(t.gpu.steps, t.ref);
+    t.error = step_errors(v, t.o_norm, t.ref);
     traces_.push_back(std::move(t));
   }
   cursor = std::clamp(cursor, 0, std::max(0, steps() - 1));

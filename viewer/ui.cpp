@@ -39,7 +39,7 @@ ImU32 variant_color(Variant v) {
 }
 const ImU32 kReference = IM_COL32(255, 255, 255, 200);
 const ImU32 kCursor = IM_COL32(255, 220, 0, 255);
-const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);  // FLASH-D as the seed writes it
+const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);  // FLASH-D in the paper's form
 
 void wrapped_tooltip(const char* text) {
   ImGui::BeginTooltip();
@@ -70,19 +70,55 @@ float button_width(const char* label) {
   return ImGui::CalcTextSize(label, nullptr, true).x + 2 * ImGui::GetStyle().FramePadding.x;
 }
 
-void colored_wrapped(ImU32 color, const char* fmt, ...) IM_FMTARGS(2);
-void colored_wrapped(ImU32 color, const char* fmt, ...) {
+// Text wrapped at spaces only (ImGui's own wrapping also breaks after '.', splitting numbers
+// such as 1.19e-27 over two lines); a continuation line keeps the first line's indentation.
+void wrap_lines(const char* text) {
+  float width = ImGui::GetContentRegionAvail().x;
+  std::string s = text, indent = s.substr(0, s.find_first_not_of(' '));
+  if (indent.size() == s.size()) indent.clear();
+  std::string line;
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t space = s.find(' ', at + 1);
+    std::string word = s.substr(at, space == std::string::npos ? std::string::npos : space - at);
+    std::string next = line + word;
+    if (!line.empty() && line != indent && ImGui::CalcTextSize(next.c_str()).x > width) {
+      ImGui::TextUnformatted(line.c_str());
+      size_t start = word.find_first_not_of(' ');
+      line = indent + (start == std::string::npos ? "" : word.substr(start));
+    } else {
+      line = next;
+    }
+    at = space == std::string::npos ? s.size() : space;
+  }
+  ImGui::TextUnformatted(line.c_str());
+}
+
+void wrapped(const char* fmt, ...) IM_FMTARGS(1);
+void wrapped(const char* fmt, ...) {
+  char buf[2048];
   va_list args;
   va_start(args, fmt);
-  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(color));
-  ImGui::TextWrappedV(fmt, args);
-  ImGui::PopStyleColor();
+  std::vsnprintf(buf, sizeof buf, fmt, args);
   va_end(args);
+  wrap_lines(buf);
+}
+
+void colored_wrapped(ImU32 color, const char* fmt, ...) IM_FMTARGS(2);
+void colored_wrapped(ImU32 color, const char* fmt, ...) {
+  char buf[2048];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(color));
+  wrap_lines(buf);
+  ImGui::PopStyleColor();
 }
 
 void disabled_wrapped(const char* text) {
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-  ImGui::TextWrapped("%s", text);
+  wrap_lines(text);
   ImGui::PopStyleColor();
 }
 
@@ -163,11 +199,9 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
     ImVec2 ts = ImGui::CalcTextSize(text.c_str());
     ImVec2 at(x1 - ts.x - 2, y);
     dl->AddRectFilled(ImVec2(at.x - 2, at.y), ImVec2(at.x + ts.x + 2, at.y + ts.y),
-                      IM_COL32(25, 27, 33, 200));
+                      IM_COL32(25, 27, 33, 255));
     dl->AddText(at, IM_COL32(170, 170, 180, 255), text.c_str());
   };
-  axis_label(hi, y0);
-  axis_label(lo, y1 - ImGui::GetFontSize());
   if (std::isfinite(hline))
     dl->AddLine(ImVec2(x0, Y(hline)), ImVec2(x1, Y(hline)), IM_COL32(255, 80, 80, 160));
   int stride = std::max(1, steps / int(std::max(1.0f, x1 - x0)));
@@ -193,6 +227,8 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
     dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0),
                           IM_COL32(255, 90, 90, 255));
   if (cursor >= 0) dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
+  axis_label(hi, y0);  // over the lines and the cursor, on their own dark box
+  axis_label(lo, y1 - ImGui::GetFontSize());
   if (ImGui::IsItemHovered() && steps > 0) {
     int i = std::clamp(
         int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0,
@@ -271,7 +307,7 @@ void controls_lesson(Model& model, UiState& ui) {
   const Lesson& lesson = ui.lesson;
   ImGui::Separator();
   ImGui::Text("Lesson");
-  ImGui::TextWrapped("%s", lesson.intro.c_str());
+  wrapped("%s", lesson.intro.c_str());
   if (lesson.points.empty()) return;
   if (ImGui::Button("< previous")) go_to_point(model, ui, -1);
   tip("Moves the step cursor to the previous point of interest of this lesson.");
@@ -285,13 +321,13 @@ void controls_lesson(Model& model, UiState& ui) {
     const PointOfInterest& p = lesson.points[size_t(at)];
     colored_wrapped(kCursor, "%d of %zu, step %d: %s", at + 1, lesson.points.size(), p.step,
                     p.title.c_str());
-    ImGui::TextWrapped("%s", p.look.c_str());
+    wrapped("%s", p.look.c_str());
   } else {
     std::string steps;
     for (const auto& p : lesson.points)
       steps += (steps.empty() ? "" : ", ") + std::to_string(p.step);
     ImGui::TextDisabled("%zu points of interest, at steps", lesson.points.size());
-    ImGui::TextWrapped("%s", steps.c_str());
+    wrapped("%s", steps.c_str());
   }
 }
 
@@ -314,7 +350,7 @@ void controls_inputs(Model& model, UiState& ui) {
   tip("Built-in inputs, each with a lesson: cases that break naive code. The sample is the one "
       "in assets/sample.");
   std::string about = preset_description(model.inputs().name);
-  if (!about.empty()) ImGui::TextWrapped("%s", about.c_str());
+  if (!about.empty()) wrapped("%s", about.c_str());
 }
 
 void controls_other_inputs(Model& model, UiState& ui) {
@@ -401,7 +437,7 @@ void controls_selection(Model& model, UiState& ui) {
     ImGui::PopStyleColor();
     tip(variant_about(v));
   }
-  ImGui::Checkbox("FLASH-D as the seed writes it", &ui.literal_flashd);
+  ImGui::Checkbox("FLASH-D, the paper's form (fp32)", &ui.literal_flashd);
   tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
       "fp32, in the weight plot (red): it underflows where the kernels' form does not.");
   const Dims& d = model.dims();
@@ -520,12 +556,12 @@ void draw_controls(Model& model, UiState& ui, double dt) {
   ImGui::PushItemWidth(ImGui::GetContentRegionAvail().x * 0.6f);
   ImGui::Text("flashvk viewer");
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-  ImGui::TextWrapped("%s", model.context().device().name.c_str());
+  wrapped("%s", model.context().device().name.c_str());
   ImGui::PopStyleColor();
   controls_inputs(model, ui);
   const Dims& d = model.dims();
-  ImGui::TextWrapped("B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", d.batch, d.heads, d.kv_heads, d.nq,
-                     d.nk, d.d, d.dv);
+  wrapped("B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d,
+          d.dv);
   controls_lesson(model, ui);
   controls_stepping(model, ui, dt);
   if (!ui.status.empty()) colored_wrapped(IM_COL32(255, 140, 120, 255), "%s", ui.status.c_str());
@@ -547,7 +583,7 @@ void legend(const Model& model, const UiState& ui) {
   for (const auto& t : model.traces())
     entry(variant_color(t.variant), std::string("-- ") + variant_name(t.variant));
   entry(kReference, "-- float64 reference");
-  if (ui.literal_flashd) entry(kLiteral, "-- FLASH-D as written (fp32)");
+  if (ui.literal_flashd) entry(kLiteral, "-- FLASH-D paper form (fp32)");
   entry(kCursor, "| step " + std::to_string(model.cursor));
   if (!first) flow(ImGui::CalcTextSize("(?)").x);
   ImGui::TextDisabled("(?)");
@@ -581,7 +617,7 @@ void draw_plots(const Model& model, UiState& ui) {
     }
   }
   if (ui.literal_flashd)
-    w_series.push_back({"FLASH-D as written (fp32)", kLiteral, model.literal_flashd().w});
+    w_series.push_back({"FLASH-D paper form (fp32)", kLiteral, model.literal_flashd().w});
   if (!model.traces().empty()) {
     const auto& m = model.traces()[0].gpu.steps.m;
     for (int i = 1; i < int(m.size()); ++i)
@@ -594,7 +630,7 @@ void draw_plots(const Model& model, UiState& ui) {
        "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
        s_series, n, model.cursor, false, size, {}, fp16_exp_limit);
   ImGui::SameLine();
-  plot("running max m",
+  plot("running max m (flashd: L)",
        "Each variant's running max m; red triangles mark where it rises and the state is "
        "rescaled by e^(m_prev - m_new). FLASH-D keeps no max: its running log-sum-exp L is drawn.",
        m_series, n, model.cursor, false, size, rescales);
@@ -626,8 +662,10 @@ void draw_heatmap(Model& model, UiState& ui) {
   flow(ImGui::CalcTextSize("(?)").x);
   ImGui::TextDisabled("(?)");
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
-  ImGui::TextWrapped("Tiles of %u x %u; yellow: current tile and row; dark: masked tiles.%s", br,
-                     bc, d.nq == 1 ? " One query: a single row of P, drawn taller than wide." : "");
+  wrapped(
+      "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
+      "masked keys; shaded: tiles the causal mask skips.%s",
+      br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
@@ -649,8 +687,8 @@ void draw_heatmap(Model& model, UiState& ui) {
     for (int c = 0; c < cols; ++c) {
       size_t j = size_t(c) * d.nk / size_t(cols);
       double v = heat[i * d.nk + j];
-      ImU32 col = IM_COL32(40, 40, 40, 255);
-      if (std::isfinite(v)) {
+      ImU32 col = IM_COL32(40, 40, 40, 255);  // a masked key, in S and in P alike
+      if (std::isfinite(v) && std::isfinite(model.heat_s()[i * d.nk + j])) {
         float t = float((v - lo) / (hi - lo));
         if (ui.show_p) t = std::sqrt(t);  // most of P is tiny: a square root shows its shape
         col = ImGui::ColorConvertFloat4ToU32(ImVec4(t, 0.3f * t + 0.1f, 1.0f - t, 1.0f));
@@ -679,7 +717,7 @@ void draw_heatmap(Model& model, UiState& ui) {
     }
   }
   float ry = p0.y + (float(model.row) + 0.5f) * sy;
-  dl->AddLine(ImVec2(p0.x, ry), ImVec2(p0.x + extent.x, ry), IM_COL32(255, 220, 0, 120));
+  dl->AddLine(ImVec2(p0.x, ry), ImVec2(p0.x + extent.x, ry), IM_COL32(255, 220, 0, 220));
 }
 
 void derivation_flash(const Model& model, int i, const reference::RowTrace& r, bool lazy) {
@@ -687,22 +725,20 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
   double m_prev = i > 0 ? r.m[size_t(i - 1)] : -INFINITY, l_prev = i > 0 ? r.l[size_t(i - 1)] : 0.0;
   double m = r.m[size_t(i)], l = r.l[size_t(i)];
   double resc = std::isfinite(m_prev) ? std::exp(m_prev - m) : 0.0;
-  ImGui::TextWrapped("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
-  ImGui::TextWrapped("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev,
-                     s[size_t(i)], m);
-  ImGui::TextWrapped("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
-  ImGui::TextWrapped("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
-                     std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
+  wrapped("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
+  wrapped("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev, s[size_t(i)], m);
+  wrapped("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
+  wrapped("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
+          std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0, l);
   if (lazy) {
-    ImGui::TextWrapped("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i,
-                       i, i, i);
-    ImGui::TextWrapped("     factor on o' = %.6g, on v = %.6g; divide by d'_N once at the end",
-                       resc, std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0);
+    wrapped("o'_%d = o'_%d e^(m_%d - m_%d) + v_%d e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i, i);
+    wrapped("     factor on o' = %.6g, on v = %.6g; divide by d'_N once at the end", resc,
+            std::isfinite(s[size_t(i)]) ? std::exp(s[size_t(i)] - m) : 0.0);
   } else {
-    ImGui::TextWrapped("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d",
-                       i, i - 1, i - 1, i - 1, i, i, i, i, i, i);
-    ImGui::TextWrapped("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0,
-                       r.w[size_t(i)]);
+    wrapped("o'_%d = o'_%d d'_%d e^(m_%d - m_%d) / d'_%d + v_%d e^(x_%d - m_%d) / d'_%d", i, i - 1,
+            i - 1, i - 1, i, i, i, i, i, i);
+    wrapped("     factor on o' = %.6g, on v = %.6g", l > 0 ? l_prev * resc / l : 0.0,
+            r.w[size_t(i)]);
   }
   if (resc > 0 && resc < 1)
     colored_wrapped(IM_COL32(255, 100, 100, 255),
@@ -712,17 +748,15 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
 void derivation_flashd(const Model& model, int i, const reference::RowTrace& r, bool literal) {
   const auto& s = model.scores();
   double L_prev = i > 0 ? r.lse[size_t(i - 1)] : -INFINITY;
-  ImGui::TextWrapped("s_%d = %.6g", i, s[size_t(i)]);
-  ImGui::TextWrapped("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1,
-                     i, i - 1);
-  ImGui::TextWrapped("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
+  wrapped("s_%d = %.6g", i, s[size_t(i)]);
+  wrapped("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i, i - 1);
+  wrapped("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
   if (literal)  // the same step as the seed writes it, in fp32
     colored_wrapped(
-        kLiteral, "as written, in fp32: w_%d = %.6g%s", i, model.literal_flashd().w[size_t(i)],
+        kLiteral, "paper form, in fp32: w_%d = %.6g%s", i, model.literal_flashd().w[size_t(i)],
         model.literal_flashd().w[size_t(i)] == 0.0 ? " (ln w = -inf from here on)" : "");
-  ImGui::TextWrapped("L_%d = L_%d + ln(1 + e^(s_%d - L_%d)) = %.6g", i, i - 1, i, i - 1,
-                     r.lse[size_t(i)]);
-  ImGui::TextWrapped("o_%d = o_%d (1 - w_%d) + v_%d w_%d", i, i - 1, i, i, i);
+  wrapped("L_%d = L_%d + ln(1 + e^(s_%d - L_%d)) = %.6g", i, i - 1, i, i - 1, r.lse[size_t(i)]);
+  wrapped("o_%d = o_%d (1 - w_%d) + v_%d w_%d", i, i - 1, i, i, i);
   disabled_wrapped("Carrying L = s - ln w keeps ln w from underflowing (docs/algorithms.md).");
 }
 
@@ -730,17 +764,16 @@ void draw_derivation(const Model& model, const UiState& ui) {
   int i = model.cursor;
   if (model.steps() == 0) return;
   Variant v = model.selected.empty() ? Variant::flash1 : model.selected[0];
-  ImGui::TextWrapped("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1,
-                     variant_name(v));
+  wrapped("Step %d of %d, %s (the first selected variant)", i, model.steps() - 1, variant_name(v));
   ImGui::Separator();
   if (!std::isfinite(model.scores()[size_t(i)])) {
-    ImGui::TextWrapped("key %d is masked: s = -inf, w = 0, the state is unchanged", i);
+    wrapped("key %d is masked: s = -inf, w = 0, the state is unchanged", i);
   } else if (v == Variant::flashd) {
     derivation_flashd(model, i, model.ref_of(Variant::flashd), ui.literal_flashd);
   } else if (v == Variant::naive || v == Variant::online) {
     const auto& d = model.direct();
-    ImGui::TextWrapped("a_%d = e^(x_%d - m_N) / d_N = %.6g", i, i, d.w[size_t(i)]);
-    ImGui::TextWrapped("o_%d = o_%d + a_%d v_%d", i, i - 1, i, i);
+    wrapped("a_%d = e^(x_%d - m_N) / d_N = %.6g", i, i, d.w[size_t(i)]);
+    wrapped("o_%d = o_%d + a_%d v_%d", i, i - 1, i, i);
     disabled_wrapped(v == Variant::naive ? "m_N and d_N come from the first two passes over S."
                                          : "m_N and d'_N come from the first (online) pass.");
   } else {
@@ -749,7 +782,7 @@ void draw_derivation(const Model& model, const UiState& ui) {
                      v != Variant::flash1);
   }
   ImGui::Separator();
-  ImGui::TextWrapped("What ties the variants together at this step (float64):");
+  wrapped("What ties the variants together at this step (float64):");
   const auto& fa1 = model.ref_of(Variant::flash1);
   const auto& fa2 = model.ref_of(Variant::flash2);
   const auto& fd = model.ref_of(Variant::flashd);
@@ -758,16 +791,15 @@ void draw_derivation(const Model& model, const UiState& ui) {
     double diff = 0;
     for (size_t c = 0; c < fa1.o[k].size(); ++c)
       diff = std::max(diff, std::abs(fa2.o[k][c] / fa2.l[k] - fa1.o[k][c]));
-    ImGui::TextWrapped("FA2 o/l = FA1 o: max |diff| = %.2e", diff);
-    ImGui::TextWrapped("FLASH-D w = e^(s-m)/l: %.9g = %.9g", fd.w[k],
-                       std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
-    ImGui::TextWrapped("FLASH-D L = m + ln l: %.9g = %.9g", fd.lse[k],
-                       fa1.m[k] + std::log(fa1.l[k]));
+    wrapped("FA2 o/l = FA1 o: max |diff| = %.2e", diff);
+    wrapped("FLASH-D w = e^(s-m)/l: %.9g = %.9g", fd.w[k],
+            std::exp(model.scores()[k] - fa1.m[k]) / fa1.l[k]);
+    wrapped("FLASH-D L = m + ln l: %.9g = %.9g", fd.lse[k], fa1.m[k] + std::log(fa1.l[k]));
   } else {
-    ImGui::TextWrapped("no key visible yet");
+    wrapped("no key visible yet");
   }
   ImGui::Separator();
-  ImGui::TextWrapped("GPU state at this step (per variant):");
+  wrapped("GPU state at this step (per variant):");
   for (const auto& t : model.traces()) {
     const auto& st = t.gpu.steps;
     ImU32 color = variant_color(t.variant);
@@ -804,8 +836,7 @@ void output_vector_plot(const Model& model) {
 void draw_output(const Model& model) {
   output_vector_plot(model);
   const auto& d = model.direct();
-  ImGui::TextWrapped("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row,
-                     d.final_lse);
+  wrapped("Final output of row %u vs float64 softmax(s) v   (LSE %.6g)", model.row, d.final_lse);
   for (const auto& t : model.traces()) {
     double err = 0;
     for (size_t c = 0; c < d.out.size(); ++c)
@@ -816,14 +847,14 @@ void draw_output(const Model& model) {
   for (const auto& t : model.traces()) {
     if (t.variant != Variant::splitkv) continue;
     ImGui::Separator();
-    ImGui::TextWrapped("splitkv: %zu chunks merged with log-sum-exp", t.gpu.splits.size());
-    ImGui::TextWrapped("%-12s %-11s %-11s %-11s", "keys", "m_c", "d'_c", "o'_c[0]");
+    wrapped("splitkv: %zu chunks merged with log-sum-exp", t.gpu.splits.size());
+    wrapped("%-12s %-11s %-11s %-11s", "keys", "m_c", "d'_c", "o'_c[0]");
     for (const auto& s : t.gpu.splits)
-      ImGui::TextWrapped("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l,
-                         s.o.empty() ? 0.0f : s.o[0], std::isfinite(s.m) ? "" : "  (empty)");
-    ImGui::TextWrapped("merged: m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N)");
-    ImGui::TextWrapped("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0],
-                       d.out.empty() ? 0.0 : d.out[0]);
+      wrapped("[%5u,%5u) %-11.5g %-11.5g %-11.5g%s", s.begin, s.end, s.m, s.l,
+              s.o.empty() ? 0.0f : s.o[0], std::isfinite(s.m) ? "" : "  (empty)");
+    wrapped("merged: m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N)");
+    wrapped("o[0] = %.6g (float64: %.6g)", t.gpu.out.empty() ? 0.0f : t.gpu.out[0],
+            d.out.empty() ? 0.0 : d.out[0]);
   }
 }
 
