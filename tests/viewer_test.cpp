@@ -251,6 +251,10 @@ TEST_F(LessonTest, OtherPresetsPointWhereTheirEventsAre) {
     ASSERT_EQ(splits.size(), 4u);
     EXPECT_EQ(splits[1].begin, 64u);
     EXPECT_TRUE(std::isinf(splits[1].m) && splits[1].m < 0);
+    viewer::Model flash2_only(context());  // the preset selects splitkv when it is not
+    flash2_only.selected = {Variant::flash2};
+    flash2_only.load(viewer::make_preset("empty-split", FLASHVK_ASSETS));
+    EXPECT_EQ(flash2_only.selected, (std::vector<Variant>{Variant::flash2, Variant::splitkv}));
   }
   {  // masked-mid-row: the block of masked keys starts at 40
     viewer::Model model(context());

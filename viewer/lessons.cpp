@@ -211,8 +211,8 @@ void empty_split(Lesson& l, const Model& model) {
       end = i;
     }
   add(l, begin - 1, "the end of the first chunk's keys",
-      "The first chunk's state is complete: with splitkv selected, the Output panel lists each "
-      "chunk's m_c and d'_c.");
+      "The first chunk's state is complete: the Output panel lists each chunk's m_c and d'_c "
+      "(splitkv is selected with this preset).");
   add(l, begin, "an empty chunk begins",
       format("Keys %d to %d are masked: this chunk sees nothing, m_c = -inf.", begin, end));
   add_end(l, model,

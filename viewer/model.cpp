@@ -46,6 +46,8 @@ void Model::load(Inputs inputs) {
   batch = 0;
   head = 0;
   row = std::min(in_.row, dims_.nq - 1);
+  for (Variant v : in_.needs)
+    if (std::find(selected.begin(), selected.end(), v) == selected.end()) selected.push_back(v);
   retrace();
   cursor = last_visible_key();
 }

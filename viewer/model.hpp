@@ -14,7 +14,8 @@ struct Inputs {
   HostTensor q, k, v;
   AttentionParams params;  // scale, causal, key mask, splits
   DType dtype = DType::f32;
-  uint32_t row = 0;  // the row a preset wants shown first
+  uint32_t row = 0;            // the row a preset wants shown first
+  std::vector<Variant> needs;  // variants its lesson is about: selected on load if they are not
 };
 
 /// Names of the built-in cases, "sample" first.

@@ -121,6 +121,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.k = gaussian({1, 1, 256, 16}, 14);
     in.v = gaussian({1, 1, 256, 8}, 15);
     in.params.splits = 4;
+    in.needs = {Variant::splitkv};  // its lesson is the chunk table of the Output panel
     in.params.key_mask.assign(256, 1);
     for (int j = 64; j < 128; ++j) in.params.key_mask[size_t(j)] = 0;
   } else if (name == "fp16-overflow") {
