@@ -142,14 +142,14 @@ const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising
 // From 1280 x 720 up nothing is cut at the side: the viewer asks ImGui how far each panel's
 // content reached and how wide each plot title is, and names what did not fit.
 TEST(Viewer, EveryPresetFitsAt1280x720And1920x1080) {
-  for (const char* size : {"1280x720", "1920x1080"})
+  for (auto [size, width] : {std::pair{"1280x720", 1280}, std::pair{"1920x1080", 1920}})
     for (const char* preset : kPresets) {
       std::string out;
       Image img =
           screenshot(std::string("--preset ") + preset +
                          " --variant naive,online,flash1,flash2,flashd,splitkv --size " + size,
                      &out);
-      EXPECT_EQ(img.w, size[0] == '1' && size[1] == '2' ? 1280 : 1920) << preset;
+      EXPECT_EQ(img.w, width) << preset;
       EXPECT_NE(out.find("layout: every panel's text fits its width"), std::string::npos)
           << preset << " at " << size << ":\n"
           << out;
