@@ -396,24 +396,6 @@ void controls_other_inputs(Model& model, UiState& ui) {
   }
 }
 
-const char* variant_about(Variant v) {
-  switch (v) {
-    case Variant::naive:
-      return "naive: three passes over the row (max, sum, output); S and P are materialised.";
-    case Variant::online:
-      return "online: two passes; the first keeps a running max and a rescaled sum.";
-    case Variant::flash1:
-      return "flash1 (FlashAttention): one pass, the output normalised at every step.";
-    case Variant::flash2:
-      return "flash2 (FlashAttention-2): one pass, the division by l deferred to the end.";
-    case Variant::flashd:
-      return "flashd (FLASH-D): one pass with sigmoid weights; no max, no division.";
-    case Variant::splitkv:
-      return "splitkv (Flash-Decoding): chunks of keys in parallel, merged with log-sum-exp.";
-  }
-  return "";
-}
-
 void controls_selection(Model& model, UiState& ui) {
   ImGui::Separator();
   ImGui::Text("Variants");
@@ -435,7 +417,7 @@ void controls_selection(Model& model, UiState& ui) {
                              model.selected.end());
     }
     ImGui::PopStyleColor();
-    tip(variant_about(v));
+    tip(variant_info(v).about);
   }
   ImGui::Checkbox("FLASH-D, the paper's form (fp32)", &ui.literal_flashd);
   tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "

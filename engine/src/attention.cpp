@@ -10,13 +10,26 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-struct NamedVariant {
-  Variant variant;
-  const char* name;
-};
-constexpr NamedVariant kVariants[] = {
-    {Variant::naive, "naive"},   {Variant::online, "online"}, {Variant::flash1, "flash1"},
-    {Variant::flash2, "flash2"}, {Variant::flashd, "flashd"}, {Variant::splitkv, "splitkv"},
+// Every fact about a variant the engine needs, in one place.
+constexpr VariantInfo kVariants[] = {
+    {Variant::naive, "naive",
+     "naive: three passes over the row (max, sum, output); S and P are materialised.", false, 1,
+     true, false, false, false},
+    {Variant::online, "online",
+     "online: two passes; the first keeps a running max and a rescaled sum.", true, 2, true, true,
+     false, false},
+    {Variant::flash1, "flash1",
+     "flash1 (FlashAttention): one pass, the output normalised at every step.", true, 1, true, true,
+     true, false},
+    {Variant::flash2, "flash2",
+     "flash2 (FlashAttention-2): one pass, the division by l deferred to the end.", true, 1, true,
+     true, true, false},
+    {Variant::flashd, "flashd",
+     "flashd (FLASH-D): one pass with sigmoid weights; no max, no division.", true, 1, false, true,
+     true, false},
+    {Variant::splitkv, "splitkv",
+     "splitkv (Flash-Decoding): chunks of keys in parallel, merged with log-sum-exp.", true, 1,
+     true, true, true, true},
 };
 
 // Reads [N, d], [H, N, d] or [B, H, N, d] as (B, H, N, d).
@@ -39,9 +52,18 @@ void require(bool ok, const std::string& message) {
 
 }  // namespace
 
+const VariantInfo& variant_info(Variant variant) {
+  for (const auto& v : kVariants)
+    if (v.variant == variant) return v;
+  throw Error("unknown variant " + std::to_string(static_cast<int>(variant)));
+}
+
 const std::vector<Variant>& all_variants() {
-  static const std::vector<Variant> all = {Variant::naive,  Variant::online, Variant::flash1,
-                                           Variant::flash2, Variant::flashd, Variant::splitkv};
+  static const std::vector<Variant> all = [] {
+    std::vector<Variant> v;
+    for (const auto& info : kVariants) v.push_back(info.variant);
+    return v;
+  }();
   return all;
 }
 
@@ -70,8 +92,9 @@ const char* tile_layout_name(TileLayout layout) {
 Variant parse_variant(const std::string& name) {
   for (const auto& v : kVariants)
     if (name == v.name) return v.variant;
-  throw Error("unknown variant '" + name +
-              "'; expected one of naive, online, flash1, flash2, flashd, splitkv");
+  std::string names;
+  for (const auto& v : kVariants) names += std::string(names.empty() ? "" : ", ") + v.name;
+  throw Error("unknown variant '" + name + "'; expected one of " + names);
 }
 
 const char* rope_name(RopeLayout layout) {
@@ -140,7 +163,7 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   result.gpu_ms = plan.gpu_ms();
   result.device_bytes = plan.device_bytes;
   result.tile_layout = plan.tile_layout();
-  if (params.variant != Variant::naive) {
+  if (variant_info(params.variant).fused) {
     result.block_rows = plan.spec.block();
     result.block_keys = plan.spec.keys;
   }

@@ -39,7 +39,7 @@ void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, b
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                    uint32_t rows, bool trace) {
-  bool fused = params.variant != Variant::naive;
+  bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
                 rows % info.subgroup_size == 0 && texels_fit(info, dims);
   if (params.tile_layout == TileLayout::registers) {
@@ -78,12 +78,9 @@ uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
 // The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
 bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
                  DType dtype, uint32_t shared_bytes, bool trace) {
-  Variant v = params.variant;
-  bool fits =
-      v == Variant::flash1 || v == Variant::flash2 || v == Variant::flashd || v == Variant::splitkv;
-  fits = fits && dtype == DType::f16 && dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 &&
-         dims.dv <= 128 && params.block_rows == 0 && params.block_keys == 0 &&
-         coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
+  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && dims.d % 16 == 0 &&
+              dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 && params.block_rows == 0 &&
+              params.block_keys == 0 && coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
   if (params.tile_layout == TileLayout::cooperative_matrix) {
     if (!impl.coopmat_enabled)
       throw Error(
@@ -141,7 +138,7 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
                uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
-  bool usable = params.variant == Variant::splitkv && info.subgroup_shuffle && lanes > 0 &&
+  bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
                 params.block_rows == 0 && params.block_keys <= kLaneKeys;
   if (params.tile_layout == TileLayout::lanes) {
     if (!usable)
@@ -284,7 +281,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   if (options.trace) {
     uint32_t records =
-        params.variant == Variant::naive ? dims.nk : (dims.nk + spec.keys - 1) / spec.keys;
+        variant_info(params.variant).fused ? (dims.nk + spec.keys - 1) / spec.keys : dims.nk;
     trace = Buffer(impl, uint64_t(std::max(records, 1u)) * (6 + dims.dv) * 4);
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
@@ -301,26 +298,13 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     check_binding(v, "V");
   }
 
-  switch (params.variant) {
-    case Variant::naive:
-      plan_naive(*this);
-      break;
-    case Variant::online:
-      plan_fused(*this, "online");
-      break;
-    case Variant::flash1:
-      plan_fused(*this, "flash1");
-      break;
-    case Variant::flash2:
-      plan_fused(*this, "flash2");
-      break;
-    case Variant::flashd:
-      plan_fused(*this, "flashd");
-      break;
-    case Variant::splitkv:
-      plan_splitkv(*this);
-      break;
-  }
+  const VariantInfo& info = variant_info(params.variant);
+  if (!info.fused)
+    plan_naive(*this);
+  else if (info.splits_keys)
+    plan_splitkv(*this);
+  else
+    plan_fused(*this, info.name);
 }
 
 Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
@@ -342,7 +326,7 @@ Plan::Plan(Context& context) : ctx(context), impl(context.impl()) {
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
   uint64_t chunks = spec.registers || spec.lanes ? 0 : spec.keys;  // shared tiles: once a key
-  uint64_t passes = params.variant == Variant::online ? 2 : 1;
+  uint64_t passes = variant_info(params.variant).passes;
   return passes * tiles * (1 + chunks) + 64;  // tile loop and chunk loop, plus set-up
 }
 

@@ -19,9 +19,8 @@ struct Kept {
 };
 
 Kept kept_by(Variant v) {
-  if (v == Variant::flashd) return {false, true};
-  if (v == Variant::naive) return {true, false};
-  return {true, true};
+  const VariantInfo& info = variant_info(v);
+  return {info.keeps_max, info.keeps_lse};
 }
 
 // Turns raw trace records into a series. A record (or field) the kernel did not write is NaN: the
@@ -111,8 +110,8 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.scale = tp.push.scale;
   t.causal = params.causal;
   t.device = ctx.device().name;
-  bool splitkv = params.variant == Variant::splitkv;
-  if (params.variant != Variant::naive) {
+  bool splitkv = variant_info(params.variant).splits_keys;
+  if (variant_info(params.variant).fused) {
     t.tile_size = tp.spec.keys;
     uint32_t tiles = (dims.nk + tp.spec.keys - 1) / tp.spec.keys;
     t.tiles =

@@ -27,6 +27,21 @@ enum class RopeLayout { none, interleaved, half };
 enum class TileLayout { automatic, shared, registers, cooperative_matrix, lanes };
 const char* tile_layout_name(TileLayout layout);
 
+/// What the engine knows of a variant, kept in one table (attention.cpp) that the planner, the
+/// traces, the CLI and the viewer all read.
+struct VariantInfo {
+  Variant variant;
+  const char* name;   ///< canonical name, as the CLI and traces spell it ("flash2")
+  const char* about;  ///< one line on what it does
+  bool fused;         ///< one kernel over K/V tiles (all but naive, which materialises S)
+  uint32_t passes;    ///< passes over the keys of a fused kernel (the online softmax: 2)
+  bool keeps_max;     ///< keeps a running max m and denominator l (all but FLASH-D)
+  bool keeps_lse;     ///< keeps a running log-sum-exp per step (all but naive)
+  bool matrix;        ///< has a cooperative-matrix kernel (TileLayout::cooperative_matrix)
+  bool splits_keys;   ///< walks chunks of keys in parallel and merges them (Flash-Decoding)
+};
+const VariantInfo& variant_info(Variant variant);
+
 const std::vector<Variant>& all_variants();
 const char* variant_name(Variant variant);
 /// Parses a canonical name ("flash2"); throws Error naming the valid ones otherwise.
