@@ -91,18 +91,21 @@ pc;
 // One query row as seen by one invocation.
 struct Row {
   bool valid;
-  uint bh;       // b * H + h
-  uint kv_base;  // element offset of this row's K/V head, in keys
-  uint i;        // query index in [0, Nq)
-  uint key_end;  // keys [0, key_end) are visible (causal limit)
+  uint bh;         // b * H + h
+  uint kv_base;    // element offset of this row's K/V head, in keys
+  uint i;          // query index in [0, Nq)
+  uint key_begin;  // keys [key_begin, key_end) are visible (row_keys); empty for invalid rows
+  uint key_end;
   uint b;
 };
 
-uint causal_end(uint i) {
-  if ((pc.flags & FLAG_CAUSAL) == 0u) return pc.nk;
-  // Bottom-right aligned: query i sees keys j <= i + (Nk - Nq).
-  int last = int(i) + int(pc.nk) - int(pc.nq);
-  return uint(clamp(last + 1, 0, int(pc.nk)));
+// The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
+// that query i sits on key i + Nk - Nq (its diagonal); causal stops at the diagonal. Every kernel
+// and layout takes its key loop's bounds and its per-key test (key_visible) from here.
+void row_keys(uint i, out uint begin, out uint end) {
+  int diag = int(i) + int(pc.nk) - int(pc.nq);
+  begin = 0u;
+  end = (pc.flags & FLAG_CAUSAL) == 0u ? pc.nk : uint(clamp(diag + 1, 0, int(pc.nk)));
 }
 
 Row make_row(uint b, uint h, uint i, bool valid) {
@@ -113,7 +116,8 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   uint group = pc.heads / pc.kv_heads;
   r.kv_base = (b * pc.kv_heads + h / group) * pc.nk;
   r.i = i;
-  r.key_end = valid ? causal_end(i) : 0u;
+  row_keys(i, r.key_begin, r.key_end);
+  if (!valid) r.key_begin = r.key_end = 0u;
   return r;
 }
 
@@ -132,16 +136,65 @@ Row packed_row(uint rr) {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-// Scalars, not the Row struct: llvmpipe gives every by-value struct argument fresh stack space,
-// and a call per key overflowed its fixed per-invocation stack after a few hundred keys.
-bool key_visible(uint b, uint key_end, uint j) {
-  if (j >= key_end) return false;
+// The rows this invocation works on (ROWS; one but for register tiles and lanes), set by each
+// kernel from make_row. The functions below take a row's index, not the Row: llvmpipe gives
+// every by-value struct argument fresh stack space, and a call per key overflowed its fixed
+// per-invocation stack after a few hundred keys.
+Row rows[ROWS];
+
+// Whether row rr sees key j: inside its keys (row_keys) and not hidden by the key mask.
+bool key_visible(uint rr, uint j) {
+  if (j < rows[rr].key_begin || j >= rows[rr].key_end) return false;
   // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
   // when no mask is bound (the binding then holds a 16-byte placeholder).
   if (KEY_MASK) {
-    if (mask_buf[b * pc.nk + j] == 0u) return false;
+    if (mask_buf[rows[rr].b * pc.nk + j] == 0u) return false;
   }
   return true;
+}
+
+// The score hook: every kernel and layout turns the scaled dot product s = scale * q.k of row rr
+// and key j into the score its recurrence uses here, and only here.
+float modify_score(uint rr, uint j, float s) { return s; }
+
+// Row rr's score for key j, or -inf where `seen` says the row does not see it.
+float row_score(uint rr, uint j, bool seen, float scaled_dot) {
+  return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
+}
+
+#if !defined(REG_TILE) && !defined(LANE_TILE)
+shared uint wg_key_lo, wg_key_hi;
+
+// The union over a workgroup of the keys its invocations' rows see, [lo, hi), each invocation
+// giving its own union (lo >= hi when it sees none).
+void workgroup_keys(inout uint lo, inout uint hi) {
+  if (gl_LocalInvocationID.x == 0u) {
+    wg_key_lo = 0xffffffffu;
+    wg_key_hi = 0u;
+  }
+  barrier();
+  if (lo < hi) {
+    atomicMin(wg_key_lo, lo);
+    atomicMax(wg_key_hi, hi);
+  }
+  barrier();
+  lo = wg_key_lo;
+  hi = wg_key_hi;
+}
+#endif
+
+// The keys a workgroup (or, for splitkv, its chunk) walks, given the union [lo, hi) of the keys
+// its rows see: begin rounded down to a whole tile of BC keys, so that tiles (and their trace
+// records) stay where a walk from key 0 would put them.
+void walk_bounds(uint lo, uint hi, out uint begin, out uint end) {
+  begin = 0u;
+  end = pc.nk;
+#ifdef SPLIT_KV
+  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
+  end = min(pc.nk, begin + pc.keys_per_split);
+#endif
+  begin = max(begin, lo / BC * BC);
+  end = min(end, hi);
 }
 
 // Tracing is compiled in only for the -DTRACE builds, so the kernels users run carry none of it.

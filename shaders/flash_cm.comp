@@ -145,14 +145,15 @@ float l_run = 0.0;
 
 // Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, P into p_sh. Returns
 // the factors of step 3: o <- o * keep + coef * (P V).
-void tile_softmax(Row row, uint j0, uint n, out float keep, out float coef) {
+void tile_softmax(uint j0, uint n, out float keep, out float coef) {
   uint r = lane() / 2u, first = (lane() % 2u) * HALF;
   uint s_base = (sg() * SG_ROWS * SS + r * SS + first) / 4u;
   float s[HALF];
   float m_loc = NEG_INF;
   [[unroll]] for (uint c = 0u; c < HALF; ++c) {
-    bool seen = first + c < n && key_visible(row.b, row.key_end, j0 + first + c);
-    s[c] = seen ? uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale : NEG_INF;
+    uint j = j0 + first + c;
+    bool seen = first + c < n && key_visible(0u, j);
+    s[c] = row_score(0u, j, seen, uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
   float m_tile = max(m_loc, subgroupShuffleXor(m_loc, 1u));
@@ -218,21 +219,11 @@ void tile_accumulate(float keep, float coef) {
   }
 }
 
-// The keys this workgroup walks (its chunk for splitkv), up to the last any of its rows sees.
-shared uint wg_key_end;
-
+// The keys this workgroup walks (its chunk for splitkv), from the union of those its rows see.
 void key_range(Row row, out uint begin, out uint end) {
-  if (gl_LocalInvocationID.x == 0u) wg_key_end = 0u;
-  barrier();
-  atomicMax(wg_key_end, row.key_end);
-  barrier();
-  begin = 0u;
-  end = pc.nk;
-#ifdef SPLIT_KV
-  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  end = min(pc.nk, begin + pc.keys_per_split);
-#endif
-  end = min(end, wg_key_end);
+  uint lo = row.key_begin, hi = row.key_end;
+  workgroup_keys(lo, hi);
+  walk_bounds(lo, hi, begin, end);
 }
 
 // This lane's half of its row's output, times mul, from element offset base of dst.
@@ -278,6 +269,7 @@ void finish(Row row) {
 
 void main() {
   Row row = local_row(sg() * SG_ROWS + lane() / 2u);
+  rows[0] = row;
   [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
   load_queries();
   uint begin, end;
@@ -293,7 +285,7 @@ void main() {
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
     tile_scores();
     float keep, coef;
-    tile_softmax(row, j0, n, keep, coef);
+    tile_softmax(j0, n, keep, coef);
     tile_accumulate(keep, coef);
   }
   finish(row);

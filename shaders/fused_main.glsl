@@ -11,18 +11,6 @@
 //   void state_finish(uint rr);
 // With BC = 1 a chunk is one key: the seeds' per-key loops, used for traces.
 
-// The keys this workgroup walks: all of them, or its chunk for splitkv, up to the last one any of
-// its rows can see.
-void key_range(out uint begin, out uint end) {
-  begin = 0u;
-  end = pc.nk;
-#ifdef SPLIT_KV
-  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  end = min(pc.nk, begin + pc.keys_per_split);
-#endif
-  end = min(end, workgroup_key_end());
-}
-
 void start_rows() {
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     rows[rr] = packed_row(rr);

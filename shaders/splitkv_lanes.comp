@@ -41,7 +41,6 @@ void unpack(KV_VEC x, inout float f[VEC]) {
 #endif
 }
 
-Row rows[ROWS];
 float q_reg[ROWS][KE];
 float o_acc[ROWS][VE];
 float m_run[ROWS], l_run[ROWS];
@@ -54,12 +53,15 @@ void main() {
   uint cluster = lane / LANES, sub = lane % LANES;
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
-  uint key_end = 0u;
+  uint lo = 0xffffffffu, hi = 0u;  // the union of the keys the rows see
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     uint r = gl_WorkGroupID.x * ROWS + rr;
     bool valid = r < group * pc.nq;
     rows[rr] = make_row(b, hkv * group + (valid ? r / pc.nq : 0u), valid ? r % pc.nq : 0u, valid);
-    key_end = max(key_end, rows[rr].key_end);
+    if (rows[rr].key_begin < rows[rr].key_end) {
+      lo = min(lo, rows[rr].key_begin);
+      hi = max(hi, rows[rr].key_end);
+    }
     uint base = (rows[rr].bh * pc.nq + rows[rr].i) * D + sub * KE;
     [[unroll]] for (uint e = 0; e < KE; ++e)
       q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
@@ -67,8 +69,8 @@ void main() {
     m_run[rr] = NEG_INF;
     l_run[rr] = 0.0;
   }
-  uint begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  uint end = min(min(pc.nk, begin + pc.keys_per_split), key_end);
+  uint begin, end;
+  walk_bounds(lo, hi, begin, end);
   uint kv_base = rows[0].kv_base;  // the rows share one K/V head
 
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
@@ -94,8 +96,7 @@ void main() {
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       float m_new = m_run[rr];
       [[unroll]] for (uint c = 0; c < KB; ++c) {
-        bool seen = j0 + c < end && key_visible(rows[rr].b, rows[rr].key_end, j0 + c);
-        s[c][rr] = seen ? s[c][rr] : NEG_INF;
+        s[c][rr] = row_score(rr, j0 + c, j0 + c < end && key_visible(rr, j0 + c), s[c][rr]);
         m_new = max(m_new, s[c][rr]);
       }
       // As in flash2_state.glsl: exp(-inf) spelled out as 0, no branch while nothing is seen.

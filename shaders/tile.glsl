@@ -76,8 +76,7 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
 }
 #endif
 
-// The ROWS query rows of this invocation, with their queries and scores.
-Row rows[ROWS];
+// The queries and scores of this invocation's ROWS query rows (rows[] in common.glsl).
 float q_reg[ROWS][D];  // queries, kept in registers
 float sc[ROWS][CH];    // scaled scores of the current chunk, -inf where masked
 
@@ -123,8 +122,9 @@ void score_tile() {
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
         float dot = 0.0;
         [[unroll]] for (uint a = 0; a < ACC; ++a) dot += acc[rr][b][a];
-        bool seen = key_ok && tile_j0 + c < rows[rr].key_end;
-        sc[rr][c] = seen ? dot * pc.scale : NEG_INF;
+        uint j = tile_j0 + c;
+        bool seen = key_ok && j >= rows[rr].key_begin && j < rows[rr].key_end;
+        sc[rr][c] = row_score(rr, j, seen, dot * pc.scale);
       }
     }
   }
@@ -132,12 +132,11 @@ void score_tile() {
 #else
 // Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
 void chunk_scores(uint j0, uint c0, uint n) {
-  Row r = rows[0];
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     uint c = c0 + ci;
     float acc = 0.0;
     [[unroll]] for (uint k = 0; k < D; ++k) acc = fma(q_reg[0][k], tile_k[c * D + k], acc);
-    sc[0][ci] = (c < n && key_visible(r.b, r.key_end, j0 + c)) ? acc * pc.scale : NEG_INF;
+    sc[0][ci] = row_score(0u, j0 + c, c < n && key_visible(0u, j0 + c), acc * pc.scale);
   }
 }
 
@@ -203,24 +202,20 @@ void store_partial(uint base, uint rr, float mul) {
 }
 #endif
 
-uint last_key_end() {
-  uint end = 0u;
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) end = max(end, rows[rr].key_end);
-  return end;
-}
-
-// Highest key any row of this workgroup (register tiles: subgroup) can see, so fully masked
-// tiles are skipped.
+// The keys this workgroup (register tiles: subgroup) walks, from the union of those its rows see,
+// so that tiles no row sees are skipped: all of them, or its chunk for splitkv (walk_bounds).
+void key_range(out uint begin, out uint end) {
+  uint lo = 0xffffffffu, hi = 0u;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    if (rows[rr].key_begin < rows[rr].key_end) {
+      lo = min(lo, rows[rr].key_begin);
+      hi = max(hi, rows[rr].key_end);
+    }
 #ifdef REG_TILE
-uint workgroup_key_end() { return subgroupMax(last_key_end()); }
+  lo = subgroupMin(lo);
+  hi = subgroupMax(hi);
 #else
-shared uint wg_key_end;
-
-uint workgroup_key_end() {
-  if (gl_LocalInvocationID.x == 0u) wg_key_end = 0u;
-  barrier();
-  atomicMax(wg_key_end, last_key_end());
-  barrier();
-  return wg_key_end;
-}
+  workgroup_keys(lo, hi);
 #endif
+  walk_bounds(lo, hi, begin, end);
+}
