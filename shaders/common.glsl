@@ -30,6 +30,13 @@ layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (regi
 layout(constant_id = 5) const bool KEY_MASK = false;
 // Lanes that share one key's head dimension (LANE_TILE: splitkv_lanes.comp).
 layout(constant_id = 6) const uint LANES = 1;
+// The score modifiers compiled in (bits MOD_*), a constant for the same reason as KEY_MASK: a call
+// without them runs none of their code.
+layout(constant_id = 7) const uint MODS = 0u;
+const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
+const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
+const uint MOD_SINKS = 4u;    // a sink logit in the denominator
+const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
@@ -53,20 +60,25 @@ layout(std430, binding = 2) readonly buffer VBuf { ELEM v_buf[]; };
 #endif
 layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
-layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };  // [B, Nk], 0 = masked
+// The masks, as 32-bit words: the key mask [B, Nk] (0 = masked) from word 0; with MOD_MASK each
+// mask row's first and last+1 finite key from pc.mask_ranges, and the additive mask's floats
+// from pc.mask_values, Nk a row (mask row of (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride
+// + i, the strides 0 where the mask is broadcast).
+layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
 layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
 layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
 layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
+// Per (batch, query head): its ALiBi slope and its sink logit. Bound when MODS has either.
+layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 #ifdef REG_TILE
 // K and V again, as RGBA texels (fp32 or fp16, converted by the fetch). On llvmpipe a storage-buffer
 // read at a per-lane address is a loop over the lanes with two branches per element, while a texel
 // fetch is a branch-free gather of four elements per lane. Texel buffers also reach past
 // maxStorageBufferRange.
-layout(binding = 9) uniform samplerBuffer k_tex;
-layout(binding = 10) uniform samplerBuffer v_tex;
+layout(binding = 10) uniform samplerBuffer k_tex;
+layout(binding = 11) uniform samplerBuffer v_tex;
 #endif
 
-const uint FLAG_CAUSAL = 1u;
 const uint FLAG_LSE = 4u;
 const uint FLAG_TRACE = 8u;
 
@@ -83,6 +95,13 @@ layout(push_constant) uniform Params {
   uint trace_bh;        // traced row: b * H + h
   uint trace_row;       // traced row: query index
   uint bh0;             // naive: first (b, h) of this chunk
+  int window_left;      // keys before its diagonal a query sees; -1 = all (row_keys)
+  int window_right;     // keys after it; -1 = all, 0 = causal
+  float softcap;        // c of MOD_SOFTCAP
+  uint mask_ranges;     // MOD_MASK: word offsets in mask_buf, and the strides of batch and head
+  uint mask_values;     // in mask rows (0 where the mask is broadcast over them)
+  uint mask_bstride;
+  uint mask_hstride;
 }
 pc;
 
@@ -97,15 +116,33 @@ struct Row {
   uint key_begin;  // keys [key_begin, key_end) are visible (row_keys); empty for invalid rows
   uint key_end;
   uint b;
+  int diag;     // the key this query sits on, i + Nk - Nq (bottom-right aligned)
+  float slope;  // ALiBi's slope for this head (MOD_ALIBI)
+  float sink;   // the sink logit the recurrence starts from (MOD_SINKS), else -inf
+  uint mask_row;  // MOD_MASK: this row's index among the mask's rows
 };
 
 // The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
-// that query i sits on key i + Nk - Nq (its diagonal); causal stops at the diagonal. Every kernel
-// and layout takes its key loop's bounds and its per-key test (key_visible) from here.
-void row_keys(uint i, out uint begin, out uint end) {
+// that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
+// keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
+// the host). Every kernel and layout takes its key loop's bounds and its per-key test
+// (key_visible) from here, so keys outside the window are never read.
+// With an additive mask the keys also stop at the row's first and last finite mask entry.
+uint mask_row_of(uint b, uint h, uint i) {
+  return b * pc.mask_bstride + h * pc.mask_hstride + i;
+}
+
+void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
   int diag = int(i) + int(pc.nk) - int(pc.nq);
-  begin = 0u;
-  end = (pc.flags & FLAG_CAUSAL) == 0u ? pc.nk : uint(clamp(diag + 1, 0, int(pc.nk)));
+  int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
+  int hi = pc.window_right < 0 ? int(pc.nk) : diag + pc.window_right + 1;
+  if ((MODS & MOD_MASK) != 0u) {
+    uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
+    lo = max(lo, int(mask_buf[at]));
+    hi = min(hi, int(mask_buf[at + 1u]));
+  }
+  begin = uint(clamp(lo, 0, int(pc.nk)));
+  end = uint(clamp(hi, int(begin), int(pc.nk)));
 }
 
 Row make_row(uint b, uint h, uint i, bool valid) {
@@ -116,8 +153,19 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   uint group = pc.heads / pc.kv_heads;
   r.kv_base = (b * pc.kv_heads + h / group) * pc.nk;
   r.i = i;
-  row_keys(i, r.key_begin, r.key_end);
+  row_keys(b, h, i, r.key_begin, r.key_end);
+  r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;
   if (!valid) r.key_begin = r.key_end = 0u;
+  r.diag = int(i) + int(pc.nk) - int(pc.nq);
+  r.slope = 0.0;
+  r.sink = NEG_INF;
+  if ((MODS & (MOD_ALIBI | MOD_SINKS)) != 0u) {
+    vec2 head = head_buf[r.bh];
+    r.slope = head.x;
+#ifndef SPLIT_KV  // splitkv's chunks start empty; the merge adds the sink once
+    if ((MODS & MOD_SINKS) != 0u) r.sink = head.y;
+#endif
+  }
   return r;
 }
 
@@ -154,8 +202,22 @@ bool key_visible(uint rr, uint j) {
 }
 
 // The score hook: every kernel and layout turns the scaled dot product s = scale * q.k of row rr
-// and key j into the score its recurrence uses here, and only here.
-float modify_score(uint rr, uint j, float s) { return s; }
+// and key j into the score its recurrence uses here, and only here. Softcapping first, then
+// ALiBi's bias (FlashAttention-2 and ggml's order), then the additive mask. tanh's argument is clamped to +-15, where
+// tanh is 1 in fp32, so that no driver's e^2x overflows into inf / inf.
+float modify_score(uint rr, uint j, float s) {
+  if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
+  if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
+  if ((MODS & MOD_MASK) != 0u)  // -inf hides the key: every recurrence treats it as masked
+    s += uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * pc.nk + j]);
+  return s;
+}
+
+// The state a row's recurrence starts from: nothing seen (m = -inf, l = 0), or with an attention
+// sink s the sink as a key of zero value seen first: m = s, l = 1 (FLASH-D: L = s). A row that
+// then sees no key keeps O = 0 and LSE = s.
+float start_max(uint rr) { return rows[rr].sink; }
+float start_sum(uint rr) { return rows[rr].sink == NEG_INF ? 0.0 : 1.0; }
 
 // Row rr's score for key j, or -inf where `seen` says the row does not see it.
 float row_score(uint rr, uint j, bool seen, float scaled_dot) {

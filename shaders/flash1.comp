@@ -13,8 +13,8 @@ float l_run[ROWS];
 float l_tile[ROWS];  // the current tile's part of l_run, for its share in traces
 
 void state_init(uint rr) {
-  m_run[rr] = NEG_INF;
-  l_run[rr] = 0.0;
+  m_run[rr] = start_max(rr);
+  l_run[rr] = start_sum(rr);
   [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 

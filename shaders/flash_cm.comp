@@ -270,6 +270,12 @@ void finish(Row row) {
 void main() {
   Row row = local_row(sg() * SG_ROWS + lane() / 2u);
   rows[0] = row;
+#ifdef CM_FLASHD
+  lse_run = start_max(0u);
+#else
+  m_run = start_max(0u);
+  l_run = start_sum(0u);
+#endif
   [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
   load_queries();
   uint begin, end;

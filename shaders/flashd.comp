@@ -23,7 +23,7 @@ float lse_run[ROWS];  // L: log of the softmax denominator of the keys seen so f
 float t_tile[ROWS];   // log-sum-exp of the current tile's scores, for its weight in traces
 
 void state_init(uint rr) {
-  lse_run[rr] = NEG_INF;
+  lse_run[rr] = start_max(rr);  // L = ln e^sink, or -inf
   [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
 }
 

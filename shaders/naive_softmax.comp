@@ -31,9 +31,13 @@ void main() {
   uint lid = gl_LocalInvocationID.x;
   uint step = gl_WorkGroupSize.x;
 
+  // An attention sink (MOD_SINKS) counts in m and d as a key of zero value.
+  float sink = NEG_INF;
+  if ((MODS & MOD_SINKS) != 0u) sink = head_buf[bh].y;
   float m = NEG_INF;
   for (uint j = lid; j < pc.nk; j += step) m = max(m, scratch1[base + j]);
-  m = reduce(m, 0u);
+  m = max(reduce(m, 0u), sink);
+  float e_sink = sink == NEG_INF ? 0.0 : exp(sink - m);
 
   float d = 0.0;
   if (m != NEG_INF)
@@ -41,14 +45,14 @@ void main() {
       float x = scratch1[base + j];
       d += x == NEG_INF ? 0.0 : exp(x - m);
     }
-  d = reduce(d, 1u);
+  d = reduce(d, 1u) + e_sink;
 
   // The seed's three loops, run serially for the traced row before S is overwritten: per key the
   // score, the running max (pass 1), the running denominator against the final max (pass 2) and
   // the weight a_j (pass 3).
   if (lid == 0u && is_traced(make_row(bh / pc.heads, bh % pc.heads, i, true))) {
-    float run_m = NEG_INF;
-    float run_d = 0.0;
+    float run_m = sink;
+    float run_d = e_sink;
     for (uint j = 0u; j < pc.nk; ++j) {
       float x = scratch1[base + j];
       float e = x == NEG_INF ? 0.0 : exp(x - m);

@@ -66,8 +66,8 @@ void main() {
     [[unroll]] for (uint e = 0; e < KE; ++e)
       q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
     [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
-    m_run[rr] = NEG_INF;
-    l_run[rr] = 0.0;
+    m_run[rr] = start_max(rr);  // empty: splitkv_merge.comp adds the sink
+    l_run[rr] = start_sum(rr);
   }
   uint begin, end;
   walk_bounds(lo, hi, begin, end);

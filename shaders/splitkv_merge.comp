@@ -2,7 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // Flash-Decoding reduction (seed 002): merge the per-chunk (o'_c, m_c, d'_c) of one row with
 // log-sum-exp, m_N = max_c m_c, d'_N = sum_c d'_c e^(m_c - m_N), o = sum_c o'_c d'_c e^(m_c - m_N) / d'_N.
-// A chunk that saw no key has m = -inf and d' = 0 and adds nothing.
+// A chunk that saw no key has m = -inf and d' = 0 and adds nothing. An attention sink is merged
+// here (as a chunk of zero output), not in the chunks.
 // BC invocations share a row, each merging the output elements e = lane, lane + BC, ...: one on
 // CPU drivers (a row per invocation, its elements in unrolled loops), a warp's worth on GPUs, so
 // that the merge reads the chunks' outputs in wide, contiguous requests.
@@ -20,11 +21,14 @@ void main() {
   // STEP chunks at a time, with no branch on a loaded value, so that a step's loads are
   // independent of each other (on an H100, 16 a step timed the same as 4).
   const uint STEP = 4u;
-  float m_all = NEG_INF;
+  // An attention sink joins here, once, as one more chunk with m = sink, d' = 1 and o' = 0.
+  float sink = NEG_INF;
+  if ((MODS & MOD_SINKS) != 0u) sink = head_buf[row / pc.nq].y;
+  float m_all = sink;
   for (uint c0 = 0u; c0 < pc.splits; c0 += STEP)
     [[unroll]] for (uint u = 0; u < STEP; ++u)
       if (c0 + u < pc.splits) m_all = max(m_all, scratch2[(first + c0 + u) * 2u]);
-  float l_all = 0.0;
+  float l_all = sink == NEG_INF ? 0.0 : exp(sink - m_all);
   // Chunks outside, head dim inside (unrolled): llvmpipe counts loop iterations per invocation.
   float acc[PER_LANE];
   [[unroll]] for (uint k = 0; k < PER_LANE; ++k) acc[k] = 0.0;

@@ -31,7 +31,8 @@ HostTensor round_to_half(const HostTensor& x);
 float max_abs(const HostTensor& x);
 
 /// Error bound for fp32 arithmetic on these inputs: score error grows with |scale| * sum|q||k|,
-/// output error with max|v| and the log of the number of keys. `u` is the unit roundoff.
+/// output error with max|v| and the log of the number of keys (ALiBi's bias counts in the
+/// scores' size). `u` is the unit roundoff.
 double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                  const AttentionParams& params, double u = std::ldexp(1.0, -24));
 

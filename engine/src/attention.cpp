@@ -1,6 +1,8 @@
 #include "flashvk/attention.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "plan.hpp"
 
@@ -95,6 +97,26 @@ Variant parse_variant(const std::string& name) {
   std::string names;
   for (const auto& v : kVariants) names += std::string(names.empty() ? "" : ", ") + v.name;
   throw Error("unknown variant '" + name + "'; expected one of " + names);
+}
+
+std::vector<float> alibi_slopes(uint32_t heads, float max_bias) {
+  uint32_t n = 1;
+  while (n * 2 <= heads) n *= 2;  // 2^floor(log2 H)
+  double m0 = std::pow(2.0, -double(max_bias) / n), m1 = std::pow(2.0, -double(max_bias) / (2 * n));
+  std::vector<float> slopes(heads);
+  for (uint32_t h = 0; h < heads; ++h)
+    slopes[h] = static_cast<float>(h < n ? std::pow(m0, h + 1) : std::pow(m1, 2 * (h - n) + 1));
+  return slopes;
+}
+
+HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape) {
+  if (int64_t(attend.size()) != numel(shape))
+    throw Error("bool_mask: " + std::to_string(attend.size()) + " values for shape " +
+                shape_string(shape));
+  HostTensor m(std::move(shape));
+  for (size_t i = 0; i < attend.size(); ++i)
+    m.data[i] = attend[i] ? 0.0f : -std::numeric_limits<float>::infinity();
+  return m;
 }
 
 const char* rope_name(RopeLayout layout) {

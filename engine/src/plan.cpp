@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "flashvk/context.hpp"
 
@@ -216,6 +218,122 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
 
 }  // namespace
 
+// The score modifiers, checked and handed to the kernels: the window (causal folded in) and the
+// softcap as push constants, which of them are compiled in as Spec::mods, and per (batch, head)
+// the ALiBi slope and the sink logit in one small buffer.
+void set_modifiers(Plan& plan) {
+  const AttentionParams& p = plan.params;
+  const Dims& d = plan.dims;
+  auto side = [&](int64_t w, const char* name) {
+    if (w < -1)
+      throw Error(std::string(name) + " must be -1 (unbounded) or at least 0; got " +
+                  std::to_string(w));
+    return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(d.nk) + d.nq));
+  };
+  plan.push.window_left = side(p.window_left, "window_left");
+  plan.push.window_right = p.causal ? 0 : side(p.window_right, "window_right");
+  if (p.causal) side(p.window_right, "window_right");  // still checked
+
+  if (!std::isfinite(p.softcap) || p.softcap < 0)
+    throw Error("softcap must be 0 (off) or a positive number; got " + std::to_string(p.softcap));
+  if (p.softcap > 0) {
+    plan.spec.mods |= kModSoftcap;
+    plan.push.softcap = p.softcap;
+  }
+
+  if (!std::isfinite(p.alibi_max_bias) || p.alibi_max_bias < 0)
+    throw Error("alibi_max_bias must be 0 (off) or a positive number; got " +
+                std::to_string(p.alibi_max_bias));
+  if (!p.alibi_slopes.empty() && p.alibi_max_bias > 0)
+    throw Error("give ALiBi's slopes or its max_bias, not both");
+  std::vector<float> slopes = p.alibi_slopes;
+  if (slopes.empty() && p.alibi_max_bias > 0) slopes = alibi_slopes(d.heads, p.alibi_max_bias);
+  uint64_t rows = uint64_t(d.batch) * d.heads;
+  if (!slopes.empty() && slopes.size() != d.heads && slopes.size() != rows)
+    throw Error("alibi_slopes has " + std::to_string(slopes.size()) +
+                " entries; expected one per query head (H = " + std::to_string(d.heads) +
+                ") or per batch and head (B * H = " + std::to_string(rows) + ")");
+  if (!p.sinks.empty() && p.sinks.size() != d.heads)
+    throw Error("sinks has " + std::to_string(p.sinks.size()) +
+                " entries; expected one per query head (H = " + std::to_string(d.heads) + ")");
+  for (const std::vector<float>* values : {&std::as_const(slopes), &p.sinks})
+    for (float x : *values)
+      if (!std::isfinite(x))
+        throw Error(std::string(values == &slopes ? "alibi_slopes" : "sinks") +
+                    " must be finite numbers; got " + std::to_string(x));
+  if (slopes.empty() && p.sinks.empty()) return;
+  if (!slopes.empty()) plan.spec.mods |= kModAlibi;
+  if (!p.sinks.empty()) plan.spec.mods |= kModSinks;
+  std::vector<float> table(2 * rows, 0.0f);
+  for (uint64_t bh = 0; bh < rows; ++bh) {
+    uint32_t h = static_cast<uint32_t>(bh % d.heads);
+    if (!slopes.empty()) table[2 * bh] = slopes[slopes.size() == d.heads ? h : bh];
+    if (!p.sinks.empty()) table[2 * bh + 1] = p.sinks[h];
+  }
+  plan.heads = plan.scratch(table.size() * 4);
+  plan.heads.write(table.data(), table.size() * 4);
+  plan.bindings[kHeads] = plan.heads.handle();
+}
+
+// The key mask [B, Nk] and the additive mask, in one buffer of 32-bit words (common.glsl's
+// mask_buf): the key mask from word 0, then per row of the additive mask its first and last+1
+// finite key (so that keys outside are never read), then the additive mask's values.
+void set_masks(Plan& plan) {
+  const AttentionParams& p = plan.params;
+  const Dims& d = plan.dims;
+  std::vector<uint32_t> words;
+  if (!p.key_mask.empty()) {
+    if (p.key_mask.size() != uint64_t(d.batch) * d.nk)
+      throw Error("key_mask has " + std::to_string(p.key_mask.size()) +
+                  " entries; expected batch * Nk = " + std::to_string(uint64_t(d.batch) * d.nk));
+    words.assign(p.key_mask.begin(), p.key_mask.end());
+    plan.spec.key_mask = true;
+  }
+  const HostTensor& m = p.mask;
+  if (!m.shape.empty() || !m.data.empty()) {
+    std::string want = "[Nq, Nk] = [" + std::to_string(d.nq) + ", " + std::to_string(d.nk) +
+                       "] or [B or 1, H or 1, Nq, Nk]";
+    auto shape = m.shape;
+    if (shape.size() == 2) shape.insert(shape.begin(), {1, 1});
+    if (shape.size() != 4 || shape[2] != d.nq || shape[3] != d.nk ||
+        (shape[0] != 1 && shape[0] != d.batch) || (shape[1] != 1 && shape[1] != d.heads))
+      throw Error("mask has shape " + shape_string(m.shape) + "; expected " + want);
+    if (int64_t(m.data.size()) != numel(m.shape))
+      throw Error("mask has " + std::to_string(m.data.size()) + " values for shape " +
+                  shape_string(m.shape));
+    uint64_t rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
+    uint64_t total = words.size() + 2 * rows + m.data.size();
+    if (total * 4 > plan.ctx.device().max_storage_buffer_range)
+      throw Error("mask of shape " + shape_string(m.shape) + " needs " + std::to_string(total * 4) +
+                  " bytes, more than the device's " + "maxStorageBufferRange (" +
+                  std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
+    plan.push.mask_bstride = shape[0] == 1 ? 0 : static_cast<uint32_t>(shape[1]) * d.nq;
+    plan.push.mask_hstride = shape[1] == 1 ? 0 : d.nq;
+    plan.push.mask_ranges = static_cast<uint32_t>(words.size());
+    plan.push.mask_values = static_cast<uint32_t>(words.size() + 2 * rows);
+    words.resize(total);
+    for (uint64_t r = 0; r < rows; ++r) {
+      uint32_t first = d.nk, last = 0;  // the row's finite keys: [first, last)
+      for (uint32_t j = 0; j < d.nk; ++j) {
+        float x = m.data[r * d.nk + j];
+        if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
+          throw Error("mask holds " + std::string(std::isnan(x) ? "NaN" : "+inf") + " in row " +
+                      std::to_string(r) + ", key " + std::to_string(j) +
+                      "; it takes finite values and -inf (hidden)");
+        if (x != -std::numeric_limits<float>::infinity()) first = std::min(first, j), last = j + 1;
+      }
+      words[plan.push.mask_ranges + 2 * r] = first;
+      words[plan.push.mask_ranges + 2 * r + 1] = last;
+    }
+    std::memcpy(words.data() + plan.push.mask_values, m.data.data(), m.data.size() * 4);
+    plan.spec.mods |= kModMask;
+  }
+  if (words.empty()) return;
+  plan.mask = plan.scratch(words.size() * 4);
+  plan.mask.write(words.data(), words.size() * 4);
+  plan.bindings[kMask] = plan.mask.handle();
+}
+
 Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
            const AttentionParams& p, const PlanOptions& opts)
     : ctx(context), impl(context.impl()), params(p), options(opts) {
@@ -243,8 +361,14 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               0,
               options.trace_bh,
               options.trace_row,
+              0,
+              -1,
+              -1,
+              0.0f,
+              0,
+              0,
+              0,
               0};
-  if (params.causal) push.flags |= kFlagCausal;
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
 
@@ -260,17 +384,8 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     bindings[kQ] = q_rot.buffer();
     bindings[kK] = k_rot.buffer();
   }
-  if (!params.key_mask.empty()) {
-    if (params.key_mask.size() != uint64_t(dims.batch) * dims.nk)
-      throw Error(
-          "key_mask has " + std::to_string(params.key_mask.size()) +
-          " entries; expected batch * Nk = " + std::to_string(uint64_t(dims.batch) * dims.nk));
-    std::vector<uint32_t> words(params.key_mask.begin(), params.key_mask.end());
-    mask = scratch(words.size() * 4);
-    mask.write(words.data(), words.size() * 4);
-    bindings[kMask] = mask.handle();
-    spec.key_mask = true;
-  }
+  set_modifiers(*this);
+  set_masks(*this);
   out = Tensor(ctx, dims.out_shape, DType::f32);
   bindings[kO] = out.buffer();
   device_bytes += out.bytes();

@@ -16,11 +16,17 @@ struct Push {
   uint32_t batch, heads, kv_heads, nq, nk;
   float scale;
   uint32_t flags, splits, keys_per_split, trace_bh, trace_row, bh0;
+  int32_t window_left, window_right;  // causal folded in: window_right = 0
+  float softcap;
+  uint32_t mask_ranges, mask_values, mask_bstride, mask_hstride;  // kModMask: words, mask rows
 };
-constexpr uint32_t kFlagCausal = 1, kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
+static_assert(sizeof(Push) == 19 * 4 && sizeof(Push) <= 128, "Push mirrors common.glsl's Params");
+constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
+/// Spec::mods bits, MOD_* in shaders/common.glsl.
+constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
 
 /// Binding slots of shaders/common.glsl.
-enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace };
+enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
 using Bindings = std::array<VkBuffer, kBindings>;
 
 struct Dispatch {
@@ -67,6 +73,7 @@ class Plan {
   Tensor out, lse;
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
+  Buffer heads;               // [B * H] (ALiBi slope, sink logit), when a modifier needs them
   std::vector<Buffer> extra;  // RoPE angle tables
   uint32_t splits = 1, keys_per_split = 0;
   uint64_t device_bytes = 0;
@@ -98,6 +105,8 @@ class Plan {
 };
 
 // Kernel families, one host file each, next to their shaders.
+void set_modifiers(Plan& plan);                   // window, softcap, ALiBi, sinks
+void set_masks(Plan& plan);                       // the key mask and the additive mask
 void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);

@@ -38,14 +38,15 @@ Vec scaled(const Vec& o, double factor) {
 }  // namespace
 
 // Seed 000 §1 / seed 004 "3-pass safe softmax": max, then denominator, then weights.
-RowTrace naive_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace naive_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double m = -kInf;
+  double m = sink;
   for (double x : s) m = std::max(m, x);  // pass 1: m_N
-  double d = 0.0;
+  double e_sink = sink == -kInf ? 0.0 : std::exp(sink - m);
+  double d = e_sink;
   for (double x : s) d += x == -kInf ? 0.0 : std::exp(x - m);  // pass 2: d_N
   Vec o(width(v), 0.0);
-  double run_m = -kInf, run_d = 0.0;
+  double run_m = sink, run_d = e_sink;
   for (size_t j = 0; j < s.size(); ++j) {  // pass 3: a_j, o += a_j v_j
     double e = s[j] == -kInf ? 0.0 : std::exp(s[j] - m);
     double a = d > 0 ? e / d : 0.0;
@@ -60,9 +61,9 @@ RowTrace naive_row(const Vec& s, const std::vector<Vec>& v) {
 }
 
 // Seed 004 "2-pass online softmax": m and d' online, then a_i = e^(x_i - m_N) / d'_N.
-RowTrace online_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace online_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double m = -kInf, d = 0.0;
+  double m = sink, d = sink == -kInf ? 0.0 : 1.0;
   Vec ms, ds;
   for (double x : s) {
     if (x != -kInf) {
@@ -85,9 +86,9 @@ RowTrace online_row(const Vec& s, const std::vector<Vec>& v) {
 }
 
 // Seed 000 §2: o_i = o_{i-1} (l_prev / l_new) e^(m_prev - m_new) + v_i e^(s_i - m_new) / l_new.
-RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double m = -kInf, l = 0.0, w = 0.0;
+  double m = sink, l = sink == -kInf ? 0.0 : 1.0, w = 0.0;
   Vec o(width(v), 0.0);
   for (size_t i = 0; i < s.size(); ++i) {
     w = 0.0;
@@ -108,9 +109,9 @@ RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v) {
 }
 
 // Seed 000 §3: o_i = o_{i-1} e^(m_prev - m_new) + v_i e^(s_i - m_new); output o_N / l_N.
-RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double m = -kInf, l = 0.0;
+  double m = sink, l = sink == -kInf ? 0.0 : 1.0;
   Vec o(width(v), 0.0);
   for (size_t i = 0; i < s.size(); ++i) {
     double w = 0.0;
@@ -133,9 +134,9 @@ RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v) {
 // FLASH-D with the running log-sum-exp L = s_{i-1} - ln w_{i-1} carried instead of ln w:
 // w_i = sigma(s_i - L_{i-1}), L_i = L_{i-1} + ln(1 + e^(s_i - L_{i-1})), o_i = o_{i-1}(1 - w_i) +
 // v_i w_i.
-RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double L = -kInf;
+  double L = sink;  // the sink is the state before the first key: L = ln e^sink
   Vec o(width(v), 0.0);
   for (size_t i = 0; i < s.size(); ++i) {
     double w = 0.0;
@@ -186,7 +187,7 @@ RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v, bool in_fp32) 
 // Seed 002 Flash-Decoding: each chunk runs flash attention and returns (o'_c, m_c, d'_c);
 // within a chunk the steps are FlashAttention-2's (unnormalised o), as in shaders/splitkv.comp;
 // m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N), o = sum o'_c d'_c e^(m_c - m_N) / d'_N.
-RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk) {
+RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk, double sink) {
   RowTrace t;
   chunk = std::max(chunk, 1u);
   struct Part {
@@ -202,9 +203,9 @@ RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk) {
     for (size_t i = 0; i < cs.size(); ++i) push_step(t, c.m[i], c.l[i], c.w[i], c.lse[i], c.o[i]);
     parts.push_back({c.m.back(), c.l.back(), c.out});
   }
-  double m = -kInf;
+  double m = sink;  // the sink joins once, here
   for (const auto& p : parts) m = std::max(m, p.m);
-  double l = 0.0;
+  double l = sink == -kInf ? 0.0 : std::exp(sink - m);
   for (const auto& p : parts) l += p.m == -kInf ? 0.0 : p.l * std::exp(p.m - m);
   Vec o(width(v), 0.0);
   for (const auto& p : parts) {
@@ -217,11 +218,11 @@ RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk) {
   return t;
 }
 
-RowTrace direct_row(const Vec& s, const std::vector<Vec>& v) {
+RowTrace direct_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
-  double m = -kInf;
+  double m = sink;
   for (double x : s) m = std::max(m, x);
-  double sum = 0.0;
+  double sum = sink == -kInf ? 0.0 : std::exp(sink - m);
   for (double x : s) sum += x == -kInf ? 0.0 : std::exp(x - m);
   Vec o(width(v), 0.0);
   for (size_t j = 0; j < s.size(); ++j) {
@@ -234,23 +235,24 @@ RowTrace direct_row(const Vec& s, const std::vector<Vec>& v) {
   return t;
 }
 
-RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, uint32_t chunk) {
+RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, uint32_t chunk,
+                     double sink) {
   switch (variant) {
     case Variant::naive:
-      return naive_row(s, v);
+      return naive_row(s, v, sink);
     case Variant::online:
-      return online_row(s, v);
+      return online_row(s, v, sink);
     case Variant::flash1:
-      return flash1_row(s, v);
+      return flash1_row(s, v, sink);
     case Variant::flash2:
-      return flash2_row(s, v);
+      return flash2_row(s, v, sink);
     case Variant::flashd:
-      return flashd_row(s, v);
+      return flashd_row(s, v, sink);
     case Variant::splitkv:
-      return splitkv_row(s, v,
-                         chunk ? chunk : static_cast<uint32_t>(std::max<size_t>(s.size(), 1)));
+      return splitkv_row(s, v, chunk ? chunk : static_cast<uint32_t>(std::max<size_t>(s.size(), 1)),
+                         sink);
   }
-  return direct_row(s, v);
+  return direct_row(s, v, sink);
 }
 
 Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
@@ -259,16 +261,43 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
   uint32_t kv_head = head / (d.heads / d.kv_heads);
   const float* qrow = q.data.data() + ((size_t(batch) * d.heads + head) * d.nq + row) * d.d;
   const float* kbase = k.data.data() + (size_t(batch) * d.kv_heads + kv_head) * d.nk * d.d;
-  int64_t last = params.causal ? int64_t(row) + int64_t(d.nk) - int64_t(d.nq) : int64_t(d.nk) - 1;
+  int64_t diag = int64_t(row) + int64_t(d.nk) - int64_t(d.nq);  // the key query `row` sits on
+  int64_t right = params.causal ? 0 : params.window_right;
+  if (params.causal && params.window_right >= 0) right = std::min<int64_t>(params.window_right, 0);
+  double slope = 0.0;
+  if (!params.alibi_slopes.empty())
+    slope = params.alibi_slopes.size() == d.heads
+                ? params.alibi_slopes[head]
+                : params.alibi_slopes[size_t(batch) * d.heads + head];
+  else if (params.alibi_max_bias > 0)
+    slope = alibi_slopes(d.heads, params.alibi_max_bias)[head];
+  const float* mask_row = nullptr;  // [Nq, Nk] or [B or 1, H or 1, Nq, Nk]
+  if (!params.mask.data.empty()) {
+    const auto& ms = params.mask.shape;
+    size_t mb = ms.size() == 4 && ms[0] > 1 ? batch : 0;
+    size_t mh = ms.size() == 4 && ms[1] > 1 ? head : 0;
+    size_t mheads = ms.size() == 4 ? size_t(ms[1]) : 1;
+    mask_row = params.mask.data.data() + ((mb * mheads + mh) * d.nq + row) * d.nk;
+  }
   Vec s(d.nk);
   for (uint32_t j = 0; j < d.nk; ++j) {
-    bool visible = int64_t(j) <= last &&
+    int64_t jj = j;
+    bool visible = (params.window_left < 0 || jj >= diag - params.window_left) &&
+                   (right < 0 || jj <= diag + right) &&
                    (params.key_mask.empty() || params.key_mask[size_t(batch) * d.nk + j] != 0);
     double acc = 0.0;
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);
-    s[j] = visible ? scale * acc : -kInf;
+    double x = scale * acc;
+    if (params.softcap > 0) x = double(params.softcap) * std::tanh(x / double(params.softcap));
+    x -= slope * double(std::abs(diag - jj));
+    if (mask_row) x += double(mask_row[j]);  // -inf hides the key
+    s[j] = visible && x != -kInf ? x : -kInf;
   }
   return s;
+}
+
+double row_sink(const AttentionParams& params, uint32_t head) {
+  return params.sinks.empty() ? kNoSink : double(params.sinks[head]);
 }
 
 std::vector<Vec> value_rows(const HostTensor& v, const Dims& d, uint32_t batch, uint32_t head) {
@@ -299,7 +328,7 @@ Result run_rows(const HostTensor& q_in, const HostTensor& k_in, const HostTensor
     for (uint32_t h = 0; h < d.heads; ++h) {
       std::vector<Vec> vr = value_rows(v, d, b, h);
       for (uint32_t i = 0; i < d.nq; ++i) {
-        RowTrace t = row_fn(row_scores(q, k, d, params, b, h, i), vr);
+        RowTrace t = row_fn(row_scores(q, k, d, params, b, h, i), vr, row_sink(params, h));
         size_t row = (size_t(b) * d.heads + h) * d.nq + i;
         std::copy(t.out.begin(), t.out.end(), r.out.begin() + long(row * d.dv));
         r.lse[row] = t.final_lse;
@@ -316,14 +345,16 @@ Result attention(Variant variant, const HostTensor& q, const HostTensor& k, cons
   uint32_t chunk = params.splits
                        ? (uint32_t(k.shape[k.shape.size() - 2]) + params.splits - 1) / params.splits
                        : 0;
-  return run_rows(q, k, v, params, [&](const Vec& s, const std::vector<Vec>& vr) {
-    return variant_row(variant, s, vr, chunk);
+  return run_rows(q, k, v, params, [&](const Vec& s, const std::vector<Vec>& vr, double sink) {
+    return variant_row(variant, s, vr, chunk, sink);
   });
 }
 
 Result direct(const HostTensor& q, const HostTensor& k, const HostTensor& v,
               const AttentionParams& params) {
-  return run_rows(q, k, v, params, direct_row);
+  return run_rows(q, k, v, params, [](const Vec& s, const std::vector<Vec>& vr, double sink) {
+    return direct_row(s, vr, sink);
+  });
 }
 
 HostTensor rope(const HostTensor& x, const RopeParams& params) {

@@ -109,6 +109,16 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.dim_v = dims.dv;
   t.scale = tp.push.scale;
   t.causal = params.causal;
+  t.window_left = params.window_left;
+  t.window_right = params.causal ? 0 : params.window_right;
+  t.softcap = params.softcap;
+  if (!params.alibi_slopes.empty())
+    t.alibi_slope = params.alibi_slopes[params.alibi_slopes.size() == dims.heads
+                                            ? head
+                                            : size_t(batch) * dims.heads + head];
+  else if (params.alibi_max_bias > 0)
+    t.alibi_slope = alibi_slopes(dims.heads, params.alibi_max_bias)[head];
+  if (!params.sinks.empty()) t.sink = params.sinks[head];
   t.device = ctx.device().name;
   bool splitkv = variant_info(params.variant).splits_keys;
   if (variant_info(params.variant).fused) {
@@ -202,7 +212,15 @@ std::string trace_to_json(const Trace& t) {
        ",\"dim\":" + std::to_string(t.dim) + ",\"dim_v\":" + std::to_string(t.dim_v) +
        ",\"scale\":";
   put_number(s, t.scale);
-  s += std::string(",\"causal\":") + (t.causal ? "true" : "false") + ",\"device\":\"";
+  s += std::string(",\"causal\":") + (t.causal ? "true" : "false");
+  s += ",\"window\":[" + std::to_string(t.window_left) + "," + std::to_string(t.window_right) +
+       "],\"softcap\":";
+  put_number(s, t.softcap);
+  s += ",\"alibi_slope\":";
+  put_number(s, t.alibi_slope);
+  s += ",\"sink\":";
+  put_number(s, t.sink);  // null: none
+  s += ",\"device\":\"";
   for (char c : t.device)
     if (c != '"' && c != '\\') s += c;
   s += "\",\"steps\":";

@@ -58,6 +58,7 @@ struct Spec {
   bool coopmat = false;        // fused kernels: TileLayout::cooperative_matrix (128 invocations)
   bool lanes = false;          // splitkv: TileLayout::lanes (group_rows rows per workgroup)
   uint32_t lanes_per_key = 1;  // TileLayout::lanes: lanes sharing one key's head dimension
+  uint32_t mods = 0;           // score modifiers compiled in (kMod* in plan.hpp)
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
@@ -67,13 +68,13 @@ struct Spec {
   }
   auto tie() const {
     return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
-                    lanes_per_key);
+                    lanes_per_key, mods);
   }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 
 /// Storage-buffer bindings of the one descriptor set layout every kernel uses.
-constexpr uint32_t kBindings = 9;
+constexpr uint32_t kBindings = 10;
 /// Then K and V again as RGBA uniform texel buffers, read by the register-tile kernels.
 constexpr uint32_t kTexelBindings = 2;
 

@@ -74,7 +74,37 @@ struct AttentionParams {
   std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
   std::vector<uint8_t> key_mask;          ///< optional [B, Nk]; 0 hides key j from batch b
   bool want_lse = true;
+
+  // Score modifiers (docs/algorithms.md, "Modifiers"), for every variant and layout. Query i
+  // sits on key i + Nk - Nq, its diagonal (bottom-right aligned).
+  /// Sliding window: query i sees keys j with diagonal - window_left <= j <= diagonal +
+  /// window_right; -1 leaves that side unbounded. `causal` is window_right = 0. Keys outside the
+  /// window are never read: the cost grows with the window, not with Nk.
+  int64_t window_left = -1, window_right = -1;
+  /// Logit softcapping (Gemma 2): s = softcap * tanh(s / softcap), before ALiBi; 0 = off.
+  float softcap = 0.0f;
+  /// ALiBi: s -= slope * |diagonal - j|, one slope per query head ([H]) or per batch and head
+  /// ([B * H]). When empty and alibi_max_bias > 0, the slopes are alibi_slopes(H, max_bias).
+  std::vector<float> alibi_slopes;
+  float alibi_max_bias = 0.0f;
+  /// Attention sinks (gpt-oss): one logit per query head ([H]), unscaled and never masked, in
+  /// the softmax's denominator only: O = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^(sink)). LSE
+  /// includes it; a row that sees no key gives O = 0 and LSE = sink.
+  std::vector<float> sinks;
+  /// Additive mask added to the scores last: [Nq, Nk], or [Bm, Hm, Nq, Nk] with Bm 1 or B and
+  /// Hm 1 or H (broadcast). -inf hides a key; NaN and +inf are refused. Keys before a row's
+  /// first finite entry and after its last are never read. bool_mask() turns PyTorch's boolean
+  /// attn_mask into one.
+  HostTensor mask;
 };
+
+/// PyTorch's boolean attn_mask (true = attend) as an additive mask of the same shape: 0 where
+/// `attend` is nonzero, -inf elsewhere.
+HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
+
+/// ggml's ALiBi slopes from max_bias for H heads: n = 2^floor(log2 H), m0 = 2^(-max_bias / n),
+/// m1 = 2^(-max_bias / (2n)); slope_h = m0^(h + 1) for h < n, else m1^(2(h - n) + 1).
+std::vector<float> alibi_slopes(uint32_t heads, float max_bias);
 
 /// The sizes every kernel works with, read from the tensors' shapes.
 struct Dims {

@@ -2,6 +2,7 @@
 // trace(): what one query row's recurrence holds after every key and after every tile,
 // recorded on the GPU by trace builds of the real kernels.
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct Trace {
   uint32_t keys = 0, dim = 0, dim_v = 0;
   float scale = 1.0f;
   bool causal = false;
+  /// The score modifiers as the traced row meets them: its window (causal folded in: right 0),
+  /// softcap (0: off), its head's ALiBi slope (0: none) and sink logit (-inf: none).
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f, alibi_slope = 0.0f;
+  float sink = -std::numeric_limits<float>::infinity();
   std::string device;
   TraceSeries steps;       ///< one entry per key: the per-key recurrence (Bc = 1)
   uint32_t tile_size = 0;  ///< keys per tile of the tiled kernel (0: naive, untiled softmax)

@@ -69,6 +69,7 @@ void plan_splitkv(Plan& plan) {
   merge_spec.keys = plan.ctx.device().type == "cpu" ? 1 : 32;
   merge_spec.d = plan.spec.d;
   merge_spec.dv = plan.spec.dv;
+  merge_spec.mods = plan.spec.mods & kModSinks;  // the merge adds the sink
   VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   uint64_t merge_groups = (total_rows + 64 / merge_spec.keys - 1) / (64 / merge_spec.keys);

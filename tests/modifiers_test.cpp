@@ -1,0 +1,294 @@
+// The score modifiers (sliding window, softcap, ALiBi, attention sinks), alone and in the
+// combinations models use, in every variant and tile layout, against the float64 reference; and
+// closed-form cases that do not go through the reference's code.
+#include <numeric>
+
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+struct ModCase {
+  const char* name;
+  uint32_t b, h, hkv, nq, nk, d, dv;
+  bool causal;
+  int64_t left, right;
+  float softcap, max_bias;
+  bool per_batch_slopes, sinks, key_mask;
+  int mask = 0;  // 1: float [Nq, Nk] (documents: -inf across them); 2: bool [B, 1, Nq, Nk]
+};
+
+// Ragged shapes (no multiple of a tile), GQA, Nq < Nk, Nq > Nk and decoding.
+const ModCase kCases[] = {
+    {"window", 1, 4, 2, 37, 53, 16, 16, false, 5, 3, 0, 0, false, false, false, 0},
+    {"window_causal_sinks_gqa", 2, 4, 2, 65, 129, 16, 16, true, 16, -1, 0, 0, false, true, false,
+     0},
+    {"softcap_window", 1, 2, 2, 40, 90, 32, 32, false, 40, -1, 3.0f, 0, false, false, false, 0},
+    {"alibi_causal", 1, 6, 3, 33, 33, 16, 16, true, -1, -1, 0, 8.0f, false, false, false, 0},
+    {"alibi_slopes_per_batch", 2, 2, 1, 20, 70, 16, 8, false, -1, -1, 0, 0, true, false, false, 0},
+    {"sinks_decode_gqa", 1, 8, 2, 1, 300, 64, 64, false, -1, -1, 0, 0, false, true, false, 0},
+    {"empty_rows_sinks", 1, 2, 2, 70, 45, 16, 16, true, 2, -1, 0, 0, false, true, false, 0},
+    {"everything", 2, 4, 2, 29, 111, 32, 16, true, 50, -1, 4.0f, 0, true, true, true, 1},
+    {"float_mask_documents", 1, 2, 1, 45, 90, 16, 16, false, -1, -1, 0, 0, false, false, false, 1},
+    {"bool_mask_per_batch_sinks", 2, 4, 2, 30, 70, 16, 8, false, -1, -1, 0, 0, false, true, false,
+     2},
+};
+
+// A float mask of documents: query i and key j see each other when they are in the same
+// document of 20 keys (queries mapped onto keys bottom-right), with a finite bias elsewhere.
+// A bool mask: true on a pseudo-random two thirds, different per batch, and every row of the
+// first batch's first query hidden (a row with no key).
+HostTensor make_mask(const ModCase& c) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (c.mask == 1) {
+    HostTensor m({c.nq, c.nk});
+    for (uint32_t i = 0; i < c.nq; ++i)
+      for (uint32_t j = 0; j < c.nk; ++j) {
+        uint32_t qi = i + c.nk - std::min(c.nq, c.nk);
+        m.data[i * c.nk + j] = qi / 20 == j / 20 ? 0.25f * std::sin(float(i * 7 + j)) : -inf;
+      }
+    return m;
+  }
+  std::vector<uint8_t> attend(size_t(c.b) * c.nq * c.nk);
+  for (size_t x = 0; x < attend.size(); ++x) attend[x] = (x * 2654435761u >> 7) % 3 != 0;
+  for (uint32_t j = 0; j < c.nk; ++j) attend[j] = 0;
+  return bool_mask(attend, {c.b, 1, c.nq, c.nk});
+}
+
+void PrintTo(const ModCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+AttentionParams case_params(const ModCase& c, Variant variant) {
+  AttentionParams p;
+  p.variant = variant;
+  p.causal = c.causal;
+  p.window_left = c.left;
+  p.window_right = c.right;
+  p.softcap = c.softcap;
+  p.alibi_max_bias = c.max_bias;
+  if (c.per_batch_slopes)
+    for (uint32_t i = 0; i < c.b * c.h; ++i) p.alibi_slopes.push_back(0.05f * float(i + 1));
+  if (c.sinks)  // around the scores' size, one above all of them
+    for (uint32_t h = 0; h < c.h; ++h) p.sinks.push_back(h == 1 ? 6.0f : -1.0f + 0.5f * float(h));
+  if (c.mask) p.mask = make_mask(c);
+  if (c.key_mask) {
+    p.key_mask.assign(size_t(c.b) * c.nk, 1);
+    for (size_t j = 2; j < p.key_mask.size(); j += 7) p.key_mask[j] = 0;
+  }
+  return p;
+}
+
+using Param = std::tuple<Variant, ModCase>;
+class ModifierTest : public VulkanTest, public ::testing::WithParamInterface<Param> {};
+
+// Every layout this device can run for the variant: the default, shared tiles, register tiles
+// where they run, and lanes for splitkv.
+std::vector<TileLayout> layouts_for(Variant v, const ModCase& c) {
+  const DeviceInfo& info = context().device();
+  std::vector<TileLayout> l = {TileLayout::automatic};
+  if (!variant_info(v).fused) return l;
+  l.push_back(TileLayout::shared);
+  if (info.subgroup_shuffle && info.texel_buffers && c.d % 4 == 0 && c.dv % 4 == 0)
+    l.push_back(TileLayout::registers);
+  if (variant_info(v).splits_keys && info.subgroup_shuffle && c.d % 8 == 0 && c.dv % 8 == 0)
+    l.push_back(TileLayout::lanes);
+  return l;
+}
+
+TEST_P(ModifierTest, MatchesFloat64ReferenceInEveryLayout) {
+  auto [variant, c] = GetParam();
+  uint32_t seed = c.nq * 31 + c.nk;
+  for (DType dtype : {DType::f32, DType::f16}) {
+    HostTensor q = random_tensor({c.b, c.h, c.nq, c.d}, seed, 1.5f);
+    HostTensor k = random_tensor({c.b, c.hkv, c.nk, c.d}, seed + 1, 1.5f);
+    HostTensor v = random_tensor({c.b, c.hkv, c.nk, c.dv}, seed + 2);
+    if (dtype == DType::f16) q = round_to_half(q), k = round_to_half(k), v = round_to_half(v);
+    AttentionParams params = case_params(c, variant);
+    reference::Result ref = reference::direct(q, k, v, params);
+    for (TileLayout layout : layouts_for(variant, c)) {
+      params.tile_layout = layout;
+      std::string what = std::string(dtype_name(dtype)) + " " + tile_layout_name(layout);
+      HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
+      double tol = tolerance(q, k, v, params) + weight_rounding(gpu, v);
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << what << ", tolerance " << tol;
+      EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << what;
+      if (layout != TileLayout::automatic) {
+        EXPECT_EQ(gpu.tile_layout, layout) << what;
+      }
+      // The variant's own float64 recurrence agrees with the direct formula too.
+      if (dtype == DType::f32 && layout == TileLayout::automatic) {
+        reference::Result rec = reference::attention(variant, q, k, v, params);
+        EXPECT_LE(max_error(std::vector<float>(rec.out.begin(), rec.out.end()), ref.out), 1e-6);
+      }
+    }
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::string(variant_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, ModifierTest,
+                         ::testing::Combine(::testing::ValuesIn(all_variants()),
+                                            ::testing::ValuesIn(kCases)),
+                         param_name);
+
+// q = 0 makes every score 0, so the softmax is closed-form: each visible key gets weight
+// 1 / (n + e^sink) for its row's n visible keys, and the sink the rest. v_j = j, so the output
+// is the visible keys' sum of j over that denominator.
+class ClosedFormTest : public VulkanTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(ClosedFormTest, WindowAndSinkWithEqualScores) {
+  const uint32_t nq = 24, nk = 40;
+  const int64_t left = 6, right = 2;
+  const float sink = 1.25f;
+  HostTensor q({1, 1, nq, 4}), k = random_tensor({1, 1, nk, 4}, 5), v({1, 1, nk, 4});
+  for (uint32_t j = 0; j < nk; ++j)
+    for (uint32_t c = 0; c < 4; ++c) v.data[j * 4 + c] = float(j * (c + 1));
+  AttentionParams params;
+  params.variant = GetParam();
+  params.window_left = left;
+  params.window_right = right;
+  params.sinks = {sink};
+  HostAttentionResult gpu = attention(context(), q, k, v, params);
+  for (uint32_t i = 0; i < nq; ++i) {
+    int64_t diag = int64_t(i) + nk - nq;
+    int64_t lo = std::max<int64_t>(0, diag - left), hi = std::min<int64_t>(nk - 1, diag + right);
+    double n = double(hi - lo + 1), sum = double(lo + hi) * n / 2;
+    double den = n + std::exp(double(sink));
+    for (uint32_t c = 0; c < 4; ++c)
+      EXPECT_NEAR(gpu.out.data[i * 4 + c], sum * (c + 1) / den, 1e-5 * nk * (c + 1))
+          << "row " << i << " dim " << c;
+    EXPECT_NEAR(gpu.lse.data[i], std::log(den), 1e-5) << "row " << i;
+  }
+}
+
+// ALiBi with q = 0: query i's weights are e^(-slope |diag - j|), normalised.
+TEST_P(ClosedFormTest, AlibiWithEqualScores) {
+  const uint32_t nq = 5, nk = 30;
+  HostTensor q({1, 2, nq, 4}), k = random_tensor({1, 1, nk, 4}, 6), v({1, 1, nk, 4});
+  for (uint32_t j = 0; j < nk; ++j)
+    for (uint32_t c = 0; c < 4; ++c) v.data[j * 4 + c] = std::sin(float(j + c));
+  AttentionParams params;
+  params.variant = GetParam();
+  params.causal = true;
+  params.alibi_slopes = {0.5f, 0.125f};
+  HostAttentionResult gpu = attention(context(), q, k, v, params);
+  for (uint32_t h = 0; h < 2; ++h)
+    for (uint32_t i = 0; i < nq; ++i) {
+      int64_t diag = int64_t(i) + nk - nq;
+      double den = 0, o[4] = {0, 0, 0, 0};
+      for (int64_t j = 0; j <= diag; ++j) {
+        double w = std::exp(-double(params.alibi_slopes[h]) * double(diag - j));
+        den += w;
+        for (uint32_t c = 0; c < 4; ++c) o[c] += w * v.data[size_t(j) * 4 + c];
+      }
+      for (uint32_t c = 0; c < 4; ++c)
+        EXPECT_NEAR(gpu.out.data[(h * nq + i) * 4 + c], o[c] / den, 2e-6)
+            << "head " << h << " row " << i;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, ClosedFormTest, ::testing::ValuesIn(all_variants()),
+                         variant_param_name);
+
+// Softcapping bounds every score by c: with c small the weights are between e^-2c / n and
+// e^2c / n whatever q and k are; with huge scores (q.k ~ 1e4) the output stays finite.
+TEST_F(VulkanTest, SoftcapBoundsTheScores) {
+  HostTensor q = random_tensor({1, 1, 8, 16}, 7, 30.0f),
+             k = random_tensor({1, 1, 50, 16}, 8, 30.0f);
+  HostTensor v({1, 1, 50, 1});
+  for (uint32_t j = 0; j < 50; ++j) v.data[j] = 1.0f;
+  AttentionParams params;
+  params.softcap = 0.5f;
+  params.want_lse = true;
+  for (Variant variant : all_variants()) {
+    params.variant = variant;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    for (uint32_t i = 0; i < 8; ++i) {
+      EXPECT_NEAR(gpu.out.data[i], 1.0, 1e-5) << variant_name(variant);  // weights sum to 1
+      // LSE = ln sum e^s_j with every s_j in (-c, c): within ln 50 +- c.
+      EXPECT_GT(gpu.lse.data[i], std::log(50.0) - 0.5) << variant_name(variant);
+      EXPECT_LT(gpu.lse.data[i], std::log(50.0) + 0.5) << variant_name(variant);
+    }
+  }
+}
+
+// ggml's slopes: H = 8, max_bias 8 gives 2^-(h+1); H = 12 adds m1 = 2^-0.5's odd powers.
+TEST(AlibiSlopes, FollowGgmlsFormula) {
+  std::vector<float> eight = alibi_slopes(8, 8.0f);
+  for (uint32_t h = 0; h < 8; ++h) EXPECT_FLOAT_EQ(eight[h], std::ldexp(1.0f, -int(h) - 1));
+  std::vector<float> twelve = alibi_slopes(12, 8.0f);
+  for (uint32_t h = 0; h < 8; ++h) EXPECT_FLOAT_EQ(twelve[h], eight[h]);
+  for (uint32_t h = 8; h < 12; ++h)
+    EXPECT_FLOAT_EQ(twelve[h], float(std::pow(2.0, -0.5 * (2.0 * (h - 8) + 1))));
+}
+
+// q = 0 and a float mask: the weights are softmax over the mask's row, closed-form.
+TEST_P(ClosedFormTest, AdditiveMaskWithEqualScores) {
+  const uint32_t nq = 6, nk = 50;
+  HostTensor q({1, 1, nq, 4}), k = random_tensor({1, 1, nk, 4}, 9),
+                               v = random_tensor({1, 1, nk, 4}, 10);
+  AttentionParams params;
+  params.variant = GetParam();
+  params.mask = HostTensor({nq, nk});
+  for (uint32_t i = 0; i < nq; ++i)
+    for (uint32_t j = 0; j < nk; ++j)
+      params.mask.data[i * nk + j] =
+          (j + i) % 4 == 0 ? -std::numeric_limits<float>::infinity() : 0.1f * float((i * j) % 13);
+  HostAttentionResult gpu = attention(context(), q, k, v, params);
+  for (uint32_t i = 0; i < nq; ++i) {
+    double den = 0, o[4] = {0, 0, 0, 0};
+    for (uint32_t j = 0; j < nk; ++j) {
+      float m = params.mask.data[i * nk + j];
+      if (std::isinf(m)) continue;
+      den += std::exp(double(m));
+      for (uint32_t c = 0; c < 4; ++c) o[c] += std::exp(double(m)) * v.data[j * 4 + c];
+    }
+    for (uint32_t c = 0; c < 4; ++c)
+      EXPECT_NEAR(gpu.out.data[i * 4 + c], o[c] / den, 2e-6) << "row " << i;
+    EXPECT_NEAR(gpu.lse.data[i], std::log(den), 2e-6) << "row " << i;
+  }
+}
+
+TEST_F(VulkanTest, BadModifiersAreRefusedWithTheirName) {
+  HostTensor q = random_tensor({1, 2, 4, 8}, 1), k = random_tensor({1, 2, 6, 8}, 2);
+  auto refused = [&](AttentionParams p, const std::string& word) {
+    try {
+      attention(context(), q, k, k, p);
+      ADD_FAILURE() << "not refused: " << word;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  AttentionParams p;
+  p.window_left = -2;
+  refused(p, "window_left");
+  p = {};
+  p.softcap = -1.0f;
+  refused(p, "softcap");
+  p.softcap = std::numeric_limits<float>::infinity();
+  refused(p, "softcap");
+  p = {};
+  p.alibi_slopes = {0.5f, 0.25f, 0.125f};
+  refused(p, "alibi_slopes has 3 entries");
+  p.alibi_max_bias = 8.0f;
+  refused(p, "not both");
+  p = {};
+  p.sinks = {1.0f};
+  refused(p, "sinks has 1 entries");
+  p.sinks = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  refused(p, "sinks must be finite");
+  p = {};
+  p.mask = HostTensor({4, 5});
+  refused(p, "mask has shape [4, 5]; expected [Nq, Nk] = [4, 6]");
+  p.mask = HostTensor({3, 2, 4, 6});
+  refused(p, "mask has shape [3, 2, 4, 6]");
+  p.mask = HostTensor({1, 1, 4, 6});
+  p.mask.data[7] = std::numeric_limits<float>::infinity();
+  refused(p, "mask holds +inf in row 1, key 1");
+}
+
+}  // namespace
+}  // namespace flashvk::test
