@@ -9,35 +9,36 @@
 #include <filesystem>
 #include <fstream>
 
+#include <CLI/CLI.hpp>
+
 #include "flashvk/error.hpp"
+#include "npy.hpp"
 
 namespace flashvk::cli {
 
+// CLI11 parses: `--name value` and `--name=value`, unknown and repeated options, missing values.
+// The typed getters below check the values, lazily, as each command's defaults depend on others.
 Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& values,
            const std::set<std::string>& flags) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    std::string arg = argv[i];
-    std::string inline_value;
-    bool has_inline = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_inline = true;
-    }
-    if (arg.rfind("--", 0) != 0) throw UsageError{"unexpected argument '" + arg + "'"};
-    std::string name = arg.substr(2);
-    if (flags.count(name)) {
-      if (has_inline) throw UsageError{"option --" + name + " takes no value"};
-      flags_.insert(name);
-    } else if (values.count(name)) {
-      if (values_.count(name)) throw UsageError{"option --" + name + " is given twice"};
-      if (!has_inline && i + 1 >= argv.size())
-        throw UsageError{"option --" + name + " needs a value"};
-      values_[name] = has_inline ? inline_value : argv[++i];
-    } else {
-      throw UsageError{"unknown option '" + arg + "' (see --help)"};
-    }
+  CLI::App app;
+  app.set_help_flag();  // each command prints its own help
+  std::map<std::string, std::string> got;
+  std::map<std::string, CLI::Option*> value_options, flag_options;
+  for (const std::string& name : values)
+    value_options[name] = app.add_option("--" + name, got[name])
+                              ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
+                              ->allow_extra_args(false);
+  for (const std::string& name : flags) flag_options[name] = app.add_flag("--" + name);
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them backwards
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError{std::string(e.what()) + " (see --help)"};
   }
+  for (const auto& [name, option] : value_options)
+    if (option->count()) values_[name] = got[name];
+  for (const auto& [name, option] : flag_options)
+    if (option->count()) flags_.insert(name);
 }
 
 std::string Args::text(const std::string& name, const std::string& fallback) const {
@@ -108,6 +109,80 @@ void write_text(const std::string& path, const std::string& text) {
     std::remove(tmp.c_str());
     throw Error("output file '" + path + "': cannot rename into place");
   }
+}
+
+const std::set<std::string> kModifierOptions = {"window",       "softcap", "alibi-max-bias",
+                                                "alibi-slopes", "sinks",   "mask"};
+
+const char* kModifierHelp =
+    R"(  --window L,R        sliding window: query i sees keys i + Nk - Nq - L .. i + Nk - Nq + R
+                      (-1: unbounded on that side; with --causal R is 0); keys outside it
+                      are never read
+  --softcap C         logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)
+  --alibi-max-bias B  ALiBi with ggml's slopes from max_bias B: s -= slope_h |i + Nk - Nq - j|
+  --alibi-slopes FILE ALiBi with these slopes (.npy, [H] or [B, H])
+  --sinks FILE        attention sinks (gpt-oss): one logit per query head (.npy, [H]), in the
+                      softmax's denominator only
+  --mask FILE         a mask (.npy, [Nq, Nk] or [B or 1, H or 1, Nq, Nk]): float32 is added
+                      to the scores (-inf hides a key), bool as PyTorch's attn_mask (true
+                      attends)
+)";
+
+std::set<std::string> with_modifiers(std::set<std::string> names) {
+  names.insert(kModifierOptions.begin(), kModifierOptions.end());
+  return names;
+}
+
+void modifier_options(const Args& args, AttentionParams& p) {
+  if (args.has("window")) {
+    std::string text = args.text("window");
+    size_t comma = text.find(',');
+    auto side = [&](const std::string& part) {
+      int64_t value = 0;
+      auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+      if (part.empty() || ec != std::errc() || end != part.data() + part.size() || value < -1)
+        throw UsageError{
+            "--window must be L,R with integers of at least -1 (-1: unbounded), "
+            "got '" +
+            text + "'"};
+      return value;
+    };
+    if (comma == std::string::npos)
+      throw UsageError{"--window must be L,R (keys before and after the diagonal), got '" + text +
+                       "'"};
+    p.window_left = side(text.substr(0, comma));
+    p.window_right = side(text.substr(comma + 1));
+  }
+  p.softcap = static_cast<float>(args.number("softcap", 0.0, true));
+  p.alibi_max_bias = static_cast<float>(args.number("alibi-max-bias", 0.0, true));
+  if (args.has("alibi-max-bias") && args.has("alibi-slopes"))
+    throw UsageError{"give --alibi-max-bias or --alibi-slopes, not both"};
+  if (args.has("alibi-slopes"))
+    p.alibi_slopes = npy::read(args.text("alibi-slopes"), "ALiBi slopes").data;
+  if (args.has("sinks")) p.sinks = npy::read(args.text("sinks"), "sinks").data;
+  if (args.has("mask")) p.mask = npy::read(args.text("mask"), "mask", true);
+}
+
+std::string with_modifier_help(const char* help) {
+  std::string text = help;
+  size_t at = text.find("MODIFIERS");
+  return at == std::string::npos ? text : text.replace(at, 9, kModifierHelp);
+}
+
+std::string modifier_text(const AttentionParams& p) {
+  std::string s;
+  auto add = [&](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
+  if (p.window_left >= 0 || p.window_right >= 0)
+    add("window " + std::to_string(p.window_left) + "," + std::to_string(p.window_right));
+  if (p.softcap > 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "softcap %g", double(p.softcap));
+    add(buf);
+  }
+  if (p.alibi_max_bias > 0 || !p.alibi_slopes.empty()) add("alibi");
+  if (!p.sinks.empty()) add("sinks");
+  if (!p.mask.data.empty()) add("mask " + shape_string(p.mask.shape));
+  return s;
 }
 
 TileLayout parse_layout(const std::string& text) {

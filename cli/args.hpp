@@ -1,5 +1,6 @@
 #pragma once
-// Command-line options: `--name value` and `--flag`, checked strictly so a typo is an error.
+// Command-line options: `--name value` and `--flag`, parsed by CLI11 and checked strictly so a typo
+// is an error.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -35,6 +36,20 @@ class Args {
   std::map<std::string, std::string> values_;
   std::set<std::string> flags_;
 };
+
+/// The score modifiers' options, which run, trace and bench share.
+extern const std::set<std::string> kModifierOptions;
+/// `names` and the modifiers' options.
+std::set<std::string> with_modifiers(std::set<std::string> names);
+/// Reads --window L,R, --softcap C, --alibi-max-bias B, --alibi-slopes FILE and --sinks FILE
+/// (.npy, one value per query head; slopes also one per batch and head) into `params`.
+void modifier_options(const Args& args, AttentionParams& params);
+/// The help text of those options, for every command's --help.
+extern const char* kModifierHelp;
+/// A command's help text with kModifierHelp where it says MODIFIERS.
+std::string with_modifier_help(const char* help);
+/// The modifiers in `params`, as "window 1023,0 softcap 30 alibi sinks"; "" for none.
+std::string modifier_text(const AttentionParams& params);
 
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);

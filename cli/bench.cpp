@@ -11,6 +11,8 @@
 #include <optional>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "args.hpp"
 #include "commit.hpp"
 #include "flashvk.hpp"
@@ -29,6 +31,8 @@ std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
 
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 const char* kBenchHelp = R"(usage: flashvk bench [options]
 
 Times each variant on random inputs with GPU timestamp queries, after a warm-up on the same keys
@@ -38,7 +42,7 @@ a variant's time is the median of its runs, and "vs flash2" the median, over rou
 over flash2's in the same round. Before every run a 128 MiB buffer is filled on the device, so
 that the inputs come from device memory and not from a cache warmed by the run before (a decode
 step finds its KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d (only visible pairs when
-causal). Memory is what the call allocated on the device: outputs and scratch (S for naive);
+causal or windowed). Memory is what the call allocated on the device: outputs and scratch (S for naive);
 the inputs are not counted.
 
 options:
@@ -47,7 +51,7 @@ options:
   --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
-  --dtype f32|f16     storage type (default f32)
+MODIFIERS  --dtype f32|f16     storage type (default f32)
   --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; lanes: splitkv's
@@ -62,8 +66,9 @@ options:
   --splits N          splitkv's number of key chunks (default: from the device)
                       The three tune one shape: the tiles column shows what ran.
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
-                      (B=1 H=8 N=512..4096, d=64 and 128, full and causal) and decode (Nq=1
-                      H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
+                      (B=1 H=8 N=512..4096, d=64 and 128, full and causal), a sliding window
+                      (N=16384 d=64, window 1023,0, beside causal at 16384) and decode
+                      (Nq=1 H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again around the runs (at most
                       once a second: short runs share their probes), and report each variant
@@ -99,6 +104,7 @@ struct Case {
   bool causal = false;
   DType dtype = DType::f32;
   std::vector<Variant> variants;
+  AttentionParams mods = {};  // the score modifiers (window, softcap, ALiBi, sinks) only
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -127,16 +133,29 @@ Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, u
   return dims;
 }
 
-double visible_pairs(const Dims& d, bool causal) {
-  if (!causal) return double(d.nq) * d.nk;
+// Query-key pairs inside the causal limit and the sliding window (docs/algorithms.md).
+double visible_pairs(const Dims& d, bool causal, int64_t left, int64_t right) {
+  if (causal) right = 0;
   double pairs = 0;
-  for (uint32_t i = 0; i < d.nq; ++i)
-    pairs += std::clamp<double>(double(i) + d.nk - d.nq + 1, 0, d.nk);
+  for (uint32_t i = 0; i < d.nq; ++i) {
+    double diag = double(i) + d.nk - d.nq;
+    double lo = std::max(0.0, left < 0 ? 0.0 : diag - double(left));
+    double hi = std::min(double(d.nk) - 1, right < 0 ? double(d.nk) - 1 : diag + double(right));
+    pairs += std::max(0.0, hi - lo + 1);
+  }
   return pairs;
 }
 
 double case_flops(const Case& c) {
-  return 4.0 * c.dims.batch * c.dims.heads * visible_pairs(c.dims, c.causal) * c.dims.d;
+  return 4.0 * c.dims.batch * c.dims.heads *
+         visible_pairs(c.dims, c.causal, c.mods.window_left, c.mods.window_right) * c.dims.d;
+}
+
+// The mask column: full, causal, or the window and the other modifiers.
+std::string mask_text(const Case& c) {
+  std::string mods = modifier_text(c.mods);
+  if (mods.empty()) return c.causal ? "causal" : "full";
+  return c.causal ? "causal " + mods : mods;
 }
 
 HostTensor random_input(std::vector<int64_t> shape, uint32_t seed) {
@@ -171,6 +190,15 @@ std::vector<Case> standard_suite() {
           if (dtype == DType::f32 && d == 64) c.variants.insert(c.variants.begin(), Variant::naive);
           cases.push_back(c);
         }
+  // Long context with a sliding window of 1024 keys (window 1023,0), beside full causal attention
+  // at the same N, which sees 8x the pairs: the window's cost must follow its pairs.
+  for (DType dtype : {DType::f32, DType::f16})
+    for (bool windowed : {true, false}) {
+      Case c{
+          "window", make_dims(1, 8, 8, 16384, 16384, 64, 64), !windowed, dtype, {Variant::flash2}};
+      if (windowed) c.mods.window_left = 1023, c.mods.window_right = 0;
+      cases.push_back(c);
+    }
   for (DType dtype : {DType::f32, DType::f16})
     for (uint32_t nk : {4096u, 16384u, 65536u})
       cases.push_back({"decode",
@@ -192,7 +220,19 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
   Dims small = c.dims;
   small.nq = std::min(small.nq, 512u);
   Inputs in = make_inputs(small);
-  attention(ctx, in.q, in.k, in.v, params, c.dtype);
+  AttentionParams p = params;
+  if (!p.mask.data.empty() && small.nq < c.dims.nq) {  // the mask's first rows of each slice
+    std::vector<int64_t> shape = p.mask.shape;
+    int64_t slices = numel(shape) / (int64_t(c.dims.nq) * c.dims.nk);
+    shape[shape.size() - 2] = small.nq;
+    HostTensor rows(shape);
+    for (int64_t s = 0; s < slices; ++s)
+      std::copy_n(p.mask.data.begin() + s * int64_t(c.dims.nq) * c.dims.nk,
+                  int64_t(small.nq) * c.dims.nk,
+                  rows.data.begin() + s * int64_t(small.nq) * c.dims.nk);
+    p.mask = std::move(rows);
+  }
+  attention(ctx, in.q, in.k, in.v, p, c.dtype);
 }
 
 // Of an even count, the mean of the middle two: the upper one alone made a pair's median its
@@ -238,8 +278,7 @@ std::string tiles_text(const Row& r) {
 void print_row(const Row& r, const Options& o) {
   const Dims& d = r.c->dims;
   std::printf("%-7s %-5s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind, dtype_name(r.c->dtype),
-              d.nq, d.nk, d.d, r.c->causal ? "causal" : "full", variant_name(r.variant), r.ms,
-              r.gflops);
+              d.nq, d.nk, d.d, mask_text(*r.c).c_str(), variant_name(r.variant), r.ms, r.gflops);
   if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.peak_fraction);
   if (r.vs_flash2 > 0)
     std::printf(" %8.3f", r.vs_flash2);
@@ -313,6 +352,13 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   AttentionParams params;
   params.variant = variant;
   params.causal = c.causal;
+  params.window_left = c.mods.window_left;
+  params.window_right = c.mods.window_right;
+  params.softcap = c.mods.softcap;
+  params.alibi_max_bias = c.mods.alibi_max_bias;
+  params.alibi_slopes = c.mods.alibi_slopes;
+  params.sinks = c.mods.sinks;
+  params.mask = c.mods.mask;
   params.want_lse = false;
   if (variant != Variant::naive) params.tile_layout = o.layout;
   params.block_rows = o.block_rows;
@@ -462,65 +508,67 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
   return rows;
 }
 
-std::string json_list(const std::vector<Run>& runs, double Run::*field) {
-  std::string s = "[";
-  char buf[32];
-  for (size_t i = 0; i < runs.size(); ++i) {
-    std::snprintf(buf, sizeof buf, "%s%.6g", i ? ", " : "", runs[i].*field);
-    s += buf;
-  }
-  return s + "]";
+std::vector<double> run_list(const std::vector<Run>& runs, double Run::*field) {
+  std::vector<double> out;
+  for (const Run& r : runs) out.push_back(r.*field);
+  return out;
 }
 
+// docs/formats.md's bench JSON, keys in that order.
 std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>& rows) {
-  std::string s = "{\"device\": \"" + dev.name + "\", \"driver\": \"" + dev.driver +
-                  "\", \"commit\": \"" FLASHVK_COMMIT "\"";
-  char buf[640];
-  if (o.peak) {
-    std::snprintf(buf, sizeof buf,
-                  ", \"peak\": {\"fma_gflops\": %.6g, \"bandwidth_gbs\": %.6g, "
-                  "\"coopmat_gflops\": %.6g}",
-                  o.peak->fma_gflops, o.peak->bandwidth_gbs, o.peak->coopmat_gflops);
-    s += buf;
-  }
-  std::snprintf(buf, sizeof buf,
-                ", \"runs\": %d, \"min_time\": %.6g, \"flashd_rounds\": %d, \"cache_flush\": %s"
-                ", \"gpu_warm\": %.6g",
-                o.repeat, o.min_time, o.flashd_rounds, o.flush ? "true" : "false", o.gpu_warm);
-  s += buf;
-  s += ", \"results\": [";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+  Json j;
+  j["device"] = dev.name;
+  j["driver"] = dev.driver;
+  j["commit"] = FLASHVK_COMMIT;
+  if (o.peak)
+    j["peak"] = {{"fma_gflops", o.peak->fma_gflops},
+                 {"bandwidth_gbs", o.peak->bandwidth_gbs},
+                 {"coopmat_gflops", o.peak->coopmat_gflops}};
+  j["runs"] = o.repeat;
+  j["min_time"] = o.min_time;
+  j["flashd_rounds"] = o.flashd_rounds;
+  j["cache_flush"] = o.flush;
+  j["gpu_warm"] = o.gpu_warm;
+  Json results = Json::array();
+  for (const Row& r : rows) {
     const Dims& d = r.c->dims;
-    std::snprintf(
-        buf, sizeof buf,
-        "%s\n  {\"kind\": \"%s\", \"variant\": \"%s\", \"batch\": %u, \"heads\": %u, "
-        "\"kv_heads\": %u, \"nq\": %u, \"nk\": %u, \"d\": %u, \"dv\": %u, \"causal\": %s, "
-        "\"dtype\": \"%s\", \"ms\": %.6g, \"gflops\": %.6g, \"device_bytes\": %llu, "
-        "\"tile_layout\": \"%s\", \"block_rows\": %u, \"block_keys\": %u, \"splits\": %u",
-        i ? "," : "", r.c->kind, variant_name(r.variant), d.batch, d.heads, d.kv_heads, d.nq, d.nk,
-        d.d, d.dv, r.c->causal ? "true" : "false", dtype_name(r.c->dtype), r.ms, r.gflops,
-        static_cast<unsigned long long>(r.bytes), tile_layout_name(r.layout), r.block_rows,
-        r.block_keys, r.splits);
-    s += buf;
+    const AttentionParams& m = r.c->mods;
+    Json x;
+    x["kind"] = r.c->kind;
+    x["variant"] = variant_name(r.variant);
+    x["batch"] = d.batch;
+    x["heads"] = d.heads;
+    x["kv_heads"] = d.kv_heads;
+    x["nq"] = d.nq;
+    x["nk"] = d.nk;
+    x["d"] = d.d;
+    x["dv"] = d.dv;
+    x["causal"] = r.c->causal;
+    x["window"] = {m.window_left, m.window_right};
+    x["softcap"] = m.softcap;
+    x["alibi"] = m.alibi_max_bias > 0 || !m.alibi_slopes.empty();
+    x["sinks"] = !m.sinks.empty();
+    x["mask"] = !m.mask.data.empty();
+    x["dtype"] = dtype_name(r.c->dtype);
+    x["ms"] = r.ms;
+    x["gflops"] = r.gflops;
+    x["device_bytes"] = r.bytes;
+    x["tile_layout"] = tile_layout_name(r.layout);
+    x["block_rows"] = r.block_rows;
+    x["block_keys"] = r.block_keys;
+    x["splits"] = r.splits;
     if (o.peak) {
-      std::snprintf(buf, sizeof buf, ", \"peak_gflops\": %.6g, \"peak_fraction\": %.4g",
-                    r.peak_gflops, r.peak_fraction);
-      s += buf;
+      x["peak_gflops"] = r.peak_gflops;
+      x["peak_fraction"] = r.peak_fraction;
     }
-    if (r.vs_flash2 > 0) {
-      std::snprintf(buf, sizeof buf, ", \"vs_flash2\": %.4g", r.vs_flash2);
-      s += buf;
-    }
-    s += ", \"runs_ms\": " + json_list(r.runs, &Run::ms);
-    if (o.peak) s += ", \"runs_peak_gflops\": " + json_list(r.runs, &Run::peak_gflops);
-    if (r.max_err >= 0) {
-      std::snprintf(buf, sizeof buf, ", \"max_err\": %.3g", r.max_err);
-      s += buf;
-    }
-    s += "}";
+    if (r.vs_flash2 > 0) x["vs_flash2"] = r.vs_flash2;
+    x["runs_ms"] = run_list(r.runs, &Run::ms);
+    if (o.peak) x["runs_peak_gflops"] = run_list(r.runs, &Run::peak_gflops);
+    if (r.max_err >= 0) x["max_err"] = r.max_err;
+    results.push_back(std::move(x));
   }
-  return s + "\n]}\n";
+  j["results"] = std::move(results);
+  return j.dump(1) + "\n";
 }
 
 // "flash2,flashd": the variants in the order given, each once.
@@ -562,6 +610,7 @@ Case custom_case(const Args& args) {
       vs{batch, kv_heads, nk, dv};
   c.dims = check_shapes(qs, ks, vs);
   c.causal = args.flag("causal");
+  modifier_options(args, c.mods);
   c.dtype = dtype_text == "f16" ? DType::f16 : DType::f32;
   c.variants = all_variants();
   if (args.text("variant", "all") != "all") c.variants = parse_variant_list(args.text("variant"));
@@ -572,18 +621,20 @@ Case custom_case(const Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
-    return std::cout << kBenchHelp, 0;
-  Args args(argv, {"variant", "batch",   "heads", "kv-heads", "nq",         "nk",
-                   "d",       "dv",      "dtype", "repeat",   "min-time",   "flashd-rounds",
-                   "json",    "device",  "suite", "layout",   "block-rows", "block-keys",
-                   "splits",  "gpu-warm"},
+    return std::cout << with_modifier_help(kBenchHelp), 0;
+  Args args(argv, with_modifiers({"variant",    "batch",      "heads",    "kv-heads",
+                                  "nq",         "nk",         "d",        "dv",
+                                  "dtype",      "repeat",     "min-time", "flashd-rounds",
+                                  "json",       "device",     "suite",    "layout",
+                                  "block-rows", "block-keys", "splits",   "gpu-warm"}),
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
     if (args.text("suite") != "standard")
       throw UsageError{"--suite must be 'standard', got '" + args.text("suite") + "'"};
     for (const char* shape_option : {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
-                                     "dtype", "block-rows", "block-keys", "splits"})
+                                     "dtype", "block-rows", "block-keys", "splits", "window",
+                                     "softcap", "alibi-max-bias", "alibi-slopes", "sinks", "mask"})
       if (args.has(shape_option))
         throw UsageError{
             std::string("--suite standard fixes the shapes and runs the engine's own tiles; drop "

@@ -55,7 +55,7 @@ options:
                       `flashvk bench` with the same options times them)
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
-  --device N          Vulkan device index (see `flashvk devices`)
+MODIFIERS  --device N          Vulkan device index (see `flashvk devices`)
 
 example:
   flashvk run --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
@@ -73,7 +73,7 @@ options:
   --batch b --head h  which (batch, head) the row is in (default 0, 0)
   --variant NAME      naive, online, flash1, flash2, flashd or splitkv (default flashd)
   --scale S  --causal  --dtype f32|f16  --device N   as for `run`
-
+MODIFIERS
 example:
   flashvk trace --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
                 --row 5 --variant flashd --out trace.json
@@ -148,6 +148,7 @@ AttentionParams attention_options(const Args& args) {
   }
   p.rope_base = args.number("rope-base", 10000.0, true);
   if (p.rope_base <= 1.0) usage_fail("--rope-base must be greater than 1");
+  modifier_options(args, p);
   return p;
 }
 
@@ -159,10 +160,10 @@ Variant default_variant(const Dims& d) {
 }
 
 int cmd_run(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return std::cout << kRunHelp, 0;
+  if (wants_help(argv)) return std::cout << with_modifier_help(kRunHelp), 0;
   Args args(argv,
-            {"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits", "rope",
-             "rope-base", "device", "layout", "block-rows", "block-keys"},
+            with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits",
+                            "rope", "rope-base", "device", "layout", "block-rows", "block-keys"}),
             {"causal"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
@@ -180,6 +181,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
   std::string tiles =
       tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
+  std::string mods = modifier_text(params);
+  if (!mods.empty()) tiles += ", " + mods;
   std::fprintf(stderr, "flashvk: %s (%s, %s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
                variant_name(params.variant), dtype_name(dtype), tiles.c_str(),
                ctx.device().name.c_str(), shape_string(r.out.shape).c_str(), r.gpu_ms, wall);
@@ -187,15 +190,17 @@ int cmd_run(const std::vector<std::string>& argv) {
 }
 
 int cmd_trace(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return std::cout << kTraceHelp, 0;
+  if (wants_help(argv)) return std::cout << with_modifier_help(kTraceHelp), 0;
   Args args(argv,
-            {"q", "k", "v", "out", "row", "batch", "head", "variant", "scale", "dtype", "device"},
+            with_modifiers({"q", "k", "v", "out", "row", "batch", "head", "variant", "scale",
+                            "dtype", "device"}),
             {"causal"});
   std::string out_path = args.required("out");
   if (!args.has("row")) usage_fail("missing required option --row");
   AttentionParams params;
   if (args.has("scale")) params.scale = static_cast<float>(args.number("scale", 0.0));
   params.causal = args.flag("causal");
+  modifier_options(args, params);
   params.variant = variant_option(args, "flashd");
   DType dtype = parse_dtype(args.text("dtype", "f32"));
   auto row = static_cast<uint32_t>(args.integer("row", 0, 0, INT32_MAX));

@@ -67,7 +67,7 @@ std::vector<int64_t> parse_shape(std::string text, const std::string& what) {
 
 }  // namespace
 
-HostTensor parse(const std::string& bytes, const std::string& what) {
+HostTensor parse(const std::string& bytes, const std::string& what, bool mask) {
   if (bytes.empty()) fail(what, "file is empty");
   if (bytes.size() < 10 || bytes.compare(0, 6, kMagic, 6) != 0)
     fail(what, "not a .npy file (no \\x93NUMPY magic)");
@@ -94,6 +94,8 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
     item = 4;
   } else if (descr == "'<f2'" || descr == "'=f2'") {
     item = 2;
+  } else if (mask && (descr == "'|b1'" || descr == "'<b1'" || descr == "'=b1'")) {
+    item = 1;
   } else {
     fail(what,
          "unsupported dtype " + descr + " (expected little-endian float32 '<f4' or float16 '<f2')");
@@ -121,6 +123,9 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
   if (need == 0) return t;  // a zero-sized dimension: no data (and no memcpy from null)
   if (item == 4) {
     std::memcpy(t.data.data(), data, need);
+  } else if (item == 1) {  // a boolean mask: true attends (0), false hides (-inf)
+    for (size_t i = 0; i < size_t(count); ++i)
+      t.data[i] = data[i] ? 0.0f : -std::numeric_limits<float>::infinity();
   } else {
     for (size_t i = 0; i < size_t(count); ++i) {
       uint16_t h;
@@ -131,14 +136,14 @@ HostTensor parse(const std::string& bytes, const std::string& what) {
   return t;
 }
 
-HostTensor read(const std::string& path, const std::string& what) {
+HostTensor read(const std::string& path, const std::string& what, bool mask) {
   std::string label = what + " file '" + path + "'";
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(label, std::string("cannot open: ") + std::strerror(errno));
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) fail(label, "read error");
-  return parse(buffer.str(), label);
+  return parse(buffer.str(), label, mask);
 }
 
 void write(const std::string& path, const HostTensor& tensor) {

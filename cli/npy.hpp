@@ -8,11 +8,12 @@
 namespace flashvk::npy {
 
 /// Reads `path` as float32 (float16 is widened). `what` names the tensor in error messages.
-/// Throws flashvk::Error ("Q file 'q.npy': ...") on anything unexpected.
-HostTensor read(const std::string& path, const std::string& what);
+/// Throws flashvk::Error ("Q file 'q.npy': ...") on anything unexpected. With `mask`, boolean
+/// arrays are read too, as an additive mask: true 0 (attend), false -inf (hidden).
+HostTensor read(const std::string& path, const std::string& what, bool mask = false);
 
 /// Parses an in-memory .npy image (what read() does after loading the file).
-HostTensor parse(const std::string& bytes, const std::string& what);
+HostTensor parse(const std::string& bytes, const std::string& what, bool mask = false);
 
 /// Writes float32 .npy to a temporary name in the same folder, then renames it over `path`,
 /// so a failure never leaves a partial file behind.

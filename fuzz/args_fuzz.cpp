@@ -1,5 +1,6 @@
 // libFuzzer target: the CLI argument parser. The input is split at NUL bytes into arguments and
-// parsed with `flashvk run`'s options; every typed getter is exercised on what was parsed.
+// parsed (by CLI11) with `flashvk run`'s options; every typed getter and the modifiers' parser are
+// exercised on what was parsed.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,8 +17,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       argv.back() += static_cast<char>(data[i]);
   }
   try {
-    flashvk::cli::Args args(argv, {"q", "k", "v", "out", "scale", "splits", "device", "rope-base"},
+    // The modifiers that take no file: --window L,R, --softcap, --alibi-max-bias.
+    flashvk::cli::Args args(argv,
+                            {"q", "k", "v", "out", "scale", "splits", "device", "rope-base",
+                             "window", "softcap", "alibi-max-bias"},
                             {"causal"});
+    flashvk::AttentionParams params;
+    flashvk::cli::modifier_options(args, params);
     args.integer("splits", 0, 1, 4096);
     args.integer("device", -1, 0, 1 << 20);
     args.number("scale", 1.0);

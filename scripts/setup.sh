@@ -8,7 +8,7 @@ packages=(
   libvulkan-dev vulkan-tools glslang-tools spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers
   libglfw3-dev libimgui-dev libstb-dev libpng-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   xvfb xauth clang-format clang libclang-rt-14-dev
 )
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "npy.hpp"
 #include "test_util.hpp"
@@ -119,6 +120,56 @@ TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
   }
 }
 
+// The modifiers' options reach the engine (window, softcap, ALiBi from max_bias, sinks from a
+// file) and the closing line names them; the trace JSON carries them.
+TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
+  HostTensor q = random_tensor({1, 4, 21, 16}, 1), k = random_tensor({1, 2, 40, 16}, 2),
+             v = random_tensor({1, 2, 40, 16}, 3);
+  put_tensor("q.npy", q);
+  put_tensor("k.npy", k);
+  put_tensor("v.npy", v);
+  HostTensor sinks({4});
+  sinks.data = {0.5f, -1.0f, 2.0f, 0.0f};
+  put_tensor("sinks.npy", sinks);
+  std::string mods = " --window 7,2 --softcap 2.5 --alibi-max-bias 4 --sinks " + path("sinks.npy");
+  Outcome o = run_cli("run " + qkv() + mods + " --out " + path("o.npy") + " --lse " +
+                      path("lse.npy") + " --variant flashd");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("window 7,2 softcap 2.5 alibi sinks"), std::string::npos) << o.output;
+  AttentionParams p;
+  p.window_left = 7;
+  p.window_right = 2;
+  p.softcap = 2.5f;
+  p.alibi_max_bias = 4.0f;
+  p.sinks = sinks.data;
+  reference::Result ref = reference::direct(q, k, v, p);
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, v, p));
+  EXPECT_LE(max_lse_error(npy::read(path("lse.npy"), "LSE").data, ref.lse), 1e-5);
+
+  o = run_cli("trace " + qkv() + mods + " --row 3 --head 2 --out " + path("t.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  nlohmann::json trace = nlohmann::json::parse(read_text(path("t.json")));
+  EXPECT_EQ(trace.at("window"), (std::vector<int>{7, 2}));
+  EXPECT_EQ(trace.at("softcap"), 2.5);
+  EXPECT_FLOAT_EQ(trace.at("alibi_slope").get<float>(), alibi_slopes(4, 4.0f)[2]);
+  EXPECT_EQ(trace.at("sink"), 2.0);
+
+  // A boolean mask (PyTorch's attn_mask, true attends), [1, 1, Nq, Nk] as NumPy writes it.
+  std::string bits;
+  std::vector<uint8_t> attend;
+  for (int x = 0; x < 21 * 40; ++x) attend.push_back((x * 7) % 5 != 0);
+  bits.assign(attend.begin(), attend.end());
+  put("mask.npy", npy_bytes("|b1", "(1, 1, 21, 40)", bits));
+  o = run_cli("run " + qkv() + " --mask " + path("mask.npy") + " --out " + path("o.npy") +
+              " --variant splitkv");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("mask [1, 1, 21, 40]"), std::string::npos) << o.output;
+  AttentionParams pm;
+  pm.mask = bool_mask(attend, {1, 1, 21, 40});
+  reference::Result refm = reference::direct(q, k, v, pm);
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, refm.out), tolerance(q, k, v, pm));
+}
+
 // --layout, --block-rows and --block-keys reach the engine; the closing line names the tiling
 // that ran, and a layout the variant cannot use is refused without an output file.
 TEST_F(CliTest, RunTakesTheTilingAndNamesIt) {
@@ -171,10 +222,15 @@ TEST_F(CliTest, TraceWritesJsonWithStepsAndTiles) {
   Outcome o =
       run_cli("trace " + qkv() + " --row 4 --head 1 --variant flash2 --out " + path("t.json"));
   ASSERT_EQ(o.status, 0) << o.output;
-  std::string json = read_text(path("t.json"));
-  for (const char* key : {"\"variant\":\"flash2\"", "\"row\":4", "\"head\":1", "\"keys\":70",
-                          "\"steps\":{\"s\":[", "\"tiles\":{", "\"out\":[", "\"lse\":"})
-    EXPECT_NE(json.find(key), std::string::npos) << key;
+  nlohmann::json t = nlohmann::json::parse(read_text(path("t.json")));  // valid JSON
+  EXPECT_EQ(t.at("variant"), "flash2");
+  EXPECT_EQ(t.at("row"), 4);
+  EXPECT_EQ(t.at("head"), 1);
+  EXPECT_EQ(t.at("keys"), 70);
+  EXPECT_EQ(t.at("steps").at("s").size(), 70u);
+  EXPECT_EQ(t.at("tiles").at("size").get<uint32_t>() * t.at("tiles").at("m").size() >= 70, true);
+  EXPECT_EQ(t.at("out").size(), 8u);
+  EXPECT_TRUE(t.at("lse").is_number());
 }
 
 TEST_F(CliTest, DevicesAndHelp) {
@@ -189,11 +245,22 @@ TEST_F(CliTest, DevicesAndHelp) {
   }
 }
 
-// The number after "key": in a flat JSON text, or NaN.
-double json_number(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(json.c_str() + at + key.size() + 4, nullptr);
+using Json = nlohmann::ordered_json;
+
+Json read_json(const std::string& file) {
+  return Json::parse(read_text(file));
+}
+
+// The first row of bench JSON's results for `variant` (an empty object if there is none).
+Json row_of(const Json& j, const std::string& variant) {
+  for (const Json& r : j.at("results"))
+    if (r.at("variant") == variant) return r;
+  return Json::object();
+}
+
+// The runs_ms of the row of `variant` in bench JSON (the first such row).
+std::vector<double> runs_of(const Json& j, const std::string& variant) {
+  return row_of(j, variant).value("runs_ms", std::vector<double>{});
 }
 
 TEST_F(CliTest, BenchPrintsATableAndJson) {
@@ -202,20 +269,20 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("flash2"), std::string::npos);
   EXPECT_TRUE(fs::exists(path("b.json")));
-  std::string json = read_text(path("b.json"));
+  Json json = read_json(path("b.json"));
+  const Json& row = json.at("results").at(0);
   // The layout that ran and its tiles are named in the table's last column and in the JSON: on
   // a CPU register tiles, as many keys as a subgroup has lanes.
   bool cpu = context().device().type == "cpu";
   const char* layout = cpu ? "registers" : "shared";
-  EXPECT_NE(json.find(std::string("\"tile_layout\": \"") + layout + "\""), std::string::npos)
-      << json;
-  double rows = json_number(json, "block_rows"), keys = json_number(json, "block_keys");
+  EXPECT_EQ(row.at("tile_layout"), layout) << json;
+  int rows = row.at("block_rows"), keys = row.at("block_keys");
   if (cpu) {
-    EXPECT_EQ(keys, context().device().subgroup_size) << json;
+    EXPECT_EQ(uint32_t(keys), context().device().subgroup_size) << json;
   }
   EXPECT_GT(rows, 0) << json;
-  std::string tiles = std::string("  ") + layout + " " + std::to_string(int(rows)) + "x" +
-                      std::to_string(int(keys)) + "\n";
+  std::string tiles =
+      std::string("  ") + layout + " " + std::to_string(rows) + "x" + std::to_string(keys) + "\n";
   EXPECT_NE(o.output.find(tiles), std::string::npos) << tiles << o.output;
 }
 
@@ -228,10 +295,10 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
       path("t.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("  shared 32x16, 3 splits\n"), std::string::npos) << o.output;
-  std::string json = read_text(path("t.json"));
-  EXPECT_EQ(json_number(json, "block_rows"), 32) << json;
-  EXPECT_EQ(json_number(json, "block_keys"), 16) << json;
-  EXPECT_EQ(json_number(json, "splits"), 3) << json;
+  Json row = read_json(path("t.json")).at("results").at(0);
+  EXPECT_EQ(row.at("block_rows"), 32) << row;
+  EXPECT_EQ(row.at("block_keys"), 16) << row;
+  EXPECT_EQ(row.at("splits"), 3) << row;
 
   uint32_t too_many = context().device().max_shared_memory / 128 + 1;  // 2 * 16 floats a key
   Outcome big = run_cli("bench --nq 8 --d 16 --layout shared --block-keys " +
@@ -273,33 +340,17 @@ TEST_F(CliTest, BenchPeakAndCheckFiguresAreConsistent) {
       path("p.json"));
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("of peak"), std::string::npos);
-  std::string json = read_text(path("p.json"));
-  double ms = json_number(json, "ms"), gflops = json_number(json, "gflops");
-  double peak = json_number(json, "peak_gflops"), fraction = json_number(json, "peak_fraction");
-  EXPECT_GT(json_number(json, "fma_gflops"), 0.0);
-  EXPECT_GT(json_number(json, "bandwidth_gbs"), 0.0);
+  Json json = read_json(path("p.json"));
+  const Json& row = json.at("results").at(0);
+  double ms = row.at("ms"), gflops = row.at("gflops");
+  double peak = row.at("peak_gflops"), fraction = row.at("peak_fraction");
+  EXPECT_GT(json.at("peak").at("fma_gflops").get<double>(), 0.0);
+  EXPECT_GT(json.at("peak").at("bandwidth_gbs").get<double>(), 0.0);
   ASSERT_GT(ms, 0.0);
   EXPECT_NEAR(gflops, 4.0 * 2 * 40 * 50 * 16 / (ms * 1e6), 1e-3 * gflops);
   ASSERT_GT(peak, 0.0);
   EXPECT_NEAR(fraction, gflops / peak, 1e-3 * fraction);
-  EXPECT_LT(json_number(json, "max_err"), 1e-5);
-}
-
-// The numbers of the list after "key": in a flat JSON text.
-std::vector<double> json_list(const std::string& json, const std::string& key) {
-  std::vector<double> out;
-  size_t at = json.find("\"" + key + "\": [");
-  if (at == std::string::npos) return out;
-  const char* p = json.c_str() + at + key.size() + 5;
-  while (*p != ']') {
-    char* end = nullptr;
-    double x = std::strtod(p, &end);
-    if (end == p) return {};  // not a number: malformed list
-    out.push_back(x);
-    p = end;
-    if (*p == ',') ++p;
-  }
-  return out;
+  EXPECT_LT(row.at("max_err").get<double>(), 1e-5);
 }
 
 double median_of(std::vector<double> x) {
@@ -314,24 +365,22 @@ TEST_F(CliTest, BenchReportsRunsAndRoundByRoundRatios) {
   Outcome o =
       run_cli("bench --heads 2 --nq 24 --d 8 --repeat 3 --warm-cache --json " + path("r.json"));
   ASSERT_EQ(o.status, 0) << o.output;
-  std::string json = read_text(path("r.json"));
-  EXPECT_NE(json.find("\"runs\": 3, \"min_time\": 0, \"flashd_rounds\": 0, \"cache_flush\": false"),
-            std::string::npos)
-      << json;
-  auto part = [&](const char* variant) {
-    return json.substr(json.find(std::string("\"variant\": \"") + variant + "\""));
-  };
-  std::vector<double> base = json_list(part("flash2"), "runs_ms");
+  Json json = read_json(path("r.json"));
+  EXPECT_EQ(json.at("runs"), 3);
+  EXPECT_EQ(json.at("min_time"), 0);
+  EXPECT_EQ(json.at("flashd_rounds"), 0);
+  EXPECT_EQ(json.at("cache_flush"), false);
+  std::vector<double> base = runs_of(json, "flash2");
   ASSERT_EQ(base.size(), 3u);
-  EXPECT_DOUBLE_EQ(json_number(part("flash2"), "vs_flash2"), 1.0);
+  EXPECT_DOUBLE_EQ(row_of(json, "flash2").at("vs_flash2").get<double>(), 1.0);
   for (const char* variant : {"naive", "online", "flash1", "flashd", "splitkv"}) {
-    std::string text = part(variant);
-    std::vector<double> runs = json_list(text, "runs_ms");
+    Json row = row_of(json, variant);
+    std::vector<double> runs = runs_of(json, variant);
     ASSERT_EQ(runs.size(), 3u) << variant;
-    EXPECT_NEAR(json_number(text, "ms"), median_of(runs), 1e-5 * median_of(runs)) << variant;
+    EXPECT_NEAR(row.at("ms").get<double>(), median_of(runs), 1e-5 * median_of(runs)) << variant;
     std::vector<double> ratio;
     for (size_t i = 0; i < runs.size(); ++i) ratio.push_back(runs[i] / base[i]);
-    EXPECT_NEAR(json_number(text, "vs_flash2"), median_of(ratio), 1e-3 * median_of(ratio))
+    EXPECT_NEAR(row.at("vs_flash2").get<double>(), median_of(ratio), 1e-3 * median_of(ratio))
         << variant;
   }
 }
@@ -342,19 +391,15 @@ TEST_F(CliTest, BenchRunsTheVariantsListed) {
   Outcome o =
       run_cli("bench --variant flashd,flash2 --nq 24 --d 8 --repeat 2 --json " + path("l.json"));
   ASSERT_EQ(o.status, 0) << o.output;
-  std::string json = read_text(path("l.json"));
-  size_t flashd = json.find("\"variant\": \"flashd\""),
-         flash2 = json.find("\"variant\": \"flash2\"");
-  ASSERT_NE(flashd, std::string::npos) << json;
-  ASSERT_NE(flash2, std::string::npos) << json;
-  EXPECT_LT(flashd, flash2);
-  for (const char* other : {"naive", "online", "flash1", "splitkv"})
-    EXPECT_EQ(json.find(std::string("\"variant\": \"") + other + "\""), std::string::npos) << other;
-  std::vector<double> d = json_list(json.substr(flashd), "runs_ms");
-  std::vector<double> base = json_list(json.substr(flash2), "runs_ms");
+  Json json = read_json(path("l.json"));
+  std::vector<std::string> order;  // exactly the variants listed, in that order
+  for (const Json& r : json.at("results")) order.push_back(r.at("variant"));
+  EXPECT_EQ(order, (std::vector<std::string>{"flashd", "flash2"})) << json;
+  std::vector<double> d = runs_of(json, "flashd");
+  std::vector<double> base = runs_of(json, "flash2");
   ASSERT_EQ(d.size(), 2u);
   ASSERT_EQ(base.size(), 2u);
-  EXPECT_NEAR(json_number(json.substr(flashd), "vs_flash2"),
+  EXPECT_NEAR(row_of(json, "flashd").at("vs_flash2").get<double>(),
               median_of({d[0] / base[0], d[1] / base[1]}), 1e-3);
 
   Outcome twice = run_cli("bench --variant flash2,flash2 --nq 8 --d 8");
@@ -367,16 +412,11 @@ TEST_F(CliTest, BenchRunsTheVariantsListed) {
   EXPECT_EQ(empty.status, 2) << empty.output;
 }
 
-// The runs_ms of the row of `variant` in bench JSON (the first such row).
-std::vector<double> runs_of(const std::string& json, const std::string& variant) {
-  return json_list(json.substr(json.find("\"variant\": \"" + variant + "\"")), "runs_ms");
-}
-
 // Runs `bench <options> --warm-cache --json <file>` and returns the JSON.
-std::string bench_json(const std::string& options, const std::string& file) {
+Json bench_json(const std::string& options, const std::string& file) {
   Outcome o = run_cli("bench " + options + " --warm-cache --json " + file);
   EXPECT_EQ(o.status, 0) << o.output;
-  return read_text(file);
+  return o.status == 0 ? read_json(file) : Json::object();
 }
 
 // A usage error (exit status 2) whose message names `option`.
@@ -389,9 +429,9 @@ void expect_usage_error(const std::string& args, const std::string& option) {
 // --min-time: a variant whose first run is short runs more rounds, ceil(min-time / first run)
 // but at least --repeat and at most 100, and flash2 as many as the most, so every ratio pairs.
 TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
-  std::string json = bench_json(
-      "--variant flashd,naive,flash2 --nq 96 --d 16 --repeat 2 --min-time 0.01", path("m.json"));
-  EXPECT_NE(json.find("\"min_time\": 0.01,"), std::string::npos) << json;
+  Json json = bench_json("--variant flashd,naive,flash2 --nq 96 --d 16 --repeat 2 --min-time 0.01",
+                         path("m.json"));
+  EXPECT_EQ(json.value("min_time", 0.0), 0.01) << json;
   size_t most = 0;
   for (const char* variant : {"flashd", "naive"}) {
     std::vector<double> runs = runs_of(json, variant);
@@ -410,14 +450,14 @@ TEST_F(CliTest, BenchAddsRoundsForShortRunsUpToTheMinTime) {
 // --flashd-rounds: flashd and flash2 run at least that many rounds (the ratio's pairs), the
 // other variants --repeat.
 TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
-  std::string json = bench_json(
-      "--variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5", path("f.json"));
-  EXPECT_NE(json.find("\"flashd_rounds\": 5,"), std::string::npos) << json;
+  Json json = bench_json("--variant naive,flashd,flash2 --nq 16 --d 8 --repeat 2 --flashd-rounds 5",
+                         path("f.json"));
+  EXPECT_EQ(json.value("flashd_rounds", 0), 5) << json;
   EXPECT_EQ(runs_of(json, "naive").size(), 2u);
   EXPECT_EQ(runs_of(json, "flashd").size(), 5u);
   EXPECT_EQ(runs_of(json, "flash2").size(), 5u);
 
-  std::string alone =
+  Json alone =
       bench_json("--variant flash2 --nq 16 --d 8 --repeat 1 --flashd-rounds 3", path("f2.json"));
   EXPECT_EQ(runs_of(alone, "flash2").size(), 3u);
 
@@ -427,12 +467,12 @@ TEST_F(CliTest, BenchGivesFlashdAndFlash2AtLeastTheFlashdRounds) {
 // --gpu-warm: its value is in the JSON (by default 0 on CPU drivers, 1 on GPUs), and a negative
 // one is a usage error.
 TEST_F(CliTest, BenchWarmsGpusUpAndSaysHowLong) {
-  std::string json = bench_json("--variant flash2 --nq 16 --d 8 --repeat 1", path("w.json"));
+  Json json = bench_json("--variant flash2 --nq 16 --d 8 --repeat 1", path("w.json"));
   bool cpu = context().device().type == "cpu";
-  EXPECT_NE(json.find(cpu ? "\"gpu_warm\": 0," : "\"gpu_warm\": 1,"), std::string::npos) << json;
-  std::string warmed =
+  EXPECT_EQ(json.value("gpu_warm", -1.0), cpu ? 0.0 : 1.0) << json;
+  Json warmed =
       bench_json("--variant flash2 --nq 16 --d 8 --repeat 1 --gpu-warm 0.05", path("w2.json"));
-  EXPECT_NE(warmed.find("\"gpu_warm\": 0.05,"), std::string::npos) << warmed;
+  EXPECT_EQ(warmed.value("gpu_warm", -1.0), 0.05) << warmed;
   expect_usage_error("bench --nq 8 --d 8 --gpu-warm -1", "--gpu-warm");
 }
 
@@ -513,11 +553,26 @@ TEST_F(CliTest, BadOptionValues) {
   expect_refused("run " + qkv() + " --rope sideways", "unknown rope layout");
   expect_refused("run " + qkv() + " --device 99", "device 99 does not exist");
   expect_refused("run " + qkv() + " --device -1", "--device must be between 0");
-  expect_refused("run " + qkv() + " --frobnicate", "unknown option '--frobnicate'");
+  expect_refused("run " + qkv() + " --frobnicate", "not expected: --frobnicate");
+  expect_refused("run " + qkv() + " --scale 1 --scale 2", "--scale: At Most 1");
+  Outcome missing = run_cli("bench --nq");  // a value missing at the end
+  EXPECT_EQ(missing.status, 2) << missing.output;
+  EXPECT_NE(missing.output.find("--nq: 1 required"), std::string::npos) << missing.output;
   expect_refused("trace " + qkv() + " --row 4", "--row 4 is out of range");
   expect_refused("trace " + qkv() + " --row 0 --head 2", "--head 2 is out of range");
   expect_refused("trace " + qkv() + " --row 0 --batch 1", "--batch 1 is out of range");
   expect_refused("trace " + qkv() + " --row -3", "--row must be between 0");
+  expect_refused("run " + qkv() + " --window 3", "--window must be L,R");
+  expect_refused("run " + qkv() + " --window 3,-2", "--window must be L,R with integers");
+  expect_refused("run " + qkv() + " --window a,b", "--window must be L,R with integers");
+  expect_refused("run " + qkv() + " --softcap 0", "--softcap must be positive");
+  expect_refused("run " + qkv() + " --alibi-max-bias -1", "--alibi-max-bias must be positive");
+  put_tensor("three.npy", random_tensor({3}, 4));
+  expect_refused("run " + qkv() + " --sinks " + path("three.npy"),
+                 "sinks has 3 entries; expected one per query head (H = 2)");
+  expect_refused("run " + qkv() + " --sinks " + path("none.npy"), "sinks file");
+  expect_refused("run " + qkv() + " --alibi-max-bias 8 --alibi-slopes " + path("three.npy"),
+                 "not both");
   expect_refused("frobnicate", "unknown command 'frobnicate'");
 }
 
