@@ -220,6 +220,46 @@ void empty_split(Lesson& l, const Model& model) {
           "not NaN, and the output matches float64.");
 }
 
+void sliding_window(Lesson& l, const Model& model) {
+  const AttentionParams& p = model.inputs().params;
+  l.intro = format(
+      "A sliding window (Mistral, Gemma): each query sees only the %lld keys before its diagonal "
+      "and the diagonal itself (window %lld,0 with causal). Keys outside are hidden as masked "
+      "ones are (s = -inf, w = 0), and the kernels never load the tiles that lie wholly "
+      "outside: the heatmap shows the band, and the tiled trace records nothing for the "
+      "skipped tiles.",
+      static_cast<long long>(p.window_left + 1), static_cast<long long>(p.window_left));
+  int first = first_visible(model);
+  add(l, first, "the window's first key",
+      format("Key %d is the first this query sees (its diagonal minus %lld). The state starts "
+             "here, as if the row began at this key; the tiles before it were skipped, not read.",
+             first, static_cast<long long>(p.window_left)));
+  add_end(l, model,
+          "The diagonal ends the window: the output matches softmax over the window's keys in "
+          "float64 (Output panel), whatever the row's length.");
+}
+
+void sink_logit(Lesson& l, const Model& model) {
+  double sink = reference::row_sink(model.inputs().params, model.head);
+  l.intro = format(
+      "An attention sink (gpt-oss) is one logit per head, here %.3g, in the softmax's "
+      "denominator only: O = sum e^(s_j) v_j / (sum e^(s_j) + e^sink). Every recurrence starts "
+      "from it as from a key of value 0 seen first: m = %.3g and l = 1 before the first key "
+      "(FLASH-D: L = %.3g), so no key ever gets w = 1.",
+      sink, sink, sink);
+  int first = first_visible(model);
+  if (first >= 0)
+    add(l, first, "the first key",
+        format("Without a sink the first key would get w = 1. Here it gets w = %.4g: sigma(s - "
+               "L) with L = the sink, the same formula as for every later key.",
+               model.ref_of(Variant::flashd).w[size_t(first)]));
+  double lse = model.ref_of(Variant::flashd).final_lse;
+  add_end(l, model,
+          format("The sink keeps e^(sink - LSE) = %.3g of the denominator: the keys' weights sum "
+                 "to %.3g, and the output is that much smaller than softmax without it.",
+                 std::exp(sink - lse), 1.0 - std::exp(sink - lse)));
+}
+
 void fp16_overflow(Lesson& l, const Model& model) {
   l.intro =
       "fp16 stores numbers up to 65504, so e^s overflows fp16 above s = ln 65504 = 11.09 (red "
@@ -277,6 +317,10 @@ Lesson lesson_for(const Model& model) {
     empty_split(l, model);
   else if (name == "fp16-overflow")
     fp16_overflow(l, model);
+  else if (name == "sliding-window")
+    sliding_window(l, model);
+  else if (name == "sink-logit")
+    sink_logit(l, model);
   else
     general(l, model);
   std::stable_sort(l.points.begin(), l.points.end(),

@@ -65,10 +65,11 @@ void Model::retrace() {
   row = std::min(row, dims_.nq - 1);
   scores_ = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row);
   std::vector<reference::Vec> values = reference::value_rows(in_.v, dims_, batch, head);
-  direct_ = reference::direct_row(scores_, values);
-  fa1_ = reference::flash1_row(scores_, values);
-  fa2_ = reference::flash2_row(scores_, values);
-  fd_ = reference::flashd_row(scores_, values);
+  double sink = reference::row_sink(in_.params, head);
+  direct_ = reference::direct_row(scores_, values, sink);
+  fa1_ = reference::flash1_row(scores_, values, sink);
+  fa2_ = reference::flash2_row(scores_, values, sink);
+  fd_ = reference::flashd_row(scores_, values, sink);
   literal_fd_ = reference::flashd_seed_row(scores_, values, true);
   traces_.clear();
   for (Variant v : selected) {
@@ -82,7 +83,7 @@ void Model::retrace() {
       continue;
     }
     uint32_t chunk = t.gpu.splits.empty() ? 0 : t.gpu.splits[0].end - t.gpu.splits[0].begin;
-    t.ref = reference::variant_row(v, scores_, values, chunk);
+    t.ref = reference::variant_row(v, scores_, values, chunk, sink);
     t.o_norm = normalised(v, t.gpu.steps);
     t.error = step_errors(v, t.o_norm, t.ref);
     traces_.push_back(std::move(t));

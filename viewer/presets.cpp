@@ -40,6 +40,9 @@ const std::map<std::string, std::string>& descriptions() {
       {"masked-mid-row", "keys masked in the middle of the row, the first key too"},
       {"fully-masked-row", "causal with Nq > Nk: the first rows see no key (zeros, LSE -inf)"},
       {"empty-split", "splitkv with one chunk fully masked: it must add nothing to the merge"},
+      {"sliding-window", "causal with a window of 32 keys: tiles before the window are never read"},
+      {"sink-logit",
+       "an attention sink (gpt-oss): a logit in the denominator only, the state's start"},
       {"fp16-overflow", "fp16 inputs with scores up to 16: e^s passes fp16's 65504 above s = 11.1"},
   };
   return d;
@@ -49,8 +52,8 @@ const std::map<std::string, std::string>& descriptions() {
 
 const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {
-      "sample",         "huge-logits",      "falling-rising", "sink",
-      "masked-mid-row", "fully-masked-row", "empty-split",    "fp16-overflow"};
+      "sample",           "huge-logits", "falling-rising", "sink",           "masked-mid-row",
+      "fully-masked-row", "empty-split", "fp16-overflow",  "sliding-window", "sink-logit"};
   return names;
 }
 
@@ -124,6 +127,24 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.needs = {Variant::splitkv};  // its lesson is the chunk table of the Output panel
     in.params.key_mask.assign(256, 1);
     for (int j = 64; j < 128; ++j) in.params.key_mask[size_t(j)] = 0;
+  } else if (name == "sliding-window") {
+    // Query 150 sees keys 119..150 (window 31, 0): the kernels walk only the tiles that hold them.
+    in.name = name;
+    in.q = gaussian({1, 1, 160, 16}, 21);
+    in.k = gaussian({1, 1, 160, 16}, 22);
+    in.v = gaussian({1, 1, 160, 8}, 23);
+    in.params.causal = true;
+    in.params.window_left = 31;
+    in.row = 150;
+  } else if (name == "sink-logit") {
+    // The sink (2.0) is above most scores: it takes a large share of the denominator, and every
+    // recurrence starts from it (m = 2, l = 1; FLASH-D: L = 2) instead of from nothing.
+    in.name = name;
+    in.q = gaussian({1, 1, 8, 16}, 31);
+    in.k = gaussian({1, 1, 64, 16}, 32);
+    in.v = gaussian({1, 1, 64, 8}, 33);
+    in.params.sinks = {2.0f};
+    in.row = 5;
   } else if (name == "fp16-overflow") {
     // A kernel that forms e^s (or its sum) in fp16 overflows here; flashvk stores fp16 but keeps
     // its state in fp32 relative to the running max.

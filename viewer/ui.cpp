@@ -646,7 +646,7 @@ void draw_heatmap(Model& model, UiState& ui) {
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
       "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the causal mask skips.%s",
+      "masked keys; shaded: tiles the kernels skip (causal limit, sliding window).%s",
       br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -686,9 +686,14 @@ void draw_heatmap(Model& model, UiState& ui) {
       ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
       ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
+      // Skipped: no row of the block sees a key of the tile (causal limit, sliding window).
+      const AttentionParams& p = model.inputs().params;
+      int64_t shift = int64_t(d.nk) - int64_t(d.nq);
       int64_t last_row = std::min<int64_t>(d.nq, i0 + br) - 1;
-      bool masked =
-          model.inputs().params.causal && int64_t(j0) > last_row + int64_t(d.nk) - int64_t(d.nq);
+      int64_t right = p.causal ? 0 : p.window_right;
+      int64_t first_key = p.window_left < 0 ? 0 : int64_t(i0) + shift - p.window_left;
+      int64_t last_key = right < 0 ? int64_t(d.nk) : last_row + shift + right;
+      bool masked = int64_t(j0) > last_key || int64_t(j0 + bc) - 1 < first_key;
       if (masked) dl->AddRectFilled(a, b, IM_COL32(0, 0, 0, 150));
       dl->AddRect(a, b, IM_COL32(255, 255, 255, 60));
       bool current = model.row >= i0 && model.row < i0 + br && uint32_t(model.cursor) >= j0 &&
@@ -704,7 +709,10 @@ void draw_heatmap(Model& model, UiState& ui) {
 
 void derivation_flash(const Model& model, int i, const reference::RowTrace& r, bool lazy) {
   const auto& s = model.scores();
-  double m_prev = i > 0 ? r.m[size_t(i - 1)] : -INFINITY, l_prev = i > 0 ? r.l[size_t(i - 1)] : 0.0;
+  // Before the first key: nothing, or an attention sink's logit with l = 1.
+  double sink = reference::row_sink(model.inputs().params, model.head);
+  double m_prev = i > 0 ? r.m[size_t(i - 1)] : sink;
+  double l_prev = i > 0 ? r.l[size_t(i - 1)] : (std::isfinite(sink) ? 1.0 : 0.0);
   double m = r.m[size_t(i)], l = r.l[size_t(i)];
   double resc = std::isfinite(m_prev) ? std::exp(m_prev - m) : 0.0;
   wrapped("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
