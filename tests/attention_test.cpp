@@ -166,8 +166,10 @@ TEST_F(VulkanTest, LanesLayoutMatchesTheReferenceOrIsRefused) {
       params.key_mask.assign(size_t(s.b) * s.nk, 1);
       for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.key_mask[j] = 0;
       reference::Result ref = reference::direct(q, k, v, params);
-      // (chunks, keys a step): the engine's, forced chunks with one key a step, and 5 a step.
+      // (chunks, keys a step): the engine's, and in fp32 forced chunks with one key a step and
+      // 5 a step (each a pipeline of its own: llvmpipe takes seconds to build one).
       for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 5u}}) {
+        if (dtype == DType::f16 && (splits || keys)) continue;
         params.splits = splits;
         params.block_keys = keys;
         HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
