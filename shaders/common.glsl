@@ -77,6 +77,7 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 // maxStorageBufferRange.
 layout(binding = 10) uniform samplerBuffer k_tex;
 layout(binding = 11) uniform samplerBuffer v_tex;
+layout(binding = 12) uniform samplerBuffer mask_tex;  // the additive mask's values (MOD_MASK)
 #endif
 
 const uint FLAG_LSE = 4u;
@@ -126,7 +127,8 @@ struct Row {
 // that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
 // keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
 // the host). Every kernel and layout takes its key loop's bounds and its per-key test
-// (key_visible) from here, so keys outside the window are never read.
+// (key_visible) from here, so the fused kernels never read keys outside the window (naive's
+// scores pass writes every key's score, -inf for hidden ones).
 // With an additive mask the keys also stop at the row's first and last finite mask entry.
 uint mask_row_of(uint b, uint h, uint i) {
   return b * pc.mask_bstride + h * pc.mask_hstride + i;
@@ -190,9 +192,24 @@ Row packed_row(uint rr) {
 // per-invocation stack after a few hundred keys.
 Row rows[ROWS];
 
-// Whether row rr sees key j: inside its keys (row_keys) and not hidden by the key mask.
+// Whether key j is inside row rr's keys (row_keys).
+bool in_row_keys(uint rr, uint j) { return j >= rows[rr].key_begin && j < rows[rr].key_end; }
+
+// The union of the keys this invocation's rows see, [lo, hi) (lo >= hi: none).
+void rows_key_union(out uint lo, out uint hi) {
+  lo = 0xffffffffu;
+  hi = 0u;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    if (rows[rr].key_begin < rows[rr].key_end) {
+      lo = min(lo, rows[rr].key_begin);
+      hi = max(hi, rows[rr].key_end);
+    }
+}
+
+// Whether row rr sees key j: inside its keys and not hidden by the key mask. (Register tiles
+// read the key mask once per lane and shuffle it: they test in_row_keys and the mask apart.)
 bool key_visible(uint rr, uint j) {
-  if (j < rows[rr].key_begin || j >= rows[rr].key_end) return false;
+  if (!in_row_keys(rr, j)) return false;
   // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
   // when no mask is bound (the binding then holds a 16-byte placeholder).
   if (KEY_MASK) {
@@ -208,8 +225,13 @@ bool key_visible(uint rr, uint j) {
 float modify_score(uint rr, uint j, float s) {
   if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
   if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
-  if ((MODS & MOD_MASK) != 0u)  // -inf hides the key: every recurrence treats it as masked
+  if ((MODS & MOD_MASK) != 0u) {  // -inf hides the key: every recurrence treats it as masked
+#ifdef REG_TILE  // a per-lane gather: as a texel fetch, not llvmpipe's loop over the lanes
+    s += texelFetch(mask_tex, int(rows[rr].mask_row * pc.nk + j)).x;
+#else
     s += uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * pc.nk + j]);
+#endif
+  }
   return s;
 }
 

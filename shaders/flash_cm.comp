@@ -220,8 +220,9 @@ void tile_accumulate(float keep, float coef) {
 }
 
 // The keys this workgroup walks (its chunk for splitkv), from the union of those its rows see.
-void key_range(Row row, out uint begin, out uint end) {
-  uint lo = row.key_begin, hi = row.key_end;
+void key_range(out uint begin, out uint end) {
+  uint lo, hi;
+  rows_key_union(lo, hi);
   workgroup_keys(lo, hi);
   walk_bounds(lo, hi, begin, end);
 }
@@ -279,7 +280,7 @@ void main() {
   [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
   load_queries();
   uint begin, end;
-  key_range(row, begin, end);  // its barriers also keep kv_sh's queries until all are loaded
+  key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
   if (begin < end) fetch_tile(kv_base, begin, min(BC, end - begin));
   for (uint j0 = begin; j0 < end; j0 += BC) {

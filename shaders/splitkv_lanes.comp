@@ -53,15 +53,10 @@ void main() {
   uint cluster = lane / LANES, sub = lane % LANES;
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
-  uint lo = 0xffffffffu, hi = 0u;  // the union of the keys the rows see
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     uint r = gl_WorkGroupID.x * ROWS + rr;
     bool valid = r < group * pc.nq;
     rows[rr] = make_row(b, hkv * group + (valid ? r / pc.nq : 0u), valid ? r % pc.nq : 0u, valid);
-    if (rows[rr].key_begin < rows[rr].key_end) {
-      lo = min(lo, rows[rr].key_begin);
-      hi = max(hi, rows[rr].key_end);
-    }
     uint base = (rows[rr].bh * pc.nq + rows[rr].i) * D + sub * KE;
     [[unroll]] for (uint e = 0; e < KE; ++e)
       q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
@@ -69,7 +64,8 @@ void main() {
     m_run[rr] = start_max(rr);  // empty: splitkv_merge.comp adds the sink
     l_run[rr] = start_sum(rr);
   }
-  uint begin, end;
+  uint lo, hi, begin, end;
+  rows_key_union(lo, hi);  // every invocation holds all the workgroup's rows
   walk_bounds(lo, hi, begin, end);
   uint kv_base = rows[0].kv_base;  // the rows share one K/V head
 

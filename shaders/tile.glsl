@@ -123,7 +123,7 @@ void score_tile() {
         float dot = 0.0;
         [[unroll]] for (uint a = 0; a < ACC; ++a) dot += acc[rr][b][a];
         uint j = tile_j0 + c;
-        bool seen = key_ok && j >= rows[rr].key_begin && j < rows[rr].key_end;
+        bool seen = key_ok && in_row_keys(rr, j);
         sc[rr][c] = row_score(rr, j, seen, dot * pc.scale);
       }
     }
@@ -205,12 +205,8 @@ void store_partial(uint base, uint rr, float mul) {
 // The keys this workgroup (register tiles: subgroup) walks, from the union of those its rows see,
 // so that tiles no row sees are skipped: all of them, or its chunk for splitkv (walk_bounds).
 void key_range(out uint begin, out uint end) {
-  uint lo = 0xffffffffu, hi = 0u;
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-    if (rows[rr].key_begin < rows[rr].key_end) {
-      lo = min(lo, rows[rr].key_begin);
-      hi = max(hi, rows[rr].key_end);
-    }
+  uint lo, hi;
+  rows_key_union(lo, hi);
 #ifdef REG_TILE
   lo = subgroupMin(lo);
   hi = subgroupMax(hi);

@@ -15,7 +15,8 @@ struct ModCase {
   int64_t left, right;
   float softcap, max_bias;
   bool per_batch_slopes, sinks, key_mask;
-  int mask = 0;  // 1: float [Nq, Nk] (documents: -inf across them); 2: bool [B, 1, Nq, Nk]
+  int mask = 0;  // 1: float [Nq, Nk] (documents: -inf across them); 2: bool [B, 1, Nq, Nk];
+                 // 3: float [1, H, Nq, Nk], a different band per head
 };
 
 // Ragged shapes (no multiple of a tile), GQA, Nq < Nk, Nq > Nk and decoding.
@@ -30,14 +31,16 @@ const ModCase kCases[] = {
     {"empty_rows_sinks", 1, 2, 2, 70, 45, 16, 16, true, 2, -1, 0, 0, false, true, false, 0},
     {"everything", 2, 4, 2, 29, 111, 32, 16, true, 50, -1, 4.0f, 0, true, true, true, 1},
     {"float_mask_documents", 1, 2, 1, 45, 90, 16, 16, false, -1, -1, 0, 0, false, false, false, 1},
+    {"float_mask_per_head_gqa", 1, 4, 2, 23, 61, 16, 16, false, -1, -1, 0, 0, false, false, false,
+     3},
     {"bool_mask_per_batch_sinks", 2, 4, 2, 30, 70, 16, 8, false, -1, -1, 0, 0, false, true, false,
      2},
 };
 
 // A float mask of documents: query i and key j see each other when they are in the same
 // document of 20 keys (queries mapped onto keys bottom-right), with a finite bias elsewhere.
-// A bool mask: true on a pseudo-random two thirds, different per batch, and every row of the
-// first batch's first query hidden (a row with no key).
+// A per-head band (3). A bool mask: true on a pseudo-random two thirds, different per batch, and
+// every row of the first batch's first query hidden (a row with no key).
 HostTensor make_mask(const ModCase& c) {
   const float inf = std::numeric_limits<float>::infinity();
   if (c.mask == 1) {
@@ -47,6 +50,17 @@ HostTensor make_mask(const ModCase& c) {
         uint32_t qi = i + c.nk - std::min(c.nq, c.nk);
         m.data[i * c.nk + j] = qi / 20 == j / 20 ? 0.25f * std::sin(float(i * 7 + j)) : -inf;
       }
+    return m;
+  }
+  if (c.mask == 3) {  // head h sees keys within 4 + 3h of its diagonal, with a bias
+    HostTensor m({1, c.h, c.nq, c.nk});
+    for (uint32_t h = 0; h < c.h; ++h)
+      for (uint32_t i = 0; i < c.nq; ++i)
+        for (uint32_t j = 0; j < c.nk; ++j) {
+          int64_t dist = std::abs(int64_t(i) + c.nk - c.nq - int64_t(j));
+          m.data[(size_t(h) * c.nq + i) * c.nk + j] =
+              dist <= 4 + 3 * int64_t(h) ? 0.1f * float(h) - 0.02f * float(dist) : -inf;
+        }
     return m;
   }
   std::vector<uint8_t> attend(size_t(c.b) * c.nq * c.nk);
@@ -83,7 +97,7 @@ using Param = std::tuple<Variant, ModCase>;
 class ModifierTest : public VulkanTest, public ::testing::WithParamInterface<Param> {};
 
 // Every layout this device can run for the variant: the default, shared tiles, register tiles
-// where they run, and lanes for splitkv.
+// where they run, lanes for splitkv, and cooperative matrices (fp16 only, skipped for fp32).
 std::vector<TileLayout> layouts_for(Variant v, const ModCase& c) {
   const DeviceInfo& info = context().device();
   std::vector<TileLayout> l = {TileLayout::automatic};
@@ -93,10 +107,13 @@ std::vector<TileLayout> layouts_for(Variant v, const ModCase& c) {
     l.push_back(TileLayout::registers);
   if (variant_info(v).splits_keys && info.subgroup_shuffle && c.d % 8 == 0 && c.dv % 8 == 0)
     l.push_back(TileLayout::lanes);
+  if (variant_info(v).matrix && info.cooperative_matrix && c.d % 16 == 0 && c.dv % 16 == 0 &&
+      c.d <= 128 && c.dv <= 128)
+    l.push_back(TileLayout::cooperative_matrix);
   return l;
 }
 
-TEST_P(ModifierTest, MatchesFloat64ReferenceInEveryLayout) {
+TEST_P(ModifierTest, MatchesFloat64ReferenceInEachLayoutTheDeviceRuns) {
   auto [variant, c] = GetParam();
   uint32_t seed = c.nq * 31 + c.nk;
   for (DType dtype : {DType::f32, DType::f16}) {
@@ -107,6 +124,7 @@ TEST_P(ModifierTest, MatchesFloat64ReferenceInEveryLayout) {
     AttentionParams params = case_params(c, variant);
     reference::Result ref = reference::direct(q, k, v, params);
     for (TileLayout layout : layouts_for(variant, c)) {
+      if (layout == TileLayout::cooperative_matrix && dtype != DType::f16) continue;
       params.tile_layout = layout;
       std::string what = std::string(dtype_name(dtype)) + " " + tile_layout_name(layout);
       HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
@@ -164,56 +182,75 @@ TEST_P(ClosedFormTest, WindowAndSinkWithEqualScores) {
   }
 }
 
-// ALiBi with q = 0: query i's weights are e^(-slope |diag - j|), normalised.
+// ALiBi with q = 0: query i's weights are e^(-slope |diag - j|), normalised; causal (keys up to
+// the diagonal) with one slope per head, and without a mask (keys on both sides, where |.|
+// matters) with one slope per batch and head.
 TEST_P(ClosedFormTest, AlibiWithEqualScores) {
-  const uint32_t nq = 5, nk = 30;
-  HostTensor q({1, 2, nq, 4}), k = random_tensor({1, 1, nk, 4}, 6), v({1, 1, nk, 4});
-  for (uint32_t j = 0; j < nk; ++j)
-    for (uint32_t c = 0; c < 4; ++c) v.data[j * 4 + c] = std::sin(float(j + c));
+  const uint32_t b = 2, h = 2, nq = 5, nk = 30;
+  HostTensor q({b, h, nq, 4}), k = random_tensor({b, 1, nk, 4}, 6), v({b, 1, nk, 4});
+  for (uint32_t x = 0; x < b * nk; ++x)
+    for (uint32_t c = 0; c < 4; ++c) v.data[x * 4 + c] = std::sin(float(x + c));
+  for (bool causal : {true, false}) {
+    AttentionParams params;
+    params.variant = GetParam();
+    params.causal = causal;
+    params.alibi_slopes = causal ? std::vector<float>{0.5f, 0.125f}
+                                 : std::vector<float>{0.5f, 0.125f, 0.25f, 1.0f};  // [B, H]
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    for (uint32_t bb = 0; bb < b; ++bb)
+      for (uint32_t hh = 0; hh < h; ++hh) {
+        double slope = params.alibi_slopes[causal ? hh : bb * h + hh];
+        for (uint32_t i = 0; i < nq; ++i) {
+          int64_t diag = int64_t(i) + nk - nq;
+          double den = 0, o[4] = {0, 0, 0, 0};
+          for (int64_t j = 0; j < (causal ? diag + 1 : int64_t(nk)); ++j) {
+            double w = std::exp(-slope * double(std::abs(diag - j)));
+            den += w;
+            for (uint32_t c = 0; c < 4; ++c) o[c] += w * v.data[(bb * nk + size_t(j)) * 4 + c];
+          }
+          for (uint32_t c = 0; c < 4; ++c)
+            EXPECT_NEAR(gpu.out.data[((bb * h + hh) * nq + i) * 4 + c], o[c] / den, 2e-6)
+                << (causal ? "causal" : "full") << " batch " << bb << " head " << hh << " row "
+                << i;
+        }
+      }
+  }
+}
+
+// Softcap with known scores: q = a e_0 and k_j = b_j e_0 make s_j = scale a b_j, so the capped
+// scores c tanh(s_j / c) and their softmax are computed here, not by the reference. The raw
+// scores span -40..40 and c = 5, so capping changes the weights completely.
+TEST_P(ClosedFormTest, SoftcapWithKnownScores) {
+  const uint32_t nk = 33;
+  const float c = 5.0f, scale = 0.5f;
+  HostTensor q({1, 1, 1, 4}), k({1, 1, nk, 4}), v({1, 1, nk, 4});
+  q.data[0] = 8.0f;
+  for (uint32_t j = 0; j < nk; ++j) {
+    k.data[j * 4] = -10.0f + 20.0f * float(j) / float(nk - 1);  // s_j from -40 to 40
+    for (uint32_t e = 0; e < 4; ++e) v.data[j * 4 + e] = std::cos(float(j * (e + 1)));
+  }
   AttentionParams params;
   params.variant = GetParam();
-  params.causal = true;
-  params.alibi_slopes = {0.5f, 0.125f};
+  params.scale = scale;
+  params.softcap = c;
   HostAttentionResult gpu = attention(context(), q, k, v, params);
-  for (uint32_t h = 0; h < 2; ++h)
-    for (uint32_t i = 0; i < nq; ++i) {
-      int64_t diag = int64_t(i) + nk - nq;
-      double den = 0, o[4] = {0, 0, 0, 0};
-      for (int64_t j = 0; j <= diag; ++j) {
-        double w = std::exp(-double(params.alibi_slopes[h]) * double(diag - j));
-        den += w;
-        for (uint32_t c = 0; c < 4; ++c) o[c] += w * v.data[size_t(j) * 4 + c];
-      }
-      for (uint32_t c = 0; c < 4; ++c)
-        EXPECT_NEAR(gpu.out.data[(h * nq + i) * 4 + c], o[c] / den, 2e-6)
-            << "head " << h << " row " << i;
-    }
+  double den = 0, o[4] = {0, 0, 0, 0}, m = 0;
+  std::vector<double> s(nk);
+  for (uint32_t j = 0; j < nk; ++j) {
+    s[j] = double(c) * std::tanh(double(scale) * 8.0 * double(k.data[j * 4]) / double(c));
+    m = std::max(m, s[j]);
+  }
+  for (uint32_t j = 0; j < nk; ++j) {
+    double w = std::exp(s[j] - m);
+    den += w;
+    for (uint32_t e = 0; e < 4; ++e) o[e] += w * v.data[j * 4 + e];
+  }
+  for (uint32_t e = 0; e < 4; ++e) EXPECT_NEAR(gpu.out.data[e], o[e] / den, 2e-6) << e;
+  EXPECT_NEAR(gpu.lse.data[0], m + std::log(den), 2e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, ClosedFormTest, ::testing::ValuesIn(all_variants()),
                          variant_param_name);
-
-// Softcapping bounds every score by c: with c small the weights are between e^-2c / n and
-// e^2c / n whatever q and k are; with huge scores (q.k ~ 1e4) the output stays finite.
-TEST_F(VulkanTest, SoftcapBoundsTheScores) {
-  HostTensor q = random_tensor({1, 1, 8, 16}, 7, 30.0f),
-             k = random_tensor({1, 1, 50, 16}, 8, 30.0f);
-  HostTensor v({1, 1, 50, 1});
-  for (uint32_t j = 0; j < 50; ++j) v.data[j] = 1.0f;
-  AttentionParams params;
-  params.softcap = 0.5f;
-  params.want_lse = true;
-  for (Variant variant : all_variants()) {
-    params.variant = variant;
-    HostAttentionResult gpu = attention(context(), q, k, v, params);
-    for (uint32_t i = 0; i < 8; ++i) {
-      EXPECT_NEAR(gpu.out.data[i], 1.0, 1e-5) << variant_name(variant);  // weights sum to 1
-      // LSE = ln sum e^s_j with every s_j in (-c, c): within ln 50 +- c.
-      EXPECT_GT(gpu.lse.data[i], std::log(50.0) - 0.5) << variant_name(variant);
-      EXPECT_LT(gpu.lse.data[i], std::log(50.0) + 0.5) << variant_name(variant);
-    }
-  }
-}
 
 // ggml's slopes: H = 8, max_bias 8 gives 2^-(h+1); H = 12 adds m1 = 2^-0.5's odd powers.
 TEST(AlibiSlopes, FollowGgmlsFormula) {
@@ -288,6 +325,18 @@ TEST_F(VulkanTest, BadModifiersAreRefusedWithTheirName) {
   p.mask = HostTensor({1, 1, 4, 6});
   p.mask.data[7] = std::numeric_limits<float>::infinity();
   refused(p, "mask holds +inf in row 1, key 1");
+  p.mask = HostTensor({2, 4, 6});  // rank 3
+  refused(p, "mask has shape [2, 4, 6]");
+  p.mask = HostTensor({4, 6});
+  p.mask.data.pop_back();
+  refused(p, "mask has 23 values for shape [4, 6]");
+  p = {};
+  p.alibi_slopes = {0.5f, std::numeric_limits<float>::infinity()};
+  refused(p, "alibi_slopes must be finite");
+  p = {};
+  p.causal = true;  // overrides the right side, which is still checked
+  p.window_right = -5;
+  refused(p, "window_right");
 }
 
 }  // namespace

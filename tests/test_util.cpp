@@ -71,11 +71,10 @@ double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   double scale = params.scale ? std::abs(*params.scale) : 1.0 / std::sqrt(double(d.d));
   double score_mag = scale * d.d * max_abs(q) * max_abs(k);  // bounds |scale| sum_c |q_c k_c|
   // ALiBi's bias, slope |diagonal - j|, is at most the largest slope times Nk + Nq.
-  std::vector<float> slopes = params.alibi_slopes;
-  if (slopes.empty() && params.alibi_max_bias > 0)
-    slopes = alibi_slopes(d.heads, params.alibi_max_bias);
-  for (float slope : slopes)
-    score_mag = std::max(score_mag, std::abs(double(slope)) * double(d.nk + d.nq));
+  for (uint32_t b = 0; b < d.batch; ++b)
+    for (uint32_t h = 0; h < d.heads; ++h)
+      score_mag = std::max(
+          score_mag, std::abs(double(alibi_slope(params, d.heads, b, h))) * double(d.nk + d.nq));
   double vmax = std::max(1e-30f, max_abs(v));
   double accumulation = 32.0 * (1.0 + std::log2(double(d.nk)));
   return vmax * u * (4.0 * score_mag + accumulation);

@@ -16,22 +16,22 @@ constexpr int64_t kMaxHeadDim = 256;
 constexpr VariantInfo kVariants[] = {
     {Variant::naive, "naive",
      "naive: three passes over the row (max, sum, output); S and P are materialised.", false, 1,
-     true, false, false, false},
+     true, false, false, false, false},
     {Variant::online, "online",
      "online: two passes; the first keeps a running max and a rescaled sum.", true, 2, true, true,
-     false, false},
+     false, false, false},
     {Variant::flash1, "flash1",
      "flash1 (FlashAttention): one pass, the output normalised at every step.", true, 1, true, true,
-     true, false},
+     true, false, false},
     {Variant::flash2, "flash2",
      "flash2 (FlashAttention-2): one pass, the division by l deferred to the end.", true, 1, true,
-     true, true, false},
+     true, true, false, true},
     {Variant::flashd, "flashd",
      "flashd (FLASH-D): one pass with sigmoid weights; no max, no division.", true, 1, false, true,
-     true, false},
+     true, false, false},
     {Variant::splitkv, "splitkv",
      "splitkv (Flash-Decoding): chunks of keys in parallel, merged with log-sum-exp.", true, 1,
-     true, true, true, true},
+     true, true, true, true, true},
 };
 
 // Reads [N, d], [H, N, d] or [B, H, N, d] as (B, H, N, d).
@@ -109,14 +109,25 @@ std::vector<float> alibi_slopes(uint32_t heads, float max_bias) {
   return slopes;
 }
 
-HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape) {
-  if (int64_t(attend.size()) != numel(shape))
-    throw Error("bool_mask: " + std::to_string(attend.size()) + " values for shape " +
-                shape_string(shape));
-  HostTensor m(std::move(shape));
-  for (size_t i = 0; i < attend.size(); ++i)
-    m.data[i] = attend[i] ? 0.0f : -std::numeric_limits<float>::infinity();
-  return m;
+Window effective_window(const AttentionParams& params) {
+  return {params.window_left < 0 ? -1 : params.window_left,
+          params.causal ? 0 : (params.window_right < 0 ? -1 : params.window_right)};
+}
+
+KeyRange window_keys(const AttentionParams& params, uint32_t nq, uint32_t nk, uint32_t i) {
+  Window w = effective_window(params);
+  int64_t diag = int64_t(i) + int64_t(nk) - int64_t(nq);
+  int64_t lo = w.left < 0 ? 0 : diag - w.left, hi = w.right < 0 ? nk : diag + w.right + 1;
+  KeyRange r;
+  r.begin = std::clamp<int64_t>(lo, 0, nk);
+  r.end = std::clamp<int64_t>(hi, r.begin, nk);
+  return r;
+}
+
+float alibi_slope(const AttentionParams& params, uint32_t heads, uint32_t b, uint32_t h) {
+  if (!params.alibi_slopes.empty())
+    return params.alibi_slopes[params.alibi_slopes.size() == heads ? h : size_t(b) * heads + h];
+  return params.alibi_max_bias > 0 ? alibi_slopes(heads, params.alibi_max_bias)[h] : 0.0f;
 }
 
 const char* rope_name(RopeLayout layout) {

@@ -2,11 +2,23 @@
 // .npy reader and its fuzz target can use them alone.
 #include <bit>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "flashvk/error.hpp"
 #include "flashvk/tensor.hpp"
 
 namespace flashvk {
+
+HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape) {
+  if (int64_t(attend.size()) != numel(shape))
+    throw Error("bool_mask: " + std::to_string(attend.size()) + " values for shape " +
+                shape_string(shape));
+  HostTensor m(std::move(shape));
+  for (size_t i = 0; i < attend.size(); ++i)
+    m.data[i] = attend[i] ? 0.0f : -std::numeric_limits<float>::infinity();
+  return m;
+}
 
 const char* dtype_name(DType dtype) {
   return dtype == DType::f16 ? "f16" : "f32";

@@ -43,7 +43,8 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
                    uint32_t rows, bool trace) {
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0 && texels_fit(info, dims);
+                rows % info.subgroup_size == 0 && texels_fit(info, dims) &&
+                params.mask.data.size() <= info.max_texel_buffer_elements;
   if (params.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
     if (!usable)
@@ -230,9 +231,11 @@ void set_modifiers(Plan& plan) {
                   std::to_string(w));
     return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(d.nk) + d.nq));
   };
-  plan.push.window_left = side(p.window_left, "window_left");
-  plan.push.window_right = p.causal ? 0 : side(p.window_right, "window_right");
-  if (p.causal) side(p.window_right, "window_right");  // still checked
+  side(p.window_left, "window_left");
+  side(p.window_right, "window_right");  // checked even where causal overrides it
+  Window w = effective_window(p);
+  plan.push.window_left = side(w.left, "window_left");
+  plan.push.window_right = side(w.right, "window_right");
 
   if (!std::isfinite(p.softcap) || p.softcap < 0)
     throw Error("softcap must be 0 (off) or a positive number; got " + std::to_string(p.softcap));
@@ -246,8 +249,8 @@ void set_modifiers(Plan& plan) {
                 std::to_string(p.alibi_max_bias));
   if (!p.alibi_slopes.empty() && p.alibi_max_bias > 0)
     throw Error("give ALiBi's slopes or its max_bias, not both");
-  std::vector<float> slopes = p.alibi_slopes;
-  if (slopes.empty() && p.alibi_max_bias > 0) slopes = alibi_slopes(d.heads, p.alibi_max_bias);
+  const std::vector<float>& slopes = p.alibi_slopes;
+  bool alibi = !slopes.empty() || p.alibi_max_bias > 0;
   uint64_t rows = uint64_t(d.batch) * d.heads;
   if (!slopes.empty() && slopes.size() != d.heads && slopes.size() != rows)
     throw Error("alibi_slopes has " + std::to_string(slopes.size()) +
@@ -256,18 +259,18 @@ void set_modifiers(Plan& plan) {
   if (!p.sinks.empty() && p.sinks.size() != d.heads)
     throw Error("sinks has " + std::to_string(p.sinks.size()) +
                 " entries; expected one per query head (H = " + std::to_string(d.heads) + ")");
-  for (const std::vector<float>* values : {&std::as_const(slopes), &p.sinks})
+  for (const std::vector<float>* values : {&slopes, &p.sinks})
     for (float x : *values)
       if (!std::isfinite(x))
         throw Error(std::string(values == &slopes ? "alibi_slopes" : "sinks") +
                     " must be finite numbers; got " + std::to_string(x));
-  if (slopes.empty() && p.sinks.empty()) return;
-  if (!slopes.empty()) plan.spec.mods |= kModAlibi;
+  if (!alibi && p.sinks.empty()) return;
+  if (alibi) plan.spec.mods |= kModAlibi;
   if (!p.sinks.empty()) plan.spec.mods |= kModSinks;
   std::vector<float> table(2 * rows, 0.0f);
   for (uint64_t bh = 0; bh < rows; ++bh) {
-    uint32_t h = static_cast<uint32_t>(bh % d.heads);
-    if (!slopes.empty()) table[2 * bh] = slopes[slopes.size() == d.heads ? h : bh];
+    uint32_t b = static_cast<uint32_t>(bh / d.heads), h = static_cast<uint32_t>(bh % d.heads);
+    table[2 * bh] = alibi_slope(p, d.heads, b, h);
     if (!p.sinks.empty()) table[2 * bh + 1] = p.sinks[h];
   }
   plan.heads = plan.scratch(table.size() * 4);
@@ -302,7 +305,7 @@ void set_masks(Plan& plan) {
       throw Error("mask has " + std::to_string(m.data.size()) + " values for shape " +
                   shape_string(m.shape));
     uint64_t rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
-    uint64_t total = words.size() + 2 * rows + m.data.size();
+    uint64_t total = words.size() + 2 * rows + 64 + m.data.size();
     if (total * 4 > plan.ctx.device().max_storage_buffer_range)
       throw Error("mask of shape " + shape_string(m.shape) + " needs " + std::to_string(total * 4) +
                   " bytes, more than the device's " + "maxStorageBufferRange (" +
@@ -310,7 +313,10 @@ void set_masks(Plan& plan) {
     plan.push.mask_bstride = shape[0] == 1 ? 0 : static_cast<uint32_t>(shape[1]) * d.nq;
     plan.push.mask_hstride = shape[1] == 1 ? 0 : d.nq;
     plan.push.mask_ranges = static_cast<uint32_t>(words.size());
-    plan.push.mask_values = static_cast<uint32_t>(words.size() + 2 * rows);
+    // The values start on 256 bytes, the largest minTexelBufferOffsetAlignment there is: register
+    // tiles read them through a texel view from there.
+    plan.push.mask_values = static_cast<uint32_t>((words.size() + 2 * rows + 63) / 64 * 64);
+    total = plan.push.mask_values + m.data.size();
     words.resize(total);
     for (uint64_t r = 0; r < rows; ++r) {
       uint32_t first = d.nk, last = 0;  // the row's finite keys: [first, last)
@@ -471,16 +477,29 @@ void Plan::create_pools() {
   }
 }
 
+// K and V as RGBA texels, and the additive mask's values as R32F texels (a view of the dummy
+// buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
 void Plan::make_texel_views() {
   VkFormat format =
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
-  uint64_t bytes[] = {keys * dims.d * dtype_size(dtype), keys * dims.dv * dtype_size(dtype)};
+  struct View {
+    VkBuffer buffer;
+    VkFormat format;
+    uint64_t offset, bytes;
+  };
+  View views[kTexelBindings] = {{bindings[kK], format, 0, keys * dims.d * dtype_size(dtype)},
+                                {bindings[kV], format, 0, keys * dims.dv * dtype_size(dtype)},
+                                {impl.dummy.handle(), VK_FORMAT_R32_SFLOAT, 0, 16}};
+  if (spec.mods & kModMask)
+    views[2] = {mask.handle(), VK_FORMAT_R32_SFLOAT, uint64_t(push.mask_values) * 4,
+                mask.bytes() - uint64_t(push.mask_values) * 4};
   for (uint32_t i = 0; i < kTexelBindings; ++i) {
     VkBufferViewCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
-    info.buffer = bindings[i == 0 ? kK : kV];
-    info.format = format;
-    info.range = bytes[i];
+    info.buffer = views[i].buffer;
+    info.format = views[i].format;
+    info.offset = views[i].offset;
+    info.range = views[i].bytes;
     check(vkCreateBufferView(impl.device, &info, nullptr, &texel_views[i]), "vkCreateBufferView");
   }
 }

@@ -262,15 +262,8 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
   const float* qrow = q.data.data() + ((size_t(batch) * d.heads + head) * d.nq + row) * d.d;
   const float* kbase = k.data.data() + (size_t(batch) * d.kv_heads + kv_head) * d.nk * d.d;
   int64_t diag = int64_t(row) + int64_t(d.nk) - int64_t(d.nq);  // the key query `row` sits on
-  int64_t right = params.causal ? 0 : params.window_right;
-  if (params.causal && params.window_right >= 0) right = std::min<int64_t>(params.window_right, 0);
-  double slope = 0.0;
-  if (!params.alibi_slopes.empty())
-    slope = params.alibi_slopes.size() == d.heads
-                ? params.alibi_slopes[head]
-                : params.alibi_slopes[size_t(batch) * d.heads + head];
-  else if (params.alibi_max_bias > 0)
-    slope = alibi_slopes(d.heads, params.alibi_max_bias)[head];
+  KeyRange keys = window_keys(params, d.nq, d.nk, row);
+  double slope = alibi_slope(params, d.heads, batch, head);
   const float* mask_row = nullptr;  // [Nq, Nk] or [B or 1, H or 1, Nq, Nk]
   if (!params.mask.data.empty()) {
     const auto& ms = params.mask.shape;
@@ -282,8 +275,7 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
   Vec s(d.nk);
   for (uint32_t j = 0; j < d.nk; ++j) {
     int64_t jj = j;
-    bool visible = (params.window_left < 0 || jj >= diag - params.window_left) &&
-                   (right < 0 || jj <= diag + right) &&
+    bool visible = jj >= keys.begin && jj < keys.end &&
                    (params.key_mask.empty() || params.key_mask[size_t(batch) * d.nk + j] != 0);
     double acc = 0.0;
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);

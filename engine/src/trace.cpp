@@ -109,15 +109,10 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.dim_v = dims.dv;
   t.scale = tp.push.scale;
   t.causal = params.causal;
-  t.window_left = params.window_left;
-  t.window_right = params.causal ? 0 : params.window_right;
+  t.window_left = effective_window(params).left;
+  t.window_right = effective_window(params).right;
   t.softcap = params.softcap;
-  if (!params.alibi_slopes.empty())
-    t.alibi_slope = params.alibi_slopes[params.alibi_slopes.size() == dims.heads
-                                            ? head
-                                            : size_t(batch) * dims.heads + head];
-  else if (params.alibi_max_bias > 0)
-    t.alibi_slope = alibi_slopes(dims.heads, params.alibi_max_bias)[head];
+  t.alibi_slope = alibi_slope(params, dims.heads, batch, head);
   if (!params.sinks.empty()) t.sink = params.sinks[head];
   t.device = ctx.device().name;
   bool splitkv = variant_info(params.variant).splits_keys;

@@ -76,7 +76,7 @@ struct Spec {
 /// Storage-buffer bindings of the one descriptor set layout every kernel uses.
 constexpr uint32_t kBindings = 10;
 /// Then K and V again as RGBA uniform texel buffers, read by the register-tile kernels.
-constexpr uint32_t kTexelBindings = 2;
+constexpr uint32_t kTexelBindings = 3;
 
 struct ContextImpl {
   bool owns = false;

@@ -39,6 +39,7 @@ struct VariantInfo {
   bool keeps_lse;     ///< keeps a running log-sum-exp per step (all but naive)
   bool matrix;        ///< has a cooperative-matrix kernel (TileLayout::cooperative_matrix)
   bool splits_keys;   ///< walks chunks of keys in parallel and merges them (Flash-Decoding)
+  bool lazy_output;   ///< keeps o unnormalised, divided by l once at the end (FA2's deferral)
 };
 const VariantInfo& variant_info(Variant variant);
 
@@ -79,7 +80,8 @@ struct AttentionParams {
   // sits on key i + Nk - Nq, its diagonal (bottom-right aligned).
   /// Sliding window: query i sees keys j with diagonal - window_left <= j <= diagonal +
   /// window_right; -1 leaves that side unbounded. `causal` is window_right = 0. Keys outside the
-  /// window are never read: the cost grows with the window, not with Nk.
+  /// window are never read by the fused variants: their cost grows with the window, not with Nk
+  /// (naive materialises all of S and reads every key).
   int64_t window_left = -1, window_right = -1;
   /// Logit softcapping (Gemma 2): s = softcap * tanh(s / softcap), before ALiBi; 0 = off.
   float softcap = 0.0f;
@@ -93,14 +95,27 @@ struct AttentionParams {
   std::vector<float> sinks;
   /// Additive mask added to the scores last: [Nq, Nk], or [Bm, Hm, Nq, Nk] with Bm 1 or B and
   /// Hm 1 or H (broadcast). -inf hides a key; NaN and +inf are refused. Keys before a row's
-  /// first finite entry and after its last are never read. bool_mask() turns PyTorch's boolean
+  /// first finite entry and after its last are never read (fused variants). bool_mask() turns PyTorch's boolean
   /// attn_mask into one.
   HostTensor mask;
 };
 
-/// PyTorch's boolean attn_mask (true = attend) as an additive mask of the same shape: 0 where
-/// `attend` is nonzero, -inf elsewhere.
-HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
+/// The sliding window with `causal` folded in: (left, right) keys around the diagonal, -1 for
+/// an unbounded side (causal: right = 0).
+struct Window {
+  int64_t left = -1, right = -1;
+};
+Window effective_window(const AttentionParams& params);
+/// The keys query i of Nq sees through the window and the causal limit, [begin, end) of Nk
+/// (begin == end: none); the host's one definition, twin of the shaders' row_keys (where an
+/// additive mask narrows it further). The engine, the reference, the bench and the viewer use it.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+KeyRange window_keys(const AttentionParams& params, uint32_t nq, uint32_t nk, uint32_t i);
+/// ALiBi's slope for (batch b, query head h) of H heads: alibi_slopes ([H] or [B * H]), or from
+/// alibi_max_bias, or 0 without ALiBi.
+float alibi_slope(const AttentionParams& params, uint32_t heads, uint32_t b, uint32_t h);
 
 /// ggml's ALiBi slopes from max_bias for H heads: n = 2^floor(log2 H), m0 = 2^(-max_bias / n),
 /// m1 = 2^(-max_bias / (2n)); slope_h = m0^(h + 1) for h < n, else m1^(2(h - n) + 1).

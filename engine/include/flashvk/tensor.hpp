@@ -28,6 +28,10 @@ struct HostTensor {
 };
 
 int64_t numel(const std::vector<int64_t>& shape);
+
+/// PyTorch's boolean attn_mask (true = attend) as an additive mask of the same shape
+/// (AttentionParams::mask): 0 where `attend` is nonzero, -inf elsewhere.
+HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
 std::string shape_string(const std::vector<int64_t>& shape);
 
 /// A device buffer holding a tensor in `dtype` storage. Move-only; the Context must outlive it.
