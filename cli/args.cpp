@@ -28,7 +28,8 @@ Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& va
     value_options[name] = app.add_option("--" + name, got[name])
                               ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
                               ->allow_extra_args(false);
-  for (const std::string& name : flags) flag_options[name] = app.add_flag("--" + name);
+  for (const std::string& name : flags)
+    flag_options[name] = app.add_flag("--" + name)->disable_flag_override();  // no --flag=x
   std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them backwards
   try {
     app.parse(reversed);
@@ -117,7 +118,7 @@ const std::set<std::string> kModifierOptions = {"window",       "softcap", "alib
 const char* kModifierHelp =
     R"(  --window L,R        sliding window: query i sees keys i + Nk - Nq - L .. i + Nk - Nq + R
                       (-1: unbounded on that side; with --causal R is 0); keys outside it
-                      are never read
+                      are never read (the fused variants)
   --softcap C         logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)
   --alibi-max-bias B  ALiBi with ggml's slopes from max_bias B: s -= slope_h |i + Nk - Nq - j|
   --alibi-slopes FILE ALiBi with these slopes (.npy, [H] or [B, H])
@@ -157,9 +158,18 @@ void modifier_options(const Args& args, AttentionParams& p) {
   p.alibi_max_bias = static_cast<float>(args.number("alibi-max-bias", 0.0, true));
   if (args.has("alibi-max-bias") && args.has("alibi-slopes"))
     throw UsageError{"give --alibi-max-bias or --alibi-slopes, not both"};
-  if (args.has("alibi-slopes"))
-    p.alibi_slopes = npy::read(args.text("alibi-slopes"), "ALiBi slopes").data;
-  if (args.has("sinks")) p.sinks = npy::read(args.text("sinks"), "sinks").data;
+  // One value per query head ([H]), or for the slopes per batch and head ([B, H]); the engine
+  // checks the counts against the shapes.
+  auto per_head = [&](const char* option, const char* what, size_t max_rank) {
+    HostTensor t = npy::read(args.text(option), what);
+    if (t.shape.empty() || t.shape.size() > max_rank)
+      throw UsageError{std::string("--") + option + " must hold " +
+                       (max_rank == 1 ? "[H]" : "[H] or [B, H]") + " values, got shape " +
+                       shape_string(t.shape)};
+    return t.data;
+  };
+  if (args.has("alibi-slopes")) p.alibi_slopes = per_head("alibi-slopes", "ALiBi slopes", 2);
+  if (args.has("sinks")) p.sinks = per_head("sinks", "sinks", 1);
   if (args.has("mask")) p.mask = npy::read(args.text("mask"), "mask", true);
 }
 

@@ -41,8 +41,9 @@ class Args {
 extern const std::set<std::string> kModifierOptions;
 /// `names` and the modifiers' options.
 std::set<std::string> with_modifiers(std::set<std::string> names);
-/// Reads --window L,R, --softcap C, --alibi-max-bias B, --alibi-slopes FILE and --sinks FILE
-/// (.npy, one value per query head; slopes also one per batch and head) into `params`.
+/// Reads --window L,R, --softcap C, --alibi-max-bias B, --alibi-slopes FILE, --sinks FILE
+/// (.npy, one value per query head; slopes also one per batch and head) and --mask FILE into
+/// `params`.
 void modifier_options(const Args& args, AttentionParams& params);
 /// The help text of those options, for every command's --help.
 extern const char* kModifierHelp;

@@ -24,7 +24,7 @@ std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
   std::string s = tile_layout_name(layout);
   if (block_keys == 0) return s;  // naive: no tiles
   s += " " + std::to_string(block_rows) + "x" + std::to_string(block_keys);
-  if (variant == Variant::splitkv)
+  if (variant_info(variant).splits_keys)
     s += ", " + std::to_string(splits) + (splits == 1 ? " split" : " splits");
   return s;
 }
@@ -104,7 +104,7 @@ struct Case {
   bool causal = false;
   DType dtype = DType::f32;
   std::vector<Variant> variants;
-  AttentionParams mods = {};  // the score modifiers (window, softcap, ALiBi, sinks) only
+  AttentionParams mods = {};  // the score modifiers and the mask (modifier_options) only
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -133,22 +133,21 @@ Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, u
   return dims;
 }
 
-// Query-key pairs inside the causal limit and the sliding window (docs/algorithms.md).
-double visible_pairs(const Dims& d, bool causal, int64_t left, int64_t right) {
-  if (causal) right = 0;
+// Query-key pairs inside the causal limit and the sliding window (an additive mask's -inf
+// entries still count).
+double visible_pairs(const Case& c) {
+  AttentionParams p = c.mods;
+  p.causal = c.causal;
   double pairs = 0;
-  for (uint32_t i = 0; i < d.nq; ++i) {
-    double diag = double(i) + d.nk - d.nq;
-    double lo = std::max(0.0, left < 0 ? 0.0 : diag - double(left));
-    double hi = std::min(double(d.nk) - 1, right < 0 ? double(d.nk) - 1 : diag + double(right));
-    pairs += std::max(0.0, hi - lo + 1);
+  for (uint32_t i = 0; i < c.dims.nq; ++i) {
+    KeyRange keys = window_keys(p, c.dims.nq, c.dims.nk, i);
+    pairs += double(keys.end - keys.begin);
   }
   return pairs;
 }
 
 double case_flops(const Case& c) {
-  return 4.0 * c.dims.batch * c.dims.heads *
-         visible_pairs(c.dims, c.causal, c.mods.window_left, c.mods.window_right) * c.dims.d;
+  return 4.0 * c.dims.batch * c.dims.heads * visible_pairs(c) * c.dims.d;
 }
 
 // The mask column: full, causal, or the window and the other modifiers.
@@ -349,21 +348,14 @@ struct Meters {
 };
 
 AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
-  AttentionParams params;
+  AttentionParams params = c.mods;  // the modifiers, all of them
   params.variant = variant;
   params.causal = c.causal;
-  params.window_left = c.mods.window_left;
-  params.window_right = c.mods.window_right;
-  params.softcap = c.mods.softcap;
-  params.alibi_max_bias = c.mods.alibi_max_bias;
-  params.alibi_slopes = c.mods.alibi_slopes;
-  params.sinks = c.mods.sinks;
-  params.mask = c.mods.mask;
   params.want_lse = false;
-  if (variant != Variant::naive) params.tile_layout = o.layout;
+  if (variant_info(variant).fused) params.tile_layout = o.layout;
   params.block_rows = o.block_rows;
   params.block_keys = o.block_keys;
-  if (variant == Variant::splitkv) params.splits = o.splits;
+  if (variant_info(variant).splits_keys) params.splits = o.splits;
   return params;
 }
 
@@ -544,7 +536,9 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["d"] = d.d;
     x["dv"] = d.dv;
     x["causal"] = r.c->causal;
-    x["window"] = {m.window_left, m.window_right};
+    AttentionParams folded = m;
+    folded.causal = r.c->causal;
+    x["window"] = {effective_window(folded).left, effective_window(folded).right};
     x["softcap"] = m.softcap;
     x["alibi"] = m.alibi_max_bias > 0 || !m.alibi_slopes.empty();
     x["sinks"] = !m.sinks.empty();
@@ -632,9 +626,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (args.has("suite")) {
     if (args.text("suite") != "standard")
       throw UsageError{"--suite must be 'standard', got '" + args.text("suite") + "'"};
-    for (const char* shape_option : {"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
-                                     "dtype", "block-rows", "block-keys", "splits", "window",
-                                     "softcap", "alibi-max-bias", "alibi-slopes", "sinks", "mask"})
+    for (const std::string& shape_option :
+         with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype",
+                         "block-rows", "block-keys", "splits"}))
       if (args.has(shape_option))
         throw UsageError{
             std::string("--suite standard fixes the shapes and runs the engine's own tiles; drop "

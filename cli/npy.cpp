@@ -124,8 +124,7 @@ HostTensor parse(const std::string& bytes, const std::string& what, bool mask) {
   if (item == 4) {
     std::memcpy(t.data.data(), data, need);
   } else if (item == 1) {  // a boolean mask: true attends (0), false hides (-inf)
-    for (size_t i = 0; i < size_t(count); ++i)
-      t.data[i] = data[i] ? 0.0f : -std::numeric_limits<float>::infinity();
+    t = bool_mask(std::vector<uint8_t>(data, data + count), shape);
   } else {
     for (size_t i = 0; i < size_t(count); ++i) {
       uint16_t h;

@@ -555,6 +555,7 @@ TEST_F(CliTest, BadOptionValues) {
   expect_refused("run " + qkv() + " --device -1", "--device must be between 0");
   expect_refused("run " + qkv() + " --frobnicate", "not expected: --frobnicate");
   expect_refused("run " + qkv() + " --scale 1 --scale 2", "--scale: At Most 1");
+  expect_refused("run " + qkv() + " --causal=false", "disallowed flag override");  // no value
   Outcome missing = run_cli("bench --nq");  // a value missing at the end
   EXPECT_EQ(missing.status, 2) << missing.output;
   EXPECT_NE(missing.output.find("--nq: 1 required"), std::string::npos) << missing.output;

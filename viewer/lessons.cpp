@@ -224,11 +224,13 @@ void sliding_window(Lesson& l, const Model& model) {
   const AttentionParams& p = model.inputs().params;
   l.intro = format(
       "A sliding window (Mistral, Gemma): each query sees only the %lld keys before its diagonal "
-      "and the diagonal itself (window %lld,0 with causal). Keys outside are hidden as masked "
+      "and the diagonal itself, %lld in all (window %lld,0 with causal). Keys outside are hidden "
+      "as masked "
       "ones are (s = -inf, w = 0), and the kernels never load the tiles that lie wholly "
       "outside: the heatmap shows the band, and the tiled trace records nothing for the "
       "skipped tiles.",
-      static_cast<long long>(p.window_left + 1), static_cast<long long>(p.window_left));
+      static_cast<long long>(p.window_left), static_cast<long long>(p.window_left + 1),
+      static_cast<long long>(p.window_left));
   int first = first_visible(model);
   add(l, first, "the window's first key",
       format("Key %d is the first this query sees (its diagonal minus %lld). The state starts "

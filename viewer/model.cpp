@@ -12,7 +12,7 @@ namespace {
 std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
   std::vector<std::vector<double>> out;
   for (size_t i = 0; i < s.o.size(); ++i) {
-    double div = (v == Variant::flash2 || v == Variant::splitkv) && s.l[i] > 0 ? s.l[i] : 1.0;
+    double div = variant_info(v).lazy_output && s.l[i] > 0 ? s.l[i] : 1.0;
     std::vector<double> o(s.o[i].begin(), s.o[i].end());
     for (double& x : o) x /= div;
     out.push_back(o);
@@ -26,7 +26,7 @@ std::vector<std::vector<double>> normalised(Variant v, const TraceSeries& s) {
 std::vector<double> step_errors(Variant v, const std::vector<std::vector<double>>& gpu,
                                 const reference::RowTrace& ref) {
   std::vector<double> err;
-  bool lazy = v == Variant::flash2 || v == Variant::splitkv;
+  bool lazy = variant_info(v).lazy_output;
   for (size_t i = 0; i < gpu.size() && i < ref.o.size(); ++i) {
     double e = 0.0, div = lazy && ref.l[i] > 0 ? ref.l[i] : 1.0;
     for (size_t c = 0; c < gpu[i].size(); ++c) {

@@ -583,7 +583,7 @@ void draw_plots(const Model& model, UiState& ui) {
   for (const auto& t : model.traces()) {
     ImU32 c = variant_color(t.variant);
     std::string name = variant_name(t.variant);
-    if (t.variant != Variant::flashd) {
+    if (variant_info(t.variant).keeps_max) {
       m_series.push_back({name, c, as_double(t.gpu.steps.m)});
       l_series.push_back({name, c, as_double(t.gpu.steps.l)});
     } else {
@@ -688,12 +688,9 @@ void draw_heatmap(Model& model, UiState& ui) {
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
       // Skipped: no row of the block sees a key of the tile (causal limit, sliding window).
       const AttentionParams& p = model.inputs().params;
-      int64_t shift = int64_t(d.nk) - int64_t(d.nq);
-      int64_t last_row = std::min<int64_t>(d.nq, i0 + br) - 1;
-      int64_t right = p.causal ? 0 : p.window_right;
-      int64_t first_key = p.window_left < 0 ? 0 : int64_t(i0) + shift - p.window_left;
-      int64_t last_key = right < 0 ? int64_t(d.nk) : last_row + shift + right;
-      bool masked = int64_t(j0) > last_key || int64_t(j0 + bc) - 1 < first_key;
+      uint32_t last_row = std::min(d.nq, i0 + br) - 1;
+      KeyRange first = window_keys(p, d.nq, d.nk, i0), last = window_keys(p, d.nq, d.nk, last_row);
+      bool masked = int64_t(j0) >= last.end || int64_t(j0 + bc) <= first.begin;
       if (masked) dl->AddRectFilled(a, b, IM_COL32(0, 0, 0, 150));
       dl->AddRect(a, b, IM_COL32(255, 255, 255, 60));
       bool current = model.row >= i0 && model.row < i0 + br && uint32_t(model.cursor) >= j0 &&
@@ -737,7 +734,9 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
 
 void derivation_flashd(const Model& model, int i, const reference::RowTrace& r, bool literal) {
   const auto& s = model.scores();
-  double L_prev = i > 0 ? r.lse[size_t(i - 1)] : -INFINITY;
+  // Before the first key L is -inf, or an attention sink's logit (the state FLASH-D starts from).
+  double L_prev =
+      i > 0 ? r.lse[size_t(i - 1)] : reference::row_sink(model.inputs().params, model.head);
   wrapped("s_%d = %.6g", i, s[size_t(i)]);
   wrapped("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i, i - 1);
   wrapped("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
