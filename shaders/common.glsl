@@ -62,8 +62,8 @@ layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 // The masks, as 32-bit words: the key mask [B, Nk] (0 = masked) from word 0; with MOD_MASK each
 // mask row's first and last+1 finite key from pc.mask_ranges, and the additive mask's floats
-// from pc.mask_values, Nk a row (mask row of (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride
-// + i, the strides 0 where the mask is broadcast).
+// from pc.mask_values, mask_stride() a row (Nk rounded up to 4, padded with -inf; mask row of
+// (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride + i, the strides 0 where broadcast).
 layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
 layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
 layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
@@ -77,7 +77,8 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 // maxStorageBufferRange.
 layout(binding = 10) uniform samplerBuffer k_tex;
 layout(binding = 11) uniform samplerBuffer v_tex;
-layout(binding = 12) uniform samplerBuffer mask_tex;  // the additive mask's values (MOD_MASK)
+// The additive mask's values (MOD_MASK), four keys a texel: rows are padded to mask_stride().
+layout(binding = 12) uniform samplerBuffer mask_tex;
 #endif
 
 const uint FLAG_LSE = 4u;
@@ -218,6 +219,19 @@ bool key_visible(uint rr, uint j) {
   return true;
 }
 
+uint mask_stride() { return (pc.nk + 3u) & ~3u; }
+
+// The additive mask of row rr at key j (MOD_MASK). Register tiles prefetch their tile's entries
+// four keys a texel (tile.glsl): llvmpipe runs a per-lane storage-buffer read as a loop over the
+// lanes, and a texel fetch as a called gather.
+#ifdef REG_TILE
+float mask_value(uint rr, uint j);
+#else
+float mask_value(uint rr, uint j) {
+  return uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
+}
+#endif
+
 // The score hook: every kernel and layout turns the scaled dot product s = scale * q.k of row rr
 // and key j into the score its recurrence uses here, and only here. Softcapping first, then
 // ALiBi's bias (FlashAttention-2 and ggml's order), then the additive mask. tanh's argument is clamped to +-15, where
@@ -225,13 +239,8 @@ bool key_visible(uint rr, uint j) {
 float modify_score(uint rr, uint j, float s) {
   if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
   if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
-  if ((MODS & MOD_MASK) != 0u) {  // -inf hides the key: every recurrence treats it as masked
-#ifdef REG_TILE  // a per-lane gather: as a texel fetch, not llvmpipe's loop over the lanes
-    s += texelFetch(mask_tex, int(rows[rr].mask_row * pc.nk + j)).x;
-#else
-    s += uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * pc.nk + j]);
-#endif
-  }
+  // -inf from the mask hides the key: every recurrence treats it as masked.
+  if ((MODS & MOD_MASK) != 0u) s += mask_value(rr, j);
   return s;
 }
 

@@ -21,6 +21,10 @@ const uint CH = BC;  // the whole tile: one key per lane
 // in it and not masked out by key_mask (1) or not (0).
 uint tile_j0, tile_n, lane_key_ok;
 
+// MOD_MASK: each row's additive mask against the tile's keys, fetched four keys a texel (j0 is a
+// multiple of BC, and BC of 4); past the last texel, the last one (those keys are not seen).
+float tile_mask[ROWS][BC];
+
 void mark_tile_keys(Row r, uint j0, uint n) {
   tile_j0 = j0, tile_n = n;
   uint lane = gl_SubgroupInvocationID;
@@ -29,7 +33,18 @@ void mark_tile_keys(Row r, uint j0, uint n) {
   if (KEY_MASK) {
     if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
   }
+  if ((MODS & MOD_MASK) != 0u) {
+    int last = textureSize(mask_tex) - 1;
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+      [[unroll]] for (uint t = 0; t < BC / 4u; ++t) {
+        int at = int((rows[rr].mask_row * mask_stride() + j0) / 4u + t);
+        vec4 x = texelFetch(mask_tex, min(at, last));
+        [[unroll]] for (uint e = 0; e < 4u; ++e) tile_mask[rr][4u * t + e] = x[e];
+      }
+  }
 }
+
+float mask_value(uint rr, uint j) { return tile_mask[rr][j - tile_j0]; }
 
 const uint KT = (D / 4u + BC - 1u) / BC;   // texels of a key row per lane
 const uint VT = (DV / 4u + BC - 1u) / BC;  // texels of a value row per lane

@@ -1,6 +1,7 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,6 +19,12 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims) {
   uint64_t texels = uint64_t(dims.batch) * dims.kv_heads * dims.nk * std::max(dims.d, dims.dv) / 4;
   return info.texel_buffers && dims.d % 4 == 0 && dims.dv % 4 == 0 &&
          texels <= info.max_texel_buffer_elements;
+}
+
+// RGBA texels of the additive mask's values: its rows padded to 4 keys.
+uint64_t mask_texels(const AttentionParams& params, const Dims& dims) {
+  if (params.mask.data.empty() || dims.nk == 0) return 0;
+  return params.mask.data.size() / dims.nk * ((dims.nk + 3) / 4);
 }
 
 // Query rows each invocation of a register tile works on: every key element broadcast from the
@@ -44,7 +51,7 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
                 rows % info.subgroup_size == 0 && texels_fit(info, dims) &&
-                params.mask.data.size() <= info.max_texel_buffer_elements;
+                mask_texels(params, dims) <= info.max_texel_buffer_elements;
   if (params.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
     if (!usable)
@@ -305,7 +312,8 @@ void set_masks(Plan& plan) {
       throw Error("mask has " + std::to_string(m.data.size()) + " values for shape " +
                   shape_string(m.shape));
     uint64_t rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
-    uint64_t total = words.size() + 2 * rows + 64 + m.data.size();
+    uint32_t stride = (d.nk + 3) / 4 * 4;  // rows padded to 4 keys (-inf): RGBA texels
+    uint64_t total = words.size() + 2 * rows + 64 + rows * stride;
     if (total * 4 > plan.ctx.device().max_storage_buffer_range)
       throw Error("mask of shape " + shape_string(m.shape) + " needs " + std::to_string(total * 4) +
                   " bytes, more than the device's " + "maxStorageBufferRange (" +
@@ -316,8 +324,8 @@ void set_masks(Plan& plan) {
     // The values start on 256 bytes, the largest minTexelBufferOffsetAlignment there is: register
     // tiles read them through a texel view from there.
     plan.push.mask_values = static_cast<uint32_t>((words.size() + 2 * rows + 63) / 64 * 64);
-    total = plan.push.mask_values + m.data.size();
-    words.resize(total);
+    total = plan.push.mask_values + rows * stride;
+    words.resize(total, std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity()));
     for (uint64_t r = 0; r < rows; ++r) {
       uint32_t first = d.nk, last = 0;  // the row's finite keys: [first, last)
       for (uint32_t j = 0; j < d.nk; ++j) {
@@ -331,7 +339,9 @@ void set_masks(Plan& plan) {
       words[plan.push.mask_ranges + 2 * r] = first;
       words[plan.push.mask_ranges + 2 * r + 1] = last;
     }
-    std::memcpy(words.data() + plan.push.mask_values, m.data.data(), m.data.size() * 4);
+    for (uint64_t r = 0; r < rows; ++r)
+      std::memcpy(words.data() + plan.push.mask_values + r * stride, m.data.data() + r * d.nk,
+                  d.nk * 4);
     plan.spec.mods |= kModMask;
   }
   if (words.empty()) return;
@@ -477,7 +487,7 @@ void Plan::create_pools() {
   }
 }
 
-// K and V as RGBA texels, and the additive mask's values as R32F texels (a view of the dummy
+// K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
 void Plan::make_texel_views() {
   VkFormat format =
@@ -490,9 +500,9 @@ void Plan::make_texel_views() {
   };
   View views[kTexelBindings] = {{bindings[kK], format, 0, keys * dims.d * dtype_size(dtype)},
                                 {bindings[kV], format, 0, keys * dims.dv * dtype_size(dtype)},
-                                {impl.dummy.handle(), VK_FORMAT_R32_SFLOAT, 0, 16}};
-  if (spec.mods & kModMask)
-    views[2] = {mask.handle(), VK_FORMAT_R32_SFLOAT, uint64_t(push.mask_values) * 4,
+                                {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
+  if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
+    views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
                 mask.bytes() - uint64_t(push.mask_values) * 4};
   for (uint32_t i = 0; i < kTexelBindings; ++i) {
     VkBufferViewCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
