@@ -262,6 +262,28 @@ void sink_logit(Lesson& l, const Model& model) {
                  std::exp(sink - lse), 1.0 - std::exp(sink - lse)));
 }
 
+void softcap(Lesson& l, const Model& model) {
+  double c = model.inputs().params.softcap;
+  l.intro = format(
+      "Logit softcapping (Gemma 2) replaces each score s by c tanh(s / c), here c = %.3g: scores "
+      "near 0 stay as they are, large ones are squeezed to just under c, so no key can take all "
+      "the weight. The score plot draws the raw score (orange) and the capped one (white); the "
+      "recurrences only ever see the capped one.",
+      c);
+  const auto& raw = model.raw_scores();
+  int top = -1;
+  for (int i = 0; i < int(raw.size()); ++i)
+    if (std::isfinite(raw[size_t(i)]) && (top < 0 || raw[size_t(i)] > raw[size_t(top)])) top = i;
+  if (top >= 0)
+    add(l, top, "the largest raw score",
+        format("Raw s = %.4g becomes %.4g after the cap. Without it this key would weigh e^%.3g "
+               "times more than a key at 0; with it, at most e^%.3g.",
+               raw[size_t(top)], model.scores()[size_t(top)], raw[size_t(top)], c));
+  add_end(l, model,
+          "The output is softmax of the capped scores: it matches float64 with the same cap "
+          "(Output panel).");
+}
+
 void fp16_overflow(Lesson& l, const Model& model) {
   l.intro =
       "fp16 stores numbers up to 65504, so e^s overflows fp16 above s = ln 65504 = 11.09 (red "
@@ -323,6 +345,8 @@ Lesson lesson_for(const Model& model) {
     sliding_window(l, model);
   else if (name == "sink-logit")
     sink_logit(l, model);
+  else if (name == "softcap")
+    softcap(l, model);
   else
     general(l, model);
   std::stable_sort(l.points.begin(), l.points.end(),

@@ -64,6 +64,12 @@ void Model::retrace() {
   head = std::min(head, dims_.heads - 1);
   row = std::min(row, dims_.nq - 1);
   scores_ = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row);
+  raw_scores_.clear();
+  if (in_.params.softcap > 0) {
+    AttentionParams raw = in_.params;
+    raw.softcap = 0;
+    raw_scores_ = reference::row_scores(in_.q, in_.k, dims_, raw, batch, head, row);
+  }
   std::vector<reference::Vec> values = reference::value_rows(in_.v, dims_, batch, head);
   double sink = reference::row_sink(in_.params, head);
   direct_ = reference::direct_row(scores_, values, sink);

@@ -69,6 +69,8 @@ class Model {
 
   const std::vector<VariantTrace>& traces() const { return traces_; }
   const reference::Vec& scores() const { return scores_; }
+  /// With a softcap: the scores before it (scale * q.k, masked keys -inf); else empty.
+  const reference::Vec& raw_scores() const { return raw_scores_; }
   const reference::RowTrace& direct() const { return direct_; }
   /// float64 recurrences of FA1, FA2 and FLASH-D for the derivation panel, whatever is selected.
   const reference::RowTrace& ref_of(Variant v) const;
@@ -97,7 +99,7 @@ class Model {
   Inputs in_;
   Dims dims_;
   std::vector<VariantTrace> traces_;
-  reference::Vec scores_;
+  reference::Vec scores_, raw_scores_;
   reference::RowTrace direct_, fa1_, fa2_, fd_, literal_fd_;
   std::vector<double> heat_s_, heat_p_;
 };

@@ -43,6 +43,7 @@ const std::map<std::string, std::string>& descriptions() {
       {"sliding-window", "causal with a window of 32 keys: tiles before the window are never read"},
       {"sink-logit",
        "an attention sink (gpt-oss): a logit in the denominator only, the state's start"},
+      {"softcap", "logit softcapping (Gemma 2): s = c tanh(s / c) squeezes scores above c = 5"},
       {"fp16-overflow", "fp16 inputs with scores up to 16: e^s passes fp16's 65504 above s = 11.1"},
   };
   return d;
@@ -52,8 +53,9 @@ const std::map<std::string, std::string>& descriptions() {
 
 const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {
-      "sample",           "huge-logits", "falling-rising", "sink",           "masked-mid-row",
-      "fully-masked-row", "empty-split", "fp16-overflow",  "sliding-window", "sink-logit"};
+      "sample",         "huge-logits",      "falling-rising", "sink",
+      "masked-mid-row", "fully-masked-row", "empty-split",    "fp16-overflow",
+      "sliding-window", "sink-logit",       "softcap"};
   return names;
 }
 
@@ -145,6 +147,15 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.v = gaussian({1, 1, 64, 8}, 33);
     in.params.sinks = {2.0f};
     in.row = 5;
+  } else if (name == "softcap") {
+    // Scores up to about +-20, capped at c = 5: the largest ones are squeezed to just under 5.
+    in.name = name;
+    in.q = gaussian({1, 1, 8, 16}, 41);
+    in.k = gaussian({1, 1, 96, 16}, 42);
+    in.v = gaussian({1, 1, 96, 8}, 43);
+    in.params.scale = 1.25f;
+    in.params.softcap = 5.0f;
+    in.row = 2;
   } else if (name == "fp16-overflow") {
     // A kernel that forms e^s (or its sum) in fp16 overflows here; flashvk stores fp16 but keeps
     // its state in fp32 relative to the running max.

@@ -578,6 +578,9 @@ void draw_plots(const Model& model, UiState& ui) {
   ImVec2 avail = ImGui::GetContentRegionAvail();
   ImVec2 size((avail.x - 8) / 2, (avail.y - 16) / 3);
   std::vector<Series> s_series = {{"s", IM_COL32(220, 220, 220, 255), model.scores(), false}};
+  if (!model.raw_scores().empty())  // softcap: the score before it, thin and orange
+    s_series.insert(s_series.begin(),
+                    {"s before softcap", IM_COL32(255, 150, 40, 255), model.raw_scores(), true});
   std::vector<Series> m_series, l_series, w_series, e_series, o_series;
   std::vector<int> rescales;
   for (const auto& t : model.traces()) {
@@ -607,7 +610,9 @@ void draw_plots(const Model& model, UiState& ui) {
   }
   // In fp16, e^s overflows above ln 65504 = 11.09: the line a max-free fp16 kernel cannot cross.
   double fp16_exp_limit = model.inputs().dtype == DType::f16 ? std::log(65504.0) : NAN;
-  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)" : "scores s",
+  plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)"
+       : model.raw_scores().empty()  ? "scores s"
+                                     : "scores s (orange: before softcap)",
        "The scaled scores s = scale * q.k of the row; gaps are masked keys. With fp16 inputs the "
        "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
        s_series, n, model.cursor, false, size, {}, fp16_exp_limit);
@@ -704,6 +709,19 @@ void draw_heatmap(Model& model, UiState& ui) {
   dl->AddLine(ImVec2(p0.x, ry), ImVec2(p0.x + extent.x, ry), IM_COL32(255, 220, 0, 220));
 }
 
+// The step's score as the kernels form it: scale * q.k, then the modifiers the inputs use.
+void write_score(const Model& model, const char* name, int i) {
+  const AttentionParams& p = model.inputs().params;
+  std::string formula = "scale * q.k_" + std::to_string(i);
+  if (p.softcap > 0) formula = "c tanh(" + formula + " / c)";
+  if (!p.alibi_slopes.empty() || p.alibi_max_bias > 0)
+    formula += " - slope |diag - " + std::to_string(i) + "|";
+  if (!p.mask.data.empty()) formula += " + mask";
+  wrapped("%s_%d = %s = %.6g", name, i, formula.c_str(), model.scores()[size_t(i)]);
+  if (!model.raw_scores().empty())
+    wrapped("     before the cap (c = %g): %.6g", double(p.softcap), model.raw_scores()[size_t(i)]);
+}
+
 void derivation_flash(const Model& model, int i, const reference::RowTrace& r, bool lazy) {
   const auto& s = model.scores();
   // Before the first key: nothing, or an attention sink's logit with l = 1.
@@ -712,7 +730,7 @@ void derivation_flash(const Model& model, int i, const reference::RowTrace& r, b
   double l_prev = i > 0 ? r.l[size_t(i - 1)] : (std::isfinite(sink) ? 1.0 : 0.0);
   double m = r.m[size_t(i)], l = r.l[size_t(i)];
   double resc = std::isfinite(m_prev) ? std::exp(m_prev - m) : 0.0;
-  wrapped("x_%d = scale * q.k_%d = %.6g", i, i, s[size_t(i)]);
+  write_score(model, "x", i);
   wrapped("m_%d = max(m_%d, x_%d) = max(%.6g, %.6g) = %.6g", i, i - 1, i, m_prev, s[size_t(i)], m);
   wrapped("d'_%d = d'_%d e^(m_%d - m_%d) + e^(x_%d - m_%d)", i, i - 1, i - 1, i, i, i);
   wrapped("     = %.6g * %.6g + %.6g = %.6g", l_prev, resc,
@@ -737,7 +755,7 @@ void derivation_flashd(const Model& model, int i, const reference::RowTrace& r, 
   // Before the first key L is -inf, or an attention sink's logit (the state FLASH-D starts from).
   double L_prev =
       i > 0 ? r.lse[size_t(i - 1)] : reference::row_sink(model.inputs().params, model.head);
-  wrapped("s_%d = %.6g", i, s[size_t(i)]);
+  write_score(model, "s", i);
   wrapped("w_%d = sigma(s_%d - s_%d + ln w_%d) = sigma(s_%d - L_%d)", i, i, i - 1, i - 1, i, i - 1);
   wrapped("     = sigma(%.6g - %.6g) = %.6g", s[size_t(i)], L_prev, r.w[size_t(i)]);
   if (literal)  // the same step as the seed writes it, in fp32
