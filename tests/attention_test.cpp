@@ -170,6 +170,12 @@ TEST_F(VulkanTest, LanesLayoutMatchesTheReferenceOrIsRefused) {
       // 5 a step (each a pipeline of its own: llvmpipe takes seconds to build one).
       for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 5u}}) {
         if (dtype == DType::f16 && (splits || keys)) continue;
+        // On CPU drivers each lanes pipeline takes llvmpipe seconds to build (minutes under
+        // sanitizers with a cold shader cache): the forced variants run on two shapes there.
+        bool cpu = context().device().type == "cpu";
+        if (cpu && (splits || keys) && std::string(s.name) != "decode_gqa" &&
+            std::string(s.name) != "gqa_causal_nq_lt_nk")
+          continue;
         params.splits = splits;
         params.block_keys = keys;
         HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
