@@ -131,70 +131,79 @@ TEST_F(VulkanTest, CooperativeMatrixKernelsMatchTheReferenceOrAreRefused) {
 // most 8 query rows), forced on every device: every ragged shape whose head dims are whole
 // 16-byte loads, with chunk counts from the device and forced, several keys per step, causal and
 // key masks, and KV heads with more rows than one workgroup takes (several row blocks). Shapes
-// it cannot run are refused by name.
-TEST_F(VulkanTest, LanesLayoutMatchesTheReferenceOrIsRefused) {
-  if (!context().device().subgroup_shuffle) {  // the clusters add their partial sums by shuffles
-    HostTensor q = random_tensor({1, 1, 1, 16}, 1), k = random_tensor({1, 1, 40, 16}, 2);
-    AttentionParams params;
-    params.variant = Variant::splitkv;
-    params.tile_layout = TileLayout::lanes;
-    EXPECT_THROW(attention(context(), q, k, k, params), Error);
+// it cannot run are refused by name. One test case a (dtype, shape): each lanes pipeline takes
+// llvmpipe seconds to build (minutes under sanitizers with a cold shader cache), so each case
+// keeps its own time limit.
+class LanesLayoutTest : public VulkanTest,
+                        public ::testing::WithParamInterface<std::tuple<DType, Shape>> {};
+
+TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
+  auto [dtype, s] = GetParam();
+  if (!context().device().subgroup_shuffle)  // the clusters add their partial sums by shuffles
+    GTEST_SKIP() << "no subgroup shuffles: LanesLayoutRefusals checks the refusal";
+  uint32_t vec = dtype == DType::f16 ? 8 : 4;
+  uint32_t seed = s.nq * 17 + s.nk + s.d;
+  HostTensor q = round_to_half(random_tensor({s.b, s.h, s.nq, s.d}, seed));
+  HostTensor k = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1));
+  HostTensor v = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2));
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.causal = s.causal;
+  params.tile_layout = TileLayout::lanes;
+  if (s.d % vec || s.dv % vec) {
+    try {
+      attention(context(), q, k, v, params, dtype);
+      ADD_FAILURE() << s.name << ": d=" << s.d << " with lanes was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("multiples of " + std::to_string(vec)),
+                std::string::npos)
+          << e.what();
+    }
     return;
   }
-  for (DType dtype : {DType::f32, DType::f16}) {
-    uint32_t vec = dtype == DType::f16 ? 8 : 4;
-    for (const Shape& s : kShapes) {
-      uint32_t seed = s.nq * 17 + s.nk + s.d;
-      HostTensor q = round_to_half(random_tensor({s.b, s.h, s.nq, s.d}, seed));
-      HostTensor k = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1));
-      HostTensor v = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2));
-      AttentionParams params;
-      params.variant = Variant::splitkv;
-      params.causal = s.causal;
-      params.tile_layout = TileLayout::lanes;
-      if (s.d % vec || s.dv % vec) {
-        try {
-          attention(context(), q, k, v, params, dtype);
-          ADD_FAILURE() << s.name << ": d=" << s.d << " with lanes was not refused";
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("multiples of " + std::to_string(vec)),
-                    std::string::npos)
-              << e.what();
-        }
-        continue;
-      }
-      params.key_mask.assign(size_t(s.b) * s.nk, 1);
-      for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.key_mask[j] = 0;
-      reference::Result ref = reference::direct(q, k, v, params);
-      // (chunks, keys a step): the engine's, and in fp32 forced chunks with one key a step and
-      // 5 a step (each a pipeline of its own: llvmpipe takes seconds to build one).
-      for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 5u}}) {
-        if (dtype == DType::f16 && (splits || keys)) continue;
-        // On CPU drivers each lanes pipeline takes llvmpipe seconds to build (minutes under
-        // sanitizers with a cold shader cache): the forced variants run on two shapes there.
-        bool cpu = context().device().type == "cpu";
-        if (cpu && (splits || keys) && std::string(s.name) != "decode_gqa" &&
-            std::string(s.name) != "gqa_causal_nq_lt_nk")
-          continue;
-        params.splits = splits;
-        params.block_keys = keys;
-        HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
-        std::string what = std::string(s.name) + " " + dtype_name(dtype) + " splits " +
-                           std::to_string(splits) + " keys " + std::to_string(keys);
-        EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
-        EXPECT_EQ(gpu.block_rows, std::min(s.h / s.hkv * s.nq, 8u)) << what;
-        if (splits) {
-          EXPECT_EQ(gpu.splits, splits) << what;
-        }
-        double tol = tolerance(q, k, v, params);
-        EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << what;
-        EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
-      }
+  params.key_mask.assign(size_t(s.b) * s.nk, 1);
+  for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.key_mask[j] = 0;
+  reference::Result ref = reference::direct(q, k, v, params);
+  // (chunks, keys a step): the engine's, and in fp32 forced chunks with one key a step and 5 a
+  // step (each a pipeline of its own); on CPU drivers the forced ones run on two shapes only.
+  bool cpu = context().device().type == "cpu";
+  bool forced_here = dtype == DType::f32 && (!cpu || std::string(s.name) == "decode_gqa" ||
+                                             std::string(s.name) == "gqa_causal_nq_lt_nk");
+  for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 5u}}) {
+    if ((splits || keys) && !forced_here) continue;
+    params.splits = splits;
+    params.block_keys = keys;
+    HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
+    std::string what = "splits " + std::to_string(splits) + " keys " + std::to_string(keys);
+    EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
+    EXPECT_EQ(gpu.block_rows, std::min(s.h / s.hkv * s.nq, 8u)) << what;
+    if (splits) {
+      EXPECT_EQ(gpu.splits, splits) << what;
     }
+    double tol = tolerance(q, k, v, params);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << what;
+    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
   }
+}
+
+std::string lanes_case_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>& info) {
+  return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Splitkv, LanesLayoutTest,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::f16),
+                                            ::testing::ValuesIn(kShapes)),
+                         lanes_case_name);
+
+TEST_F(VulkanTest, LanesLayoutRefusesWhatItCannotDo) {
   HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
   AttentionParams params;
   params.tile_layout = TileLayout::lanes;
+  params.variant = Variant::splitkv;
+  if (!context().device().subgroup_shuffle) {  // the clusters add their partial sums by shuffles
+    EXPECT_THROW(attention(context(), q, k, k, params), Error);
+    return;
+  }
   params.variant = Variant::flash2;  // a splitkv kernel: refused for the other variants
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
   params.variant = Variant::splitkv;
