@@ -37,6 +37,11 @@ const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
 const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
+// KV_QUANT builds: K and V in storage formats of their own (DType in tensor.hpp, numbered
+// alike), read as 32-bit words and converted to float by kv_value() as tiles are loaded.
+layout(constant_id = 8) const uint K_FORMAT = 0u;
+layout(constant_id = 9) const uint V_FORMAT = 0u;
+const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
@@ -54,6 +59,9 @@ layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #endif
 layout(std430, binding = 1) readonly buffer KBuf { KV_VEC k_vec[]; };
 layout(std430, binding = 2) readonly buffer VBuf { KV_VEC v_vec[]; };
+#elif defined(KV_QUANT)
+layout(std430, binding = 1) readonly buffer KBuf { uint k_words[]; };
+layout(std430, binding = 2) readonly buffer VBuf { uint v_words[]; };
 #else
 layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
 layout(std430, binding = 2) readonly buffer VBuf { ELEM v_buf[]; };
@@ -75,8 +83,14 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 // read at a per-lane address is a loop over the lanes with two branches per element, while a texel
 // fetch is a branch-free gather of four elements per lane. Texel buffers also reach past
 // maxStorageBufferRange.
-layout(binding = 10) uniform samplerBuffer k_tex;
-layout(binding = 11) uniform samplerBuffer v_tex;
+#ifdef KV_QUANT
+// KV_QUANT: 32-bit words (R32_UINT texels) of K and V in their formats (kv_value()).
+#define KV_TEX usamplerBuffer
+#else
+#define KV_TEX samplerBuffer
+#endif
+layout(binding = 10) uniform KV_TEX k_tex;
+layout(binding = 11) uniform KV_TEX v_tex;
 // The additive mask's values (MOD_MASK), four keys a texel: rows are padded to mask_stride().
 layout(binding = 12) uniform samplerBuffer mask_tex;
 #endif
@@ -108,6 +122,51 @@ layout(push_constant) uniform Params {
 pc;
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
+
+// Value x (a flat element index) of a tensor of `count` values in format fmt: kv_word() is the
+// 32-bit word that holds it and kv_scale_word() the word of its block's fp16 scale (q8_0, q4_0:
+// all quants first, then all scales; tensor.cpp), from which kv_value() decodes it.
+uint kv_word(uint fmt, uint x) {
+  if (fmt == FMT_F32) return x;
+  if (fmt == FMT_F16 || fmt == FMT_BF16) return x >> 1u;
+  if (fmt == FMT_Q8_0) return x >> 2u;
+  return ((x >> 5u) * 16u + (x & 15u)) >> 2u;  // q4_0: byte j of a block holds j and j + 16
+}
+
+uint kv_scale_word(uint fmt, uint x, uint count) {
+  return (fmt == FMT_Q8_0 ? count >> 2u : count >> 3u) + (x >> 6u);
+}
+
+bool kv_scaled(uint fmt) { return fmt == FMT_Q8_0 || fmt == FMT_Q4_0; }
+
+float kv_value(uint fmt, uint x, uint word, uint scale_word) {
+  if (fmt == FMT_F32) return uintBitsToFloat(word);
+  if (fmt == FMT_F16) return unpackHalf2x16(word)[x & 1u];
+  if (fmt == FMT_BF16) return uintBitsToFloat((x & 1u) != 0u ? word & 0xffff0000u : word << 16u);
+  float d = unpackHalf2x16(scale_word)[(x >> 5u) & 1u];
+  uint shift = 8u * (x & 3u);
+  if (fmt == FMT_Q8_0) return d * float(bitfieldExtract(int(word), int(shift), 8));
+  shift += (x & 16u) != 0u ? 4u : 0u;
+  return d * float(int((word >> shift) & 15u) - 8);
+}
+
+// Values of K and V in a KV head's row layout: K [B, Hkv, Nk, D], V [.., DV].
+uint k_count() { return pc.batch * pc.kv_heads * pc.nk * D; }
+uint v_count() { return pc.batch * pc.kv_heads * pc.nk * DV; }
+
+#if defined(KV_QUANT) && !defined(REG_TILE)
+float k_value(uint x) {
+  uint scale = kv_scaled(K_FORMAT) ? k_words[kv_scale_word(K_FORMAT, x, k_count())] : 0u;
+  return kv_value(K_FORMAT, x, k_words[kv_word(K_FORMAT, x)], scale);
+}
+float v_value(uint x) {
+  uint scale = kv_scaled(V_FORMAT) ? v_words[kv_scale_word(V_FORMAT, x, v_count())] : 0u;
+  return kv_value(V_FORMAT, x, v_words[kv_word(V_FORMAT, x)], scale);
+}
+#elif !defined(REG_TILE) && !defined(LANE_TILE)
+float k_value(uint x) { return float(k_buf[x]); }
+float v_value(uint x) { return float(v_buf[x]); }
+#endif
 
 // One query row as seen by one invocation.
 struct Row {

@@ -57,10 +57,25 @@ const uint KB = 2u, ACC = 2u;
 // This lane's texel u of row `key` of a tensor with `width` elements a row (D or DV): texel
 // lane + BC * u, or zeros past the row's end (a constant test when the lanes cover the row
 // exactly). Keys past the tile read the last key's row (their weight is 0).
-vec4 lane_texel(samplerBuffer tex, uint width, uint key, uint u) {
+// Texel t of a tensor of `count` values in format fmt: its values 4t .. 4t + 3.
+vec4 kv_texel(KV_TEX tex, uint fmt, uint count, uint t) {
+#ifdef KV_QUANT
+  vec4 x;
+  uint scale = kv_scaled(fmt) ? texelFetch(tex, int(kv_scale_word(fmt, 4u * t, count))).x : 0u;
+  [[unroll]] for (uint e = 0; e < 4u; ++e) {
+    uint at = 4u * t + e;
+    x[e] = kv_value(fmt, at, texelFetch(tex, int(kv_word(fmt, at))).x, scale);
+  }
+  return x;
+#else
+  return texelFetch(tex, int(t));
+#endif
+}
+
+vec4 lane_texel(KV_TEX tex, uint fmt, uint count, uint width, uint key, uint u) {
   uint t = gl_SubgroupInvocationID + BC * u, texels = width / 4u;
-  if ((texels + BC - 1u) / BC * BC == texels) return texelFetch(tex, int(key * texels + t));
-  vec4 x = texelFetch(tex, int(key * texels + min(t, texels - 1u)));
+  if ((texels + BC - 1u) / BC * BC == texels) return kv_texel(tex, fmt, count, key * texels + t);
+  vec4 x = kv_texel(tex, fmt, count, key * texels + min(t, texels - 1u));
   return t < texels ? x : vec4(0.0);
 }
 #else
@@ -74,7 +89,7 @@ void load_k_tile(uint kv_base, uint j0, uint n) {
     uint e = gl_LocalInvocationID.x + i * gl_WorkGroupSize.x;
     uint c = e / D;
     float x = 0.0;
-    if (e < BC * D && c < n) x = float(k_buf[(kv_base + j0 + c) * D + e % D]);
+    if (e < BC * D && c < n) x = k_value((kv_base + j0 + c) * D + e % D);
     if (e < BC * D) tile_k[e] = x;  // keys past the end are zeros
   }
 }
@@ -85,7 +100,7 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
     uint e = gl_LocalInvocationID.x + i * gl_WorkGroupSize.x;
     uint c = e / DV;
     float x = 0.0;
-    if (e < BC * DV && c < n) x = float(v_buf[(kv_base + j0 + c) * DV + e % DV]);
+    if (e < BC * DV && c < n) x = v_value((kv_base + j0 + c) * DV + e % DV);
     if (e < BC * DV) tile_v[e] = x;
   }
 }
@@ -115,7 +130,7 @@ void score_tile() {
   [[unroll]] for (uint c0 = 0; c0 < BC; c0 += KB) {
     vec4 kt[KB][KT];
     [[unroll]] for (uint b = 0; b < KB; ++b)
-      [[unroll]] for (uint u = 0; u < KT; ++u) kt[b][u] = lane_texel(k_tex, D, tile_key(c0 + b), u);
+      [[unroll]] for (uint u = 0; u < KT; ++u) kt[b][u] = lane_texel(k_tex, K_FORMAT, k_count(), D, tile_key(c0 + b), u);
     float acc[ROWS][KB][ACC];
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
       [[unroll]] for (uint b = 0; b < KB; ++b)
@@ -181,7 +196,7 @@ void o_hold(uint rr) {  // leave the output as it is
 void accumulate_o(uint c0) {
   [[unroll]] for (uint u = 0; u < VT; ++u) {
     vec4 vt[BC];
-    [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = lane_texel(v_tex, DV, tile_key(c), u);
+    [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = lane_texel(v_tex, V_FORMAT, v_count(), DV, tile_key(c), u);
     [[unroll]] for (uint lane = 0; lane < BC; ++lane)
       [[unroll]] for (uint i = 0; i < 4u; ++i) {
         uint e = 4u * (lane + BC * u) + i;

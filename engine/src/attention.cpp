@@ -207,11 +207,11 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
 }
 
 HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTensor& k,
-                              const HostTensor& v, const AttentionParams& params, DType dtype) {
+                              const HostTensor& v, const AttentionParams& params, Storage storage) {
   check_shapes(q.shape, k.shape, v.shape);  // before any upload
-  Tensor tq = Tensor::upload(ctx, q, dtype);
-  Tensor tk = Tensor::upload(ctx, k, dtype);
-  Tensor tv = Tensor::upload(ctx, v, dtype);
+  Tensor tq = Tensor::upload(ctx, q, storage.q);
+  Tensor tk = Tensor::upload(ctx, k, storage.k);
+  Tensor tv = Tensor::upload(ctx, v, storage.v);
   AttentionResult r = attention(ctx, tq, tk, tv, params);
   HostAttentionResult host;
   host.out = r.out.download();

@@ -470,9 +470,16 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     module_info.pCode = blob->words;
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
   }
-  std::array<uint32_t, 8> values = {
-      spec.rows,          spec.keys, spec.d, spec.dv, spec.group_rows, spec.key_mask ? 1u : 0u,
-      spec.lanes_per_key, spec.mods};
+  std::array<uint32_t, 10> values = {spec.rows,
+                                     spec.keys,
+                                     spec.d,
+                                     spec.dv,
+                                     spec.group_rows,
+                                     spec.key_mask ? 1u : 0u,
+                                     spec.lanes_per_key,
+                                     spec.mods,
+                                     spec.k_format,
+                                     spec.v_format};
   std::array<VkSpecializationMapEntry, values.size()> entries{};
   for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
   VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),

@@ -1,7 +1,9 @@
-// Host-side tensor helpers: shapes, HostTensor and fp16 conversion. No Vulkan here, so the
-// .npy reader and its fuzz target can use them alone.
+// Host-side tensor helpers: shapes, HostTensor, and the storage formats (fp16, bf16, q8_0, q4_0).
+// No Vulkan here, so the .npy reader and its fuzz target can use them alone.
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -20,11 +22,145 @@ HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> sh
   return m;
 }
 
-const char* dtype_name(DType dtype) {
-  return dtype == DType::f16 ? "f16" : "f32";
+namespace {
+constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0};
+constexpr const char* kDTypeNames[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+constexpr int64_t kBlock = 32;
+
+bool blocked(DType dtype) {
+  return dtype == DType::q8_0 || dtype == DType::q4_0;
 }
-size_t dtype_size(DType dtype) {
-  return dtype == DType::f16 ? 2 : 4;
+
+uint16_t float_to_bf16(float value) {
+  uint32_t x = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) return static_cast<uint16_t>((x >> 16) | 0x40u);  // stays a NaN
+  x += 0x7fffu + ((x >> 16) & 1u);                                         // nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref, one block of 32 values: the quants
+// go to q (q8_0: 32 bytes; q4_0: 16 bytes of nibbles), the fp16 scale is returned.
+uint16_t quantize_block(const float* x, DType dtype, uint8_t* q) {
+  if (dtype == DType::q8_0) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t j = 0; j < kBlock; ++j)
+      q[j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+    return float_to_half(d);
+  }
+  float amax = 0.0f, max = 0.0f;  // the value of largest magnitude, with its sign
+  for (int64_t j = 0; j < kBlock; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t j = 0; j < kBlock / 2; ++j) {
+    auto nibble = [&](float v) {
+      return static_cast<uint8_t>(
+          std::min(15, static_cast<int>(static_cast<int8_t>(v * id + 8.5f))));
+    };
+    q[j] = static_cast<uint8_t>(nibble(x[j]) | nibble(x[j + kBlock / 2]) << 4);
+  }
+  return float_to_half(d);
+}
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  return kDTypeNames[static_cast<int>(dtype)];
+}
+
+DType parse_dtype(const std::string& name) {
+  std::string valid;
+  for (DType dtype : kDTypes) {
+    if (name == dtype_name(dtype)) return dtype;
+    valid += std::string(valid.empty() ? "" : ", ") + dtype_name(dtype);
+  }
+  throw Error("unknown dtype '" + name + "'; expected one of " + valid);
+}
+
+uint32_t dtype_block(DType dtype) {
+  return blocked(dtype) ? uint32_t(kBlock) : 1u;
+}
+
+uint64_t storage_bytes(DType dtype, int64_t numel) {
+  uint64_t n = static_cast<uint64_t>(numel);
+  switch (dtype) {
+    case DType::f32:
+      return 4 * n;
+    case DType::f16:
+    case DType::bf16:
+      return 2 * n;
+    case DType::q8_0:
+      return n + n / kBlock * 2;
+    case DType::q4_0:
+      return n / 2 + n / kBlock * 2;
+  }
+  return 4 * n;
+}
+
+std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
+  int64_t n = static_cast<int64_t>(values.size());
+  if (n % dtype_block(dtype))
+    throw Error(std::string(dtype_name(dtype)) + " stores blocks of 32 values; " +
+                std::to_string(n) + " values are not a whole number of blocks");
+  std::vector<uint8_t> bytes(storage_bytes(dtype, n));
+  auto put16 = [&](uint64_t at, uint16_t x) { std::memcpy(bytes.data() + at, &x, 2); };
+  if (dtype == DType::f32) {
+    if (n) std::memcpy(bytes.data(), values.data(), bytes.size());
+  } else if (dtype == DType::f16 || dtype == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i)
+      put16(2 * uint64_t(i),
+            dtype == DType::f16 ? float_to_half(values[i]) : float_to_bf16(values[i]));
+  } else {
+    uint64_t quant_bytes = dtype == DType::q8_0 ? 32 : 16;
+    uint64_t scales = uint64_t(n) / kBlock * quant_bytes;
+    for (int64_t b = 0; b < n / kBlock; ++b)
+      put16(scales + 2 * uint64_t(b),
+            quantize_block(values.data() + b * kBlock, dtype, bytes.data() + b * quant_bytes));
+  }
+  return bytes;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel) {
+  if (bytes.size() != storage_bytes(dtype, numel) || numel % dtype_block(dtype))
+    throw Error("decode: " + std::to_string(bytes.size()) + " bytes do not hold " +
+                std::to_string(numel) + " values of " + dtype_name(dtype));
+  std::vector<float> values(static_cast<size_t>(numel));
+  auto get16 = [&](uint64_t at) {
+    uint16_t x;
+    std::memcpy(&x, bytes.data() + at, 2);
+    return x;
+  };
+  if (dtype == DType::f32) {
+    if (numel) std::memcpy(values.data(), bytes.data(), bytes.size());
+  } else if (dtype == DType::f16 || dtype == DType::bf16) {
+    for (int64_t i = 0; i < numel; ++i) {
+      uint16_t x = get16(2 * uint64_t(i));
+      values[i] = dtype == DType::f16 ? half_to_float(x) : std::bit_cast<float>(uint32_t(x) << 16);
+    }
+  } else {
+    uint64_t quant_bytes = dtype == DType::q8_0 ? 32 : 16;
+    uint64_t scales = uint64_t(numel) / kBlock * quant_bytes;
+    for (int64_t i = 0; i < numel; ++i) {
+      int64_t b = i / kBlock, j = i % kBlock;
+      float d = half_to_float(get16(scales + 2 * uint64_t(b)));
+      const uint8_t* q = bytes.data() + b * quant_bytes;
+      int quant = dtype == DType::q8_0 ? static_cast<int8_t>(q[j])
+                                       : (j < 16 ? q[j] & 15 : q[j - 16] >> 4) - 8;
+      values[i] = d * static_cast<float>(quant);
+    }
+  }
+  return values;
+}
+
+HostTensor stored_values(const HostTensor& x, DType dtype) {
+  if (dtype == DType::f32) return x;
+  if (blocked(dtype) && (x.shape.empty() || x.shape.back() % kBlock))
+    throw Error(std::string(dtype_name(dtype)) +
+                " stores blocks of 32 values along the last "
+                "dimension; shape " +
+                shape_string(x.shape) + " has " +
+                (x.shape.empty() ? std::string("none") : std::to_string(x.shape.back())));
+  return HostTensor(x.shape, decode(encode(x.data, dtype), dtype, x.numel()));
 }
 
 int64_t numel(const std::vector<int64_t>& shape) {

@@ -13,10 +13,16 @@ namespace flashvk::detail {
 
 namespace {
 
-// Register tiles read K and V as RGBA texels (tile.glsl), so d and dv must be multiples of 4 and
-// the larger of K and V must fit one texel-buffer binding.
-bool texels_fit(const DeviceInfo& info, const Dims& dims) {
-  uint64_t texels = uint64_t(dims.batch) * dims.kv_heads * dims.nk * std::max(dims.d, dims.dv) / 4;
+// Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
+// 32-bit words, so d and dv must be multiples of 4 and each of K and V must fit one texel-buffer
+// binding.
+bool texels_fit(const DeviceInfo& info, const Dims& dims, const KvStorage& kv) {
+  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
+  if (kv.own)
+    texels = std::max(storage_bytes(kv.k, int64_t(keys * dims.d)),
+                      storage_bytes(kv.v, int64_t(keys * dims.dv))) /
+             4;
   return info.texel_buffers && dims.d % 4 == 0 && dims.dv % 4 == 0 &&
          texels <= info.max_texel_buffer_elements;
 }
@@ -47,10 +53,10 @@ void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, b
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                   uint32_t rows, bool trace) {
+                   const KvStorage& kv, uint32_t rows, bool trace) {
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0 && texels_fit(info, dims) &&
+                rows % info.subgroup_size == 0 && texels_fit(info, dims, kv) &&
                 mask_texels(params, dims) <= info.max_texel_buffer_elements;
   if (params.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
@@ -87,10 +93,11 @@ uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
 
 // The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
 bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, uint32_t shared_bytes, bool trace) {
-  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && dims.d % 16 == 0 &&
-              dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 && params.block_rows == 0 &&
-              params.block_keys == 0 && coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
+                 DType dtype, const KvStorage& kv, uint32_t shared_bytes, bool trace) {
+  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own &&
+              dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
+              params.block_rows == 0 && params.block_keys == 0 &&
+              coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
   if (params.tile_layout == TileLayout::cooperative_matrix) {
     if (!impl.coopmat_enabled)
       throw Error(
@@ -101,7 +108,7 @@ bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParam
     if (!fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "tensors with d and dv multiples of 16 up to 128, tile sizes chosen by the "
+          "Q, K and V with d and dv multiples of 16 up to 128, tile sizes chosen by the "
           "engine (block_rows and block_keys 0) and shared memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
@@ -146,14 +153,15 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 // dim that splits badly, such as d = 80 in fp16 over 2 lanes, would keep 40 elements a row in
 // every lane, and spill).
 bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
-               uint32_t shared_bytes, bool trace) {
+               const KvStorage& kv, uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
   bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
-                params.block_rows == 0 && params.block_keys <= kLaneKeys;
+                !kv.own && params.block_rows == 0 && params.block_keys <= kLaneKeys;
   if (params.tile_layout == TileLayout::lanes) {
     if (!usable)
       throw Error(
-          "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
+          "tile_layout lanes runs splitkv on K and V stored as Q is (f32 or f16), with "
+          "workgroups sized by the engine (block_rows 0), "
           "block_keys (keys a cluster of lanes takes a step) at most " +
           std::to_string(kLaneKeys) +
           ", on devices with "
@@ -173,14 +181,17 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
 Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, uint32_t forced_keys, bool trace) {
+                 DType dtype, const KvStorage& kv, uint32_t forced_keys, bool trace) {
   const DeviceInfo& info = impl.info;
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
   uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
   uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
-  if (!forced_keys && use_lanes(info, dims, params, dtype, shared_bytes, trace)) {
+  spec.kv_quant = kv.own;
+  spec.k_format = static_cast<uint32_t>(kv.k);
+  spec.v_format = static_cast<uint32_t>(kv.v);
+  if (!forced_keys && use_lanes(info, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.lanes = true;
     spec.lanes_per_key = lanes_per_key(info, dims, dtype);
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
@@ -194,7 +205,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
                   std::to_string(shared_bytes));
     return spec;
   }
-  if (!forced_keys && use_coopmat(impl, dims, params, dtype, shared_bytes, trace)) {
+  if (!forced_keys && use_coopmat(impl, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.coopmat = true;
     spec.rows = 128;  // four subgroups of 32, 16 query rows each
     spec.keys = coopmat_keys(shared_bytes, dims.d, dims.dv);
@@ -205,7 +216,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  if (use_registers(info, dims, params, spec.rows, trace)) {
+  if (use_registers(info, dims, params, kv, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
     size_register_tiles(spec, info, dims, params.block_rows == 0);
@@ -356,11 +367,16 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   if (q.empty() || k.empty() || v.empty()) throw Error("attention: q, k and v must be set");
   if (q.context() != &ctx || k.context() != &ctx || v.context() != &ctx)
     throw Error("attention: q, k and v must live on the context they are used with");
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    throw Error("attention: q, k and v must have the same dtype");
-  dims = check_shapes(q.shape(), k.shape(), v.shape());
   dtype = q.dtype();
-  spec = choose_spec(impl, dims, params, dtype, options.keys, options.trace);
+  if (dtype != DType::f32 && dtype != DType::f16)
+    throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(dtype) +
+                "); bf16, q8_0 and q4_0 are storage types for K and V");
+  kv = KvStorage{k.dtype(), v.dtype(), k.dtype() != dtype || v.dtype() != dtype};
+  dims = check_shapes(q.shape(), k.shape(), v.shape());
+  if (params.rope != RopeLayout::none && kv.k != dtype)
+    throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(dtype) +
+                "); rotate K before storing it as " + dtype_name(kv.k));
+  spec = choose_spec(impl, dims, params, dtype, kv, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -489,17 +505,20 @@ void Plan::create_pools() {
 
 // K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
+// K and V in storage formats of their own (KvStorage::own) as 32-bit words (R32_UINT texels),
+// decoded by the kernels.
 void Plan::make_texel_views() {
   VkFormat format =
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  if (kv.own) format = VK_FORMAT_R32_UINT;
+  int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.nk;
   struct View {
     VkBuffer buffer;
     VkFormat format;
     uint64_t offset, bytes;
   };
-  View views[kTexelBindings] = {{bindings[kK], format, 0, keys * dims.d * dtype_size(dtype)},
-                                {bindings[kV], format, 0, keys * dims.dv * dtype_size(dtype)},
+  View views[kTexelBindings] = {{bindings[kK], format, 0, storage_bytes(kv.k, keys * dims.d)},
+                                {bindings[kV], format, 0, storage_bytes(kv.v, keys * dims.dv)},
                                 {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
     views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
@@ -525,7 +544,8 @@ std::string Plan::shader(const char* family) const {
   if (spec.coopmat) return std::string("flash_cm_") + family;
   if (spec.lanes) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
-         (options.trace ? "_trace" : "") + (spec.registers ? "_reg" : "");
+         (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
+         (spec.registers ? "_reg" : "");
 }
 
 TileLayout Plan::tile_layout() const {

@@ -134,7 +134,12 @@ Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
                 " does not offer (or the adopted device did not enable)");
   for (int64_t d : shape_)
     if (d < 0) throw Error("negative dimension in shape " + shape_string(shape_));
-  uint64_t bytes = static_cast<uint64_t>(flashvk::numel(shape_)) * dtype_size(dtype);
+  if (dtype_block(dtype) > 1 && (shape_.empty() || shape_.back() % dtype_block(dtype)))
+    throw Error(std::string(dtype_name(dtype)) +
+                " stores blocks of 32 values along the last "
+                "dimension; shape " +
+                shape_string(shape_) + " does not divide into them");
+  uint64_t bytes = storage_bytes(dtype, flashvk::numel(shape_));
   // Only the allocation limit here (Buffer checks it): how much one binding may see depends on
   // how a kernel binds the tensor, which the plan checks (register tiles read K and V as texels).
   buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(ctx.impl(), bytes)});
@@ -145,9 +150,8 @@ Tensor Tensor::upload(Context& ctx, const HostTensor& host, DType dtype) {
   if (dtype == DType::f32) {
     t.buffer_->buffer.write(host.data.data(), host.data.size() * 4);
   } else {
-    std::vector<uint16_t> half(host.data.size());
-    for (size_t i = 0; i < half.size(); ++i) half[i] = float_to_half(host.data[i]);
-    t.buffer_->buffer.write(half.data(), half.size() * 2);
+    std::vector<uint8_t> bytes = encode(host.data, dtype);
+    t.buffer_->buffer.write(bytes.data(), bytes.size());
   }
   return t;
 }
@@ -158,9 +162,9 @@ HostTensor Tensor::download() const {
   if (dtype_ == DType::f32) {
     buffer_->buffer.read(host.data.data(), host.data.size() * 4);
   } else {
-    std::vector<uint16_t> half(host.data.size());
-    buffer_->buffer.read(half.data(), half.size() * 2);
-    for (size_t i = 0; i < half.size(); ++i) host.data[i] = half_to_float(half[i]);
+    std::vector<uint8_t> bytes(storage_bytes(dtype_, host.numel()));
+    buffer_->buffer.read(bytes.data(), bytes.size());
+    host.data = decode(bytes, dtype_, host.numel());
   }
   return host;
 }

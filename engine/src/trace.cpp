@@ -82,14 +82,14 @@ void check_index(uint32_t value, uint32_t size, const char* name, const char* di
 
 Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTensor& v,
             const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row,
-            DType dtype) {
+            Storage storage) {
   Dims dims = check_shapes(q.shape, k.shape, v.shape);
   check_index(batch, dims.batch, "batch", "batch entries");
   check_index(head, dims.heads, "head", "heads");
   check_index(row, dims.nq, "row", "query rows");
-  Tensor tq = Tensor::upload(ctx, q, dtype);
-  Tensor tk = Tensor::upload(ctx, k, dtype);
-  Tensor tv = Tensor::upload(ctx, v, dtype);
+  Tensor tq = Tensor::upload(ctx, q, storage.q);
+  Tensor tk = Tensor::upload(ctx, k, storage.k);
+  Tensor tv = Tensor::upload(ctx, v, storage.v);
 
   detail::PlanOptions options;
   options.trace = true;

@@ -59,6 +59,9 @@ struct Spec {
   bool lanes = false;          // splitkv: TileLayout::lanes (group_rows rows per workgroup)
   uint32_t lanes_per_key = 1;  // TileLayout::lanes: lanes sharing one key's head dimension
   uint32_t mods = 0;           // score modifiers compiled in (kMod* in plan.hpp)
+  /// K and V storage when either differs from Q's (the KV_QUANT kernels): DType numbers.
+  bool kv_quant = false;
+  uint32_t k_format = 0, v_format = 0;
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
@@ -68,7 +71,7 @@ struct Spec {
   }
   auto tie() const {
     return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
-                    lanes_per_key, mods);
+                    lanes_per_key, mods, kv_quant, k_format, v_format);
   }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };

@@ -95,8 +95,8 @@ struct AttentionParams {
   std::vector<float> sinks;
   /// Additive mask added to the scores last: [Nq, Nk], or [Bm, Hm, Nq, Nk] with Bm 1 or B and
   /// Hm 1 or H (broadcast). -inf hides a key; NaN and +inf are refused. Keys before a row's
-  /// first finite entry and after its last are never read (fused variants). bool_mask() turns PyTorch's boolean
-  /// attn_mask into one.
+  /// first finite entry and after its last are never read (fused variants). bool_mask() turns
+  /// PyTorch's boolean attn_mask into one.
   HostTensor mask;
 };
 
@@ -157,10 +157,11 @@ struct HostAttentionResult {
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  ///< as in AttentionResult
 };
 
-/// Uploads, runs and downloads: the simplest way in.
+/// Uploads (in `storage`: one DType for all, or Q's, K's and V's), runs and downloads: the
+/// simplest way in.
 HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTensor& k,
                               const HostTensor& v, const AttentionParams& params = {},
-                              DType dtype = DType::f32);
+                              Storage storage = {});
 
 /// Applies rotary embedding to a [.., N, d] tensor; returns a new tensor of the same dtype.
 Tensor rope(Context& ctx, const Tensor& x, const RopeParams& params);

@@ -11,9 +11,33 @@ namespace flashvk {
 
 class Context;
 
-enum class DType { f32, f16 };
+/// Storage types. Q, O and LSE are f32 or f16 (O and LSE always f32); K and V may also be bf16
+/// or ggml's block formats q8_0 (32 values: fp16 scale d, int8 q; x = d q) and q4_0 (32 values:
+/// fp16 d, 4-bit q; x = d (q - 8)), quantised on upload and dequantised by the kernels as they
+/// load a tile. On the device a block tensor keeps all its quants first (q8_0: one byte a
+/// value; q4_0: 16 bytes a block, byte j holding values j and j + 16 in its low and high
+/// nibble, as ggml's qs), then all its fp16 scales, one a block of 32 along the last dimension,
+/// which must be a multiple of 32. The numbering is the shaders' (common.glsl FMT_*).
+enum class DType { f32, f16, bf16, q8_0, q4_0 };
 const char* dtype_name(DType dtype);
-size_t dtype_size(DType dtype);
+/// Storage of Q, K and V, for the calls that upload host tensors: Q in f32 or f16, K and V in
+/// any DType. One DType stores all three alike.
+struct Storage {
+  DType q = DType::f32, k = DType::f32, v = DType::f32;
+  Storage() = default;
+  Storage(DType all) : q(all), k(all), v(all) {}  // NOLINT: implicit, so a DType reads as one
+  Storage(DType q_dtype, DType k_dtype, DType v_dtype) : q(q_dtype), k(k_dtype), v(v_dtype) {}
+};
+/// Parses a dtype_name ("q8_0"); throws Error naming the valid ones otherwise.
+DType parse_dtype(const std::string& name);
+/// Values one block of a dtype holds along the last dimension: 32 for q8_0 and q4_0, else 1.
+uint32_t dtype_block(DType dtype);
+/// Bytes that `numel` values take in `dtype` storage (a whole number of blocks).
+uint64_t storage_bytes(DType dtype, int64_t numel);
+/// `values` in `dtype` storage, as uploaded: rounded to nearest even (f16, bf16), or quantised
+/// per block of 32 as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref do.
+std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype);
+std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel);
 
 /// Row-major float32 data with its shape, as read from or written to .npy files.
 struct HostTensor {
@@ -28,6 +52,9 @@ struct HostTensor {
 };
 
 int64_t numel(const std::vector<int64_t>& shape);
+/// The values a tensor of `dtype` holds once `x` is uploaded (encode then decode): what a
+/// float64 reference must see to isolate the kernel from the storage's rounding.
+HostTensor stored_values(const HostTensor& x, DType dtype);
 
 /// PyTorch's boolean attn_mask (true = attend) as an additive mask of the same shape
 /// (AttentionParams::mask): 0 where `attend` is nonzero, -inf elsewhere.
@@ -39,6 +66,8 @@ class Tensor {
  public:
   Tensor();
   Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype);
+  /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
+  /// a multiple of 32.
   static Tensor upload(Context& ctx, const HostTensor& host, DType dtype);
   HostTensor download() const;
 

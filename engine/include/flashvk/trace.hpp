@@ -49,10 +49,11 @@ struct Trace {
   float lse = 0.0f;
 };
 
-/// Traces query `row` of (batch, head). Throws Error when an index is out of range.
+/// Traces query `row` of (batch, head), Q, K and V uploaded in `storage` (attention()'s).
+/// Throws Error when an index is out of range.
 Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTensor& v,
             const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row,
-            DType dtype = DType::f32);
+            Storage storage = {});
 
 /// The trace JSON of DESIGN.md / docs/formats.md.
 std::string trace_to_json(const Trace& trace);

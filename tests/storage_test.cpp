@@ -1,0 +1,161 @@
+// Storage types for K and V (bf16, q8_0, q4_0, or other than Q's): the host encodings against
+// closed-form blocks and ggml's byte layout, and every variant and tile layout against the
+// float64 reference computed on the values the device holds (stored_values), so that the
+// comparison isolates the kernels from the storage's rounding.
+#include <cstring>
+
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+HostTensor block_of(std::vector<float> values) {
+  int64_t n = int64_t(values.size());
+  return HostTensor({1, n}, std::move(values));
+}
+
+TEST(StorageTest, Q8_0BlocksScaleByTheLargestMagnitudeOver127) {
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = float(j - 16) * 0.5f;  // largest |x|: 8 -> d = 8/127
+  std::vector<uint8_t> bytes = encode(x, DType::q8_0);
+  ASSERT_EQ(bytes.size(), 34u);  // 32 quants, then the block's fp16 scale
+  uint16_t d_bits;
+  std::memcpy(&d_bits, bytes.data() + 32, 2);
+  EXPECT_EQ(d_bits, float_to_half(8.0f / 127.0f));
+  for (int j = 0; j < 32; ++j)
+    EXPECT_EQ(int8_t(bytes[j]), int(std::lround(x[j] * 127.0f / 8.0f))) << j;
+  HostTensor back = stored_values(block_of(x), DType::q8_0);
+  for (int j = 0; j < 32; ++j)
+    EXPECT_NEAR(back.data[j], x[j], 0.5 * 8.0 / 127.0 + 1e-3) << j;  // half a step (+ fp16 d)
+}
+
+TEST(StorageTest, Q4_0BlocksPackValuesJAndJPlus16IntoByteJ) {
+  // Integers in [-8, 7] with -8 the largest magnitude: d = -8 / -8 = 1, so q = x + 8 exactly.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = float((j * 5) % 16 - 8);
+  x[3] = -8.0f;
+  std::vector<uint8_t> bytes = encode(x, DType::q4_0);
+  ASSERT_EQ(bytes.size(), 18u);  // 16 bytes of nibbles, then the scale
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(bytes[j] & 15, int(x[j]) + 8) << j;
+    EXPECT_EQ(bytes[j] >> 4, int(x[j + 16]) + 8) << j;
+  }
+  uint16_t d_bits;
+  std::memcpy(&d_bits, bytes.data() + 16, 2);
+  EXPECT_EQ(half_to_float(d_bits), 1.0f);
+  EXPECT_EQ(stored_values(block_of(x), DType::q4_0).data, x);
+}
+
+TEST(StorageTest, Bf16RoundsToNearestEven) {
+  // bf16 keeps 8 significant bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 (rounds to even,
+  // 1); 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6 (rounds to even, 1 + 2^-6).
+  HostTensor x = block_of({1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8),
+                           1.0f + std::ldexp(1.0f, -9), -2.5f});
+  HostTensor b = stored_values(x, DType::bf16);
+  EXPECT_EQ(b.data, (std::vector<float>{1.0f, 1.0f + std::ldexp(1.0f, -6), 1.0f, -2.5f}));
+}
+
+TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
+  EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
+  EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);
+  EXPECT_EQ(parse_dtype("q4_0"), DType::q4_0);
+  EXPECT_THROW(parse_dtype("q5_1"), Error);
+}
+
+class StorageDeviceTest : public VulkanTest {};
+
+TEST_F(StorageDeviceTest, UploadThenDownloadGivesTheStoredValues) {
+  HostTensor x = random_tensor({2, 3, 64}, 3);
+  for (DType dtype : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0}) {
+    HostTensor back = Tensor::upload(context(), x, dtype).download();
+    EXPECT_EQ(back.data, stored_values(x, dtype).data) << dtype_name(dtype);
+  }
+  try {
+    Tensor::upload(context(), random_tensor({4, 40}, 4), DType::q4_0);
+    ADD_FAILURE() << "a last dimension of 40 was stored as q4_0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks of 32"), std::string::npos) << e.what();
+  }
+}
+
+// Q, K and V storage as models keep them: bf16 or quantised K and V under fp32 or fp16 Q, and
+// K and V in different types (q8_0 K with fp16 V, as the example).
+const Storage kStorages[] = {
+    {DType::f32, DType::bf16, DType::bf16}, {DType::f32, DType::q8_0, DType::q8_0},
+    {DType::f32, DType::q4_0, DType::q4_0}, {DType::f16, DType::q8_0, DType::f16},
+    {DType::f16, DType::q4_0, DType::bf16}, {DType::f32, DType::f16, DType::f32},
+};
+
+std::string storage_name(const Storage& s) {
+  return std::string("Q ") + dtype_name(s.q) + " K " + dtype_name(s.k) + " V " + dtype_name(s.v);
+}
+
+class StorageVariantTest : public VulkanTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {
+  Variant variant = GetParam();
+  const DeviceInfo& info = context().device();
+  HostTensor q = random_tensor({2, 4, 37, 64}, 31), k = random_tensor({2, 2, 75, 64}, 32),
+             v = random_tensor({2, 2, 75, 32}, 33);
+  AttentionParams params;
+  params.variant = variant;
+  params.causal = true;
+  params.window_left = 40;
+  std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
+  if (variant_info(variant).fused && info.subgroup_shuffle && info.texel_buffers)
+    layouts.push_back(TileLayout::registers);
+  for (const Storage& storage : kStorages) {
+    if (storage.q == DType::f16 && !info.fp16_storage) continue;
+    HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
+               vs = stored_values(v, storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    for (TileLayout layout : layouts) {
+      params.tile_layout = layout;
+      HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
+      std::string what = storage_name(storage) + ", " + tile_layout_name(gpu.tile_layout);
+      if (layout != TileLayout::automatic) {
+        EXPECT_EQ(gpu.tile_layout, layout) << what;
+      }
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(qs, ks, vs, params)) << what;
+      EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, StorageVariantTest, ::testing::ValuesIn(all_variants()),
+                         variant_param_name);
+
+// The lanes and matrix-unit kernels read K and V stored as Q is; asked for with other storage
+// they refuse by name (automatic picks shared or register tiles), as RoPE does for K.
+TEST_F(StorageDeviceTest, LayoutsAndRopeThatNeedQsStorageRefuseByName) {
+  HostTensor q = random_tensor({1, 2, 1, 64}, 41), k = random_tensor({1, 2, 40, 64}, 42);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  Storage q8{DType::f32, DType::q8_0, DType::q8_0};
+  auto refused = [&](const char* words) {
+    try {
+      attention(context(), q, k, k, params, q8);
+      ADD_FAILURE() << "not refused: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  params.tile_layout = TileLayout::lanes;
+  refused("stored as Q is");
+  params.tile_layout = TileLayout::cooperative_matrix;
+  if (context().device().cooperative_matrix) refused("fp16 Q, K and V");
+  params.tile_layout = TileLayout::automatic;
+  params.rope = RopeLayout::half;
+  refused("rotate K before storing it as q8_0");
+  params.rope = RopeLayout::none;
+  try {
+    attention(context(), q, k, k, params, DType::q8_0);
+    ADD_FAILURE() << "Q stored as q8_0 was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Q is stored as f32 or f16"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flashvk::test
