@@ -112,8 +112,8 @@ void write_text(const std::string& path, const std::string& text) {
   }
 }
 
-const std::set<std::string> kModifierOptions = {"window",       "softcap", "alibi-max-bias",
-                                                "alibi-slopes", "sinks",   "mask"};
+const std::set<std::string> kModifierOptions = {
+    "window", "softcap", "alibi-max-bias", "alibi-slopes", "sinks", "mask", "dtype", "kv-dtype"};
 
 const char* kModifierHelp =
     R"(  --window L,R        sliding window: query i sees keys i + Nk - Nq - L .. i + Nk - Nq + R
@@ -127,6 +127,13 @@ const char* kModifierHelp =
   --mask FILE         a mask (.npy, [Nq, Nk] or [B or 1, H or 1, Nq, Nk]): float32 is added
                       to the scores (-inf hides a key), bool as PyTorch's attn_mask (true
                       attends)
+  --dtype f32|f16     storage of Q, and of K and V unless --kv-dtype (default f32;
+                      accumulation is always fp32; with f16 on GPUs with cooperative
+                      matrices the softmax weights are rounded to fp16 for the P V product:
+                      up to 2^-11 max|v| more error)
+  --kv-dtype T        storage of K and V: f32, f16, bf16, q8_0 or q4_0 (ggml's blocks of 32
+                      values with an fp16 scale, quantised on upload: d and dv multiples
+                      of 32); default --dtype
 )";
 
 std::set<std::string> with_modifiers(std::set<std::string> names) {
@@ -171,6 +178,26 @@ void modifier_options(const Args& args, AttentionParams& p) {
   if (args.has("alibi-slopes")) p.alibi_slopes = per_head("alibi-slopes", "ALiBi slopes", 2);
   if (args.has("sinks")) p.sinks = per_head("sinks", "sinks", 1);
   if (args.has("mask")) p.mask = npy::read(args.text("mask"), "mask", true);
+}
+
+Storage storage_options(const Args& args) {
+  Storage s;
+  std::string q = args.text("dtype", "f32");
+  if (q != "f32" && q != "f16") throw UsageError{"--dtype must be f32 or f16, got '" + q + "'"};
+  s.q = s.k = s.v = parse_dtype(q);
+  if (args.has("kv-dtype")) try {
+      s.k = s.v = parse_dtype(args.text("kv-dtype"));
+    } catch (const Error& e) {
+      throw UsageError{std::string("--kv-dtype: ") + e.what()};
+    }
+  return s;
+}
+
+std::string storage_text(const Storage& s) {
+  std::string text = dtype_name(s.q);
+  if (s.k != s.q || s.v != s.q) text += std::string("/") + dtype_name(s.k);
+  if (s.v != s.k) text += std::string("/") + dtype_name(s.v);
+  return text;
 }
 
 std::string with_modifier_help(const char* help) {

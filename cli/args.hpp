@@ -45,6 +45,11 @@ std::set<std::string> with_modifiers(std::set<std::string> names);
 /// (.npy, one value per query head; slopes also one per batch and head) and --mask FILE into
 /// `params`.
 void modifier_options(const Args& args, AttentionParams& params);
+/// --dtype (Q's storage, f32 or f16, and by default K's and V's) and --kv-dtype (K's and V's:
+/// f32, f16, bf16, q8_0 or q4_0).
+Storage storage_options(const Args& args);
+/// "f16" when Q, K and V share a dtype, else "f16/q8_0" (Q/K and V), or "Q/K/V".
+std::string storage_text(const Storage& storage);
 /// The help text of those options, for every command's --help.
 extern const char* kModifierHelp;
 /// A command's help text with kModifierHelp where it says MODIFIERS.

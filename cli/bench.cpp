@@ -51,8 +51,7 @@ options:
   --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
-MODIFIERS  --dtype f32|f16     storage type (default f32)
-  --layout auto|shared|registers|coopmat|lanes
+MODIFIERS  --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; lanes: splitkv's
                       decoding kernel, a key's head dimension over a few lanes, with
@@ -68,7 +67,8 @@ MODIFIERS  --dtype f32|f16     storage type (default f32)
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal), a sliding window
                       (N=16384 d=64, window 1023,0, beside causal at 16384) and decode
-                      (Nq=1 H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16
+                      (Nq=1 H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16 (decode also
+                      with q8_0 K and V)
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again around the runs (at most
                       once a second: short runs share their probes), and report each variant
@@ -102,7 +102,7 @@ struct Case {
   const char* kind;  // "prefill", "decode" or "custom"
   Dims dims;
   bool causal = false;
-  DType dtype = DType::f32;
+  Storage storage;  // Q's, K's and V's
   std::vector<Variant> variants;
   AttentionParams mods = {};  // the score modifiers and the mask (modifier_options) only
 };
@@ -198,12 +198,14 @@ std::vector<Case> standard_suite() {
       if (windowed) c.mods.window_left = 1023, c.mods.window_right = 0;
       cases.push_back(c);
     }
-  for (DType dtype : {DType::f32, DType::f16})
+  // Decoding over a KV cache in fp32, fp16 and q8_0 (K and V; Q in fp16).
+  for (Storage storage :
+       {Storage(DType::f32), Storage(DType::f16), Storage(DType::f16, DType::q8_0, DType::q8_0)})
     for (uint32_t nk : {4096u, 16384u, 65536u})
       cases.push_back({"decode",
                        make_dims(1, 32, 8, 1, nk, 128, 128),
                        false,
-                       dtype,
+                       storage,
                        {Variant::flash2, Variant::flashd, Variant::splitkv}});
   return cases;
 }
@@ -231,7 +233,7 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
                   rows.data.begin() + s * int64_t(small.nq) * c.dims.nk);
     p.mask = std::move(rows);
   }
-  attention(ctx, in.q, in.k, in.v, p, c.dtype);
+  attention(ctx, in.q, in.k, in.v, p, c.storage);
 }
 
 // Of an even count, the mean of the middle two: the upper one alone made a pair's median its
@@ -243,9 +245,15 @@ double median(std::vector<double> x) {
   return x.size() % 2 ? x[h] : 0.5 * (x[h - 1] + x[h]);
 }
 
-double check_error(Context& ctx, const Inputs& in, const AttentionParams& params, DType dtype) {
-  HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, dtype);
-  reference::Result ref = reference::direct(in.q, in.k, in.v, params);
+// Against the float64 reference on the inputs, or, with K and V stored otherwise than Q
+// (--kv-dtype), on the values K and V hold once stored, so that the error is the kernel's.
+double check_error(Context& ctx, const Inputs& in, const AttentionParams& params,
+                   const Storage& storage) {
+  HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, storage);
+  bool own = storage.k != storage.q || storage.v != storage.q;
+  reference::Result ref = own ? reference::direct(in.q, stored_values(in.k, storage.k),
+                                                  stored_values(in.v, storage.v), params)
+                              : reference::direct(in.q, in.k, in.v, params);
   double err = 0;
   for (size_t i = 0; i < ref.out.size(); ++i)
     err = std::max(err, std::abs(double(r.out.data[i]) - ref.out[i]));
@@ -265,7 +273,7 @@ struct Options {
 };
 
 void print_header(const Options& o) {
-  std::printf("%-7s %-5s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s  %s\n", "kind", "dtype", "Nq",
+  std::printf("%-7s %-9s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s  %s\n", "kind", "dtype", "Nq",
               "Nk", "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
               "vs flash2", "memory MiB", o.check ? "  max error" : "", "tiles");
 }
@@ -276,8 +284,9 @@ std::string tiles_text(const Row& r) {
 
 void print_row(const Row& r, const Options& o) {
   const Dims& d = r.c->dims;
-  std::printf("%-7s %-5s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind, dtype_name(r.c->dtype),
-              d.nq, d.nk, d.d, mask_text(*r.c).c_str(), variant_name(r.variant), r.ms, r.gflops);
+  std::printf("%-7s %-9s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind,
+              storage_text(r.c->storage).c_str(), d.nq, d.nk, d.d, mask_text(*r.c).c_str(),
+              variant_name(r.variant), r.ms, r.gflops);
   if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.peak_fraction);
   if (r.vs_flash2 > 0)
     std::printf(" %8.3f", r.vs_flash2);
@@ -294,7 +303,8 @@ void progress(size_t done, size_t total, const Case& c, Variant v, int round, do
   bool tty = isatty(2);
   std::fprintf(stderr, "%s[%zu/%zu] %s %s N=%u/%u d=%u %s round %d  (%.0f s so far)%s",
                tty ? "\r\033[K" : "", done + 1, total, c.kind, variant_name(v), c.dims.nq,
-               c.dims.nk, c.dims.d, dtype_name(c.dtype), round + 1, elapsed_s, tty ? "" : "\n");
+               c.dims.nk, c.dims.d, storage_text(c.storage).c_str(), round + 1, elapsed_s,
+               tty ? "" : "\n");
   std::fflush(stderr);
 }
 
@@ -454,7 +464,7 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
   }
   for (Row& r : rows) {
     summarise(r, flash2, c);
-    if (o.check) r.max_err = check_error(ctx, in, case_params(c, r.variant, o), c.dtype);
+    if (o.check) r.max_err = check_error(ctx, in, case_params(c, r.variant, o), c.storage);
   }
   return rows;
 }
@@ -471,14 +481,14 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     Inputs in = make_inputs(c.dims);
     Tensor qkv[3];
     try {
-      qkv[0] = Tensor::upload(ctx, in.q, c.dtype);
-      qkv[1] = Tensor::upload(ctx, in.k, c.dtype);
-      qkv[2] = Tensor::upload(ctx, in.v, c.dtype);
+      qkv[0] = Tensor::upload(ctx, in.q, c.storage.q);
+      qkv[1] = Tensor::upload(ctx, in.k, c.storage.k);
+      qkv[2] = Tensor::upload(ctx, in.v, c.storage.v);
     } catch (const Error& e) {
       if (cases.size() == 1) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
-      std::printf("%-7s %-5s %6u %6u %5u  not run: %s\n", c.kind, dtype_name(c.dtype), c.dims.nq,
-                  c.dims.nk, c.dims.d, e.what());
+      std::printf("%-7s %-9s %6u %6u %5u  not run: %s\n", c.kind, storage_text(c.storage).c_str(),
+                  c.dims.nq, c.dims.nk, c.dims.d, e.what());
       clock.done += c.variants.size() * size_t(o.repeat);
       continue;
     }
@@ -543,7 +553,8 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["alibi"] = m.alibi_max_bias > 0 || !m.alibi_slopes.empty();
     x["sinks"] = !m.sinks.empty();
     x["mask"] = !m.mask.data.empty();
-    x["dtype"] = dtype_name(r.c->dtype);
+    x["dtype"] = dtype_name(r.c->storage.q);
+    x["kv_dtype"] = dtype_name(r.c->storage.k);
     x["ms"] = r.ms;
     x["gflops"] = r.gflops;
     x["device_bytes"] = r.bytes;
@@ -595,9 +606,6 @@ Case custom_case(const Args& args) {
   auto nk = args.integer("nk", nq, 1, big);
   auto d = args.integer("d", 64, 1, 256);
   auto dv = args.integer("dv", d, 1, 256);
-  std::string dtype_text = args.text("dtype", "f32");
-  if (dtype_text != "f32" && dtype_text != "f16")
-    throw UsageError{"--dtype must be f32 or f16, got '" + dtype_text + "'"};
   Case c{"custom"};
   // check_shapes gives the usual messages for heads that do not divide, and so on.
   std::vector<int64_t> qs{batch, heads, nq, d}, ks{batch, kv_heads, nk, d},
@@ -605,7 +613,7 @@ Case custom_case(const Args& args) {
   c.dims = check_shapes(qs, ks, vs);
   c.causal = args.flag("causal");
   modifier_options(args, c.mods);
-  c.dtype = dtype_text == "f16" ? DType::f16 : DType::f32;
+  c.storage = storage_options(args);
   c.variants = all_variants();
   if (args.text("variant", "all") != "all") c.variants = parse_variant_list(args.text("variant"));
   return c;
@@ -616,18 +624,17 @@ Case custom_case(const Args& args) {
 int cmd_bench(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
     return std::cout << with_modifier_help(kBenchHelp), 0;
-  Args args(argv, with_modifiers({"variant",    "batch",      "heads",    "kv-heads",
-                                  "nq",         "nk",         "d",        "dv",
-                                  "dtype",      "repeat",     "min-time", "flashd-rounds",
-                                  "json",       "device",     "suite",    "layout",
-                                  "block-rows", "block-keys", "splits",   "gpu-warm"}),
+  Args args(argv,
+            with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
+                            "repeat", "min-time", "flashd-rounds", "json", "device", "suite",
+                            "layout", "block-rows", "block-keys", "splits", "gpu-warm"}),
             {"causal", "check", "peak", "warm-cache"});
   std::vector<Case> cases;
   if (args.has("suite")) {
     if (args.text("suite") != "standard")
       throw UsageError{"--suite must be 'standard', got '" + args.text("suite") + "'"};
     for (const std::string& shape_option :
-         with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "dtype",
+         with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
                          "block-rows", "block-keys", "splits"}))
       if (args.has(shape_option))
         throw UsageError{

@@ -42,9 +42,6 @@ options:
                       (default: splitkv for decoding shapes, else flash2)
   --scale S           score scale (default 1/sqrt(d))
   --causal            bottom-right causal mask: query i sees keys j <= i + Nk - Nq
-  --dtype f32|f16     storage type on the GPU (default f32; accumulation is always fp32;
-                      with f16 on GPUs with cooperative matrices, the softmax weights are
-                      rounded to fp16 for the P V product: up to 2^-11 max|v| more error)
   --splits N          splitkv: number of key chunks (default: from the device)
   --layout auto|shared|registers|coopmat|lanes
                       where the fused kernels keep K/V tiles (default auto: see
@@ -72,7 +69,7 @@ options:
   --row R             query row (required)
   --batch b --head h  which (batch, head) the row is in (default 0, 0)
   --variant NAME      naive, online, flash1, flash2, flashd or splitkv (default flashd)
-  --scale S  --causal  --dtype f32|f16  --device N   as for `run`
+  --scale S  --causal  --device N   as for `run`
 MODIFIERS
 example:
   flashvk trace --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
@@ -96,12 +93,6 @@ bool wants_help(const std::vector<std::string>& args) {
   return std::find_if(args.begin(), args.end(), [](const std::string& a) {
            return a == "--help" || a == "-h";
          }) != args.end();
-}
-
-DType parse_dtype(const std::string& s) {
-  if (s == "f32") return DType::f32;
-  if (s == "f16") return DType::f16;
-  usage_fail("--dtype must be f32 or f16, got '" + s + "'");
 }
 
 Variant variant_option(const Args& args, const std::string& fallback) {
@@ -162,19 +153,19 @@ Variant default_variant(const Dims& d) {
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << with_modifier_help(kRunHelp), 0;
   Args args(argv,
-            with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "dtype", "splits",
-                            "rope", "rope-base", "device", "layout", "block-rows", "block-keys"}),
+            with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "splits", "rope",
+                            "rope-base", "device", "layout", "block-rows", "block-keys"}),
             {"causal"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
-  DType dtype = parse_dtype(args.text("dtype", "f32"));
+  Storage storage = storage_options(args);
   if (args.has("variant")) params.variant = variant_option(args, "");
   params.want_lse = args.has("lse");
   Inputs in = read_inputs(args);
   if (!args.has("variant")) params.variant = default_variant(in.dims);
   Context ctx = open_device(args);
   auto start = std::chrono::steady_clock::now();
-  HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, dtype);
+  HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, storage);
   double wall =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   npy::write(out_path, r.out);
@@ -184,17 +175,17 @@ int cmd_run(const std::vector<std::string>& argv) {
   std::string mods = modifier_text(params);
   if (!mods.empty()) tiles += ", " + mods;
   std::fprintf(stderr, "flashvk: %s (%s, %s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
-               variant_name(params.variant), dtype_name(dtype), tiles.c_str(),
+               variant_name(params.variant), storage_text(storage).c_str(), tiles.c_str(),
                ctx.device().name.c_str(), shape_string(r.out.shape).c_str(), r.gpu_ms, wall);
   return 0;
 }
 
 int cmd_trace(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << with_modifier_help(kTraceHelp), 0;
-  Args args(argv,
-            with_modifiers({"q", "k", "v", "out", "row", "batch", "head", "variant", "scale",
-                            "dtype", "device"}),
-            {"causal"});
+  Args args(
+      argv,
+      with_modifiers({"q", "k", "v", "out", "row", "batch", "head", "variant", "scale", "device"}),
+      {"causal"});
   std::string out_path = args.required("out");
   if (!args.has("row")) usage_fail("missing required option --row");
   AttentionParams params;
@@ -202,7 +193,7 @@ int cmd_trace(const std::vector<std::string>& argv) {
   params.causal = args.flag("causal");
   modifier_options(args, params);
   params.variant = variant_option(args, "flashd");
-  DType dtype = parse_dtype(args.text("dtype", "f32"));
+  Storage storage = storage_options(args);
   auto row = static_cast<uint32_t>(args.integer("row", 0, 0, INT32_MAX));
   auto batch = static_cast<uint32_t>(args.integer("batch", 0, 0, INT32_MAX));
   auto head = static_cast<uint32_t>(args.integer("head", 0, 0, INT32_MAX));
@@ -217,7 +208,7 @@ int cmd_trace(const std::vector<std::string>& argv) {
     usage_fail("--batch " + std::to_string(batch) + " is out of range: Q has batch " +
                std::to_string(in.dims.batch));
   Context ctx = open_device(args);
-  Trace t = trace(ctx, in.q, in.k, in.v, params, batch, head, row, dtype);
+  Trace t = trace(ctx, in.q, in.k, in.v, params, batch, head, row, storage);
   write_text(out_path, trace_to_json(t));
   std::fprintf(stderr,
                "flashvk: traced row %u of (batch %u, head %u) with %s: %u keys, %zu tiles of %u\n",

@@ -60,12 +60,22 @@ const uint KB = 2u, ACC = 2u;
 // Texel t of a tensor of `count` values in format fmt: its values 4t .. 4t + 3.
 vec4 kv_texel(KV_TEX tex, uint fmt, uint count, uint t) {
 #ifdef KV_QUANT
-  vec4 x;
-  uint scale = kv_scaled(fmt) ? texelFetch(tex, int(kv_scale_word(fmt, 4u * t, count))).x : 0u;
-  [[unroll]] for (uint e = 0; e < 4u; ++e) {
-    uint at = 4u * t + e;
-    x[e] = kv_value(fmt, at, texelFetch(tex, int(kv_word(fmt, at))).x, scale);
+  // The words that hold the four values, each fetched once: four (f32), two (f16, bf16) or one
+  // (q8_0, q4_0: a word holds four quants, and the four share their block's scale).
+  uint x0 = 4u * t;
+  uint scale = kv_scaled(fmt) ? texelFetch(tex, int(kv_scale_word(fmt, x0, count))).x : 0u;
+  uint w[4];
+  uint words = fmt == FMT_F32 ? 4u : (fmt == FMT_F16 || fmt == FMT_BF16 ? 2u : 1u);
+  [[unroll]] for (uint i = 0; i < 4u; ++i)
+    if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
+  if (fmt == FMT_Q8_0 || fmt == FMT_Q4_0) {  // the four quants at once, as a vector
+    float d = unpackHalf2x16(scale)[(x0 >> 5u) & 1u];
+    if (fmt == FMT_Q8_0) return d * vec4(ivec4(int(w[0])) << ivec4(24, 16, 8, 0) >> 24);
+    uint nibbles = (x0 & 16u) != 0u ? w[0] >> 4u : w[0];
+    return d * (vec4((uvec4(nibbles) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
   }
+  vec4 x;
+  [[unroll]] for (uint e = 0; e < 4u; ++e) x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], scale);
   return x;
 #else
   return texelFetch(tex, int(t));

@@ -217,6 +217,29 @@ TEST_F(CliTest, RunReadsFloat16Inputs) {
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, k, {}));
 }
 
+// --kv-dtype stores K and V quantised: the output matches the float64 reference on the values
+// K and V hold once stored, the summary line names the storage, and a head dim that is not
+// whole blocks of 32 is refused in one line.
+TEST_F(CliTest, RunStoresKAndVInTheKvDtype) {
+  HostTensor q = random_tensor({1, 4, 5, 64}, 1), k = random_tensor({1, 2, 70, 64}, 2),
+             v = random_tensor({1, 2, 70, 32}, 3);
+  put_tensor("q.npy", q);
+  put_tensor("k.npy", k);
+  put_tensor("v.npy", v);
+  Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --kv-dtype q4_0 --causal");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("f32/q4_0"), std::string::npos) << o.output;
+  AttentionParams params;
+  params.causal = true;
+  HostTensor ks = stored_values(k, DType::q4_0), vs = stored_values(v, DType::q4_0);
+  reference::Result ref = reference::direct(q, ks, vs, params);
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, ks, vs, params));
+  write_qkv({1, 2, 4, 8}, {1, 2, 6, 8}, {1, 2, 6, 8});
+  expect_refused("run " + qkv() + " --kv-dtype q8_0", "blocks of 32");
+  expect_refused("run " + qkv() + " --kv-dtype q5_1", "--kv-dtype: unknown dtype 'q5_1'");
+  expect_refused("run " + qkv() + " --dtype bf16", "--dtype must be f32 or f16");
+}
+
 TEST_F(CliTest, TraceWritesJsonWithStepsAndTiles) {
   write_qkv({1, 2, 6, 8}, {1, 2, 70, 8}, {1, 2, 70, 8});
   Outcome o =
