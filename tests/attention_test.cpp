@@ -140,7 +140,7 @@ class LanesLayoutTest : public VulkanTest,
 TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
   auto [dtype, s] = GetParam();
   if (!context().device().subgroup_shuffle)  // the clusters add their partial sums by shuffles
-    GTEST_SKIP() << "no subgroup shuffles: LanesLayoutRefusals checks the refusal";
+    GTEST_SKIP() << "no subgroup shuffles: LanesLayoutRefusesWhatItCannotDo checks the refusal";
   uint32_t vec = dtype == DType::f16 ? 8 : 4;
   uint32_t seed = s.nq * 17 + s.nk + s.d;
   HostTensor q = round_to_half(random_tensor({s.b, s.h, s.nq, s.d}, seed));

@@ -3,6 +3,7 @@
 // float64 reference computed on the values the device holds (stored_values), so that the
 // comparison isolates the kernels from the storage's rounding.
 #include <cstring>
+#include <limits>
 
 #include "test_util.hpp"
 
@@ -55,6 +56,23 @@ TEST(StorageTest, Bf16RoundsToNearestEven) {
   EXPECT_EQ(b.data, (std::vector<float>{1.0f, 1.0f + std::ldexp(1.0f, -6), 1.0f, -2.5f}));
 }
 
+TEST(StorageTest, Q4_0ClampsThePositiveExtremeAndKeepsZeroBlocks) {
+  // The largest magnitude positive: d = 4 / -8 = -0.5, so 4 maps to q = 4 / -0.5 + 8 = 0 and
+  // -3.5 to 15; -4 would be 16 and is clamped to 15 (-3.5).
+  std::vector<float> x(32, 0.0f);
+  x[0] = 4.0f, x[1] = -3.5f, x[2] = -3.75f;
+  HostTensor back = stored_values(block_of(x), DType::q4_0);
+  EXPECT_EQ(back.data[0], 4.0f);
+  EXPECT_EQ(back.data[1], -3.5f);
+  EXPECT_EQ(back.data[2], -3.5f);  // -3.75 / -0.5 + 8.5 = 16.0: clamped to 15
+  EXPECT_EQ(back.data[5], 0.0f);
+  EXPECT_EQ(stored_values(HostTensor({1, 32}), DType::q4_0).data, std::vector<float>(32, 0.0f));
+  EXPECT_EQ(stored_values(HostTensor({1, 32}), DType::q8_0).data, std::vector<float>(32, 0.0f));
+  std::vector<float> bad(32, 1.0f);
+  bad[7] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(encode(bad, DType::q8_0), Error);
+}
+
 TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
   EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);
@@ -105,7 +123,8 @@ TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {
   if (variant_info(variant).fused && info.subgroup_shuffle && info.texel_buffers)
     layouts.push_back(TileLayout::registers);
   for (const Storage& storage : kStorages) {
-    if (storage.q == DType::f16 && !info.fp16_storage) continue;
+    bool f16 = storage.q == DType::f16 || storage.k == DType::f16 || storage.v == DType::f16;
+    if (f16 && !info.fp16_storage) continue;
     HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
                vs = stored_values(v, storage.v);
     reference::Result ref = reference::direct(qs, ks, vs, params);
@@ -125,6 +144,35 @@ TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, StorageVariantTest, ::testing::ValuesIn(all_variants()),
                          variant_param_name);
 
+// An odd number of q8_0 blocks (34 bytes each) or of halves ends a tensor mid-word: the kernels
+// read K and V as 32-bit words, so tensors are whole words and the last value reads right.
+TEST_F(StorageDeviceTest, TensorsEndingMidWordReadTheirLastValue) {
+  HostTensor q = random_tensor({1, 1, 3, 32}, 51), k = random_tensor({1, 1, 3, 32}, 52),
+             v = random_tensor({1, 1, 3, 32}, 53);
+  HostTensor q3 = random_tensor({1, 1, 2, 3}, 54), k3 = random_tensor({1, 1, 3, 3}, 55);
+  AttentionParams params;
+  std::vector<TileLayout> layouts = {TileLayout::shared};
+  if (context().device().subgroup_shuffle && context().device().texel_buffers)
+    layouts.push_back(TileLayout::registers);
+  for (TileLayout layout : layouts) {
+    params.tile_layout = layout;
+    for (DType dtype : {DType::q8_0, DType::q4_0}) {
+      HostTensor ks = stored_values(k, dtype), vs = stored_values(v, dtype);
+      reference::Result ref = reference::direct(q, ks, vs, params);
+      HostAttentionResult gpu = attention(context(), q, k, v, params, {DType::f32, dtype, dtype});
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, ks, vs, params))
+          << dtype_name(dtype) << " " << tile_layout_name(layout);
+    }
+  }
+  if (!context().device().fp16_storage) return;
+  params.tile_layout = TileLayout::shared;  // d = 3: no register tiles
+  HostTensor ks = stored_values(k3, DType::f16);
+  reference::Result ref = reference::direct(q3, ks, ks, params);
+  HostAttentionResult gpu =
+      attention(context(), q3, k3, k3, params, {DType::f32, DType::f16, DType::f16});
+  EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q3, ks, ks, params));
+}
+
 // The lanes and matrix-unit kernels read K and V stored as Q is; asked for with other storage
 // they refuse by name (automatic picks shared or register tiles), as RoPE does for K.
 TEST_F(StorageDeviceTest, LayoutsAndRopeThatNeedQsStorageRefuseByName) {
@@ -143,7 +191,9 @@ TEST_F(StorageDeviceTest, LayoutsAndRopeThatNeedQsStorageRefuseByName) {
   params.tile_layout = TileLayout::lanes;
   refused("stored as Q is");
   params.tile_layout = TileLayout::cooperative_matrix;
+  q8.q = DType::f16;  // the matrix units take fp16 Q: only K's and V's storage is refused
   if (context().device().cooperative_matrix) refused("fp16 Q, K and V");
+  q8.q = DType::f32;
   params.tile_layout = TileLayout::automatic;
   params.rope = RopeLayout::half;
   refused("rotate K before storing it as q8_0");

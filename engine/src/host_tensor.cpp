@@ -111,6 +111,10 @@ std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
       put16(2 * uint64_t(i),
             dtype == DType::f16 ? float_to_half(values[i]) : float_to_bf16(values[i]));
   } else {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(values[i]))
+        throw Error(std::string(dtype_name(dtype)) + " quantises finite values only; value " +
+                    std::to_string(i) + " is " + std::to_string(values[i]));
     uint64_t quant_bytes = dtype == DType::q8_0 ? 32 : 16;
     uint64_t scales = uint64_t(n) / kBlock * quant_bytes;
     for (int64_t b = 0; b < n / kBlock; ++b)

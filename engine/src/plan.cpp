@@ -373,9 +373,16 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
   kv = KvStorage{k.dtype(), v.dtype(), k.dtype() != dtype || v.dtype() != dtype};
   dims = check_shapes(q.shape(), k.shape(), v.shape());
+  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  if (kv.own && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
+    throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
+                " are indexed by 32-bit value counts: " + std::to_string(keys) +
+                " keys of d = " + std::to_string(std::max(dims.d, dims.dv)) +
+                " are more than 2^32 values; split the batch");
   if (params.rope != RopeLayout::none && kv.k != dtype)
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(dtype) +
-                "); rotate K before storing it as " + dtype_name(kv.k));
+                "); rotate K before storing it as " + dtype_name(kv.k) +
+                " (the CLI: --rope needs --kv-dtype equal to --dtype)");
   spec = choose_spec(impl, dims, params, dtype, kv, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
@@ -462,6 +469,9 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
   params.rope = rope.layout;
   params.rope_base = rope.base;
   dtype = x.dtype();
+  if (dtype != DType::f32 && dtype != DType::f16)
+    throw Error(std::string("rope rotates f32 or f16 tensors; x is ") + dtype_name(dtype) +
+                " (rotate before quantising)");
   create_pools();
   plan_rope(*this, x, out, rope.position_offset);
 }
@@ -517,9 +527,11 @@ void Plan::make_texel_views() {
     VkFormat format;
     uint64_t offset, bytes;
   };
-  View views[kTexelBindings] = {{bindings[kK], format, 0, storage_bytes(kv.k, keys * dims.d)},
-                                {bindings[kV], format, 0, storage_bytes(kv.v, keys * dims.dv)},
-                                {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
+  auto words = [](uint64_t bytes) { return (bytes + 3) / 4 * 4; };  // as Tensor allocates
+  View views[kTexelBindings] = {
+      {bindings[kK], format, 0, words(storage_bytes(kv.k, keys * dims.d))},
+      {bindings[kV], format, 0, words(storage_bytes(kv.v, keys * dims.dv))},
+      {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
     views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
                 mask.bytes() - uint64_t(push.mask_values) * 4};

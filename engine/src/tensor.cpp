@@ -139,7 +139,9 @@ Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
                 " stores blocks of 32 values along the last "
                 "dimension; shape " +
                 shape_string(shape_) + " does not divide into them");
-  uint64_t bytes = storage_bytes(dtype, flashvk::numel(shape_));
+  // Whole 32-bit words: kernels read K and V in storage of their own as words (an odd count of
+  // q8_0 blocks or of halves ends mid-word).
+  uint64_t bytes = (storage_bytes(dtype, flashvk::numel(shape_)) + 3) / 4 * 4;
   // Only the allocation limit here (Buffer checks it): how much one binding may see depends on
   // how a kernel binds the tensor, which the plan checks (register tiles read K and V as texels).
   buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(ctx.impl(), bytes)});

@@ -11,10 +11,11 @@ namespace flashvk {
 
 class Context;
 
-/// Storage types. Q, O and LSE are f32 or f16 (O and LSE always f32); K and V may also be bf16
+/// Storage types. Q is f32 or f16 (O and LSE are always f32); K and V may also be bf16
 /// or ggml's block formats q8_0 (32 values: fp16 scale d, int8 q; x = d q) and q4_0 (32 values:
 /// fp16 d, 4-bit q; x = d (q - 8)), quantised on upload and dequantised by the kernels as they
-/// load a tile. On the device a block tensor keeps all its quants first (q8_0: one byte a
+/// load a tile. ggml's values and quants, not its byte layout (a block_q8_0 puts d before its
+/// 32 quants): on the device a block tensor keeps all its quants first (q8_0: one byte a
 /// value; q4_0: 16 bytes a block, byte j holding values j and j + 16 in its low and high
 /// nibble, as ggml's qs), then all its fp16 scales, one a block of 32 along the last dimension,
 /// which must be a multiple of 32. The numbering is the shaders' (common.glsl FMT_*).
