@@ -195,7 +195,7 @@ Storage storage_options(const Args& args) {
 
 std::string storage_text(const Storage& s) {
   std::string text = dtype_name(s.q);
-  if (s.k != s.q || s.v != s.q) text += std::string("/") + dtype_name(s.k);
+  if (s.own_kv()) text += std::string("/") + dtype_name(s.k);
   if (s.v != s.k) text += std::string("/") + dtype_name(s.v);
   return text;
 }

@@ -250,8 +250,8 @@ double median(std::vector<double> x) {
 double check_error(Context& ctx, const Inputs& in, const AttentionParams& params,
                    const Storage& storage) {
   HostAttentionResult r = attention(ctx, in.q, in.k, in.v, params, storage);
-  bool own = storage.k != storage.q || storage.v != storage.q;
-  reference::Result ref = own ? reference::direct(in.q, stored_values(in.k, storage.k),
+  reference::Result ref = storage.own_kv()
+                              ? reference::direct(in.q, stored_values(in.k, storage.k),
                                                   stored_values(in.v, storage.v), params)
                               : reference::direct(in.q, in.k, in.v, params);
   double err = 0;

@@ -16,10 +16,10 @@ namespace {
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
 // 32-bit words, so d and dv must be multiples of 4 and each of K and V must fit one texel-buffer
 // binding.
-bool texels_fit(const DeviceInfo& info, const Dims& dims, const KvStorage& kv) {
+bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
-  if (kv.own)
+  if (kv.own_kv())
     texels = std::max(storage_bytes(kv.k, int64_t(keys * dims.d)),
                       storage_bytes(kv.v, int64_t(keys * dims.dv))) /
              4;
@@ -53,7 +53,7 @@ void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, b
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                   const KvStorage& kv, uint32_t rows, bool trace) {
+                   const Storage& kv, uint32_t rows, bool trace) {
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
                 rows % info.subgroup_size == 0 && texels_fit(info, dims, kv) &&
@@ -93,8 +93,8 @@ uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
 
 // The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
 bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, const KvStorage& kv, uint32_t shared_bytes, bool trace) {
-  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own &&
+                 DType dtype, const Storage& kv, uint32_t shared_bytes, bool trace) {
+  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
               dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
               params.block_rows == 0 && params.block_keys == 0 &&
               coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
@@ -153,10 +153,10 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 // dim that splits badly, such as d = 80 in fp16 over 2 lanes, would keep 40 elements a row in
 // every lane, and spill).
 bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
-               const KvStorage& kv, uint32_t shared_bytes, bool trace) {
+               const Storage& kv, uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, dtype);
   bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
-                !kv.own && params.block_rows == 0 && params.block_keys <= kLaneKeys;
+                !kv.own_kv() && params.block_rows == 0 && params.block_keys <= kLaneKeys;
   if (params.tile_layout == TileLayout::lanes) {
     if (!usable)
       throw Error(
@@ -181,14 +181,14 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
 Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, const KvStorage& kv, uint32_t forced_keys, bool trace) {
+                 DType dtype, const Storage& kv, uint32_t forced_keys, bool trace) {
   const DeviceInfo& info = impl.info;
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
   uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
   uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
-  spec.kv_quant = kv.own;
+  spec.kv_quant = kv.own_kv();
   spec.k_format = static_cast<uint32_t>(kv.k);
   spec.v_format = static_cast<uint32_t>(kv.v);
   if (!forced_keys && use_lanes(info, dims, params, dtype, kv, shared_bytes, trace)) {
@@ -371,10 +371,10 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   if (dtype != DType::f32 && dtype != DType::f16)
     throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(dtype) +
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
-  kv = KvStorage{k.dtype(), v.dtype(), k.dtype() != dtype || v.dtype() != dtype};
+  kv = Storage{dtype, k.dtype(), v.dtype()};
   dims = check_shapes(q.shape(), k.shape(), v.shape());
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
-  if (kv.own && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
+  if (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
     throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
                 " are indexed by 32-bit value counts: " + std::to_string(keys) +
                 " keys of d = " + std::to_string(std::max(dims.d, dims.dv)) +
@@ -515,12 +515,12 @@ void Plan::create_pools() {
 
 // K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
-// K and V in storage formats of their own (KvStorage::own) as 32-bit words (R32_UINT texels),
+// K and V in storage formats of their own (Storage::own_kv) as 32-bit words (R32_UINT texels),
 // decoded by the kernels.
 void Plan::make_texel_views() {
   VkFormat format =
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-  if (kv.own) format = VK_FORMAT_R32_UINT;
+  if (kv.own_kv()) format = VK_FORMAT_R32_UINT;
   int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.nk;
   struct View {
     VkBuffer buffer;

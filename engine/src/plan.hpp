@@ -29,13 +29,6 @@ constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
 using Bindings = std::array<VkBuffer, kBindings>;
 
-/// How K and V are stored: `own` when either differs from Q's dtype, which the KV_QUANT kernels
-/// read as 32-bit words and decode (shared and register tiles; not lanes, not matrix units).
-struct KvStorage {
-  DType k = DType::f32, v = DType::f32;
-  bool own = false;
-};
-
 struct Dispatch {
   VkPipeline pipeline = VK_NULL_HANDLE;
   VkDescriptorSet set = VK_NULL_HANDLE;
@@ -74,7 +67,7 @@ class Plan {
   PlanOptions options;
   Dims dims;
   DType dtype;  // Q's
-  KvStorage kv;
+  Storage kv;   // Q's, K's and V's storage (own_kv(): the KV_QUANT kernels)
   Spec spec;
   Push push{};
   Bindings bindings{};

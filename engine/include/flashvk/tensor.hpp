@@ -28,6 +28,8 @@ struct Storage {
   Storage() = default;
   Storage(DType all) : q(all), k(all), v(all) {}  // NOLINT: implicit, so a DType reads as one
   Storage(DType q_dtype, DType k_dtype, DType v_dtype) : q(q_dtype), k(k_dtype), v(v_dtype) {}
+  /// K or V stored otherwise than Q: the kernels read them as 32-bit words and decode them.
+  bool own_kv() const { return k != q || v != q; }
 };
 /// Parses a dtype_name ("q8_0"); throws Error naming the valid ones otherwise.
 DType parse_dtype(const std::string& name);
