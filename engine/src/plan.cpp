@@ -361,6 +361,10 @@ void set_masks(Plan& plan) {
   plan.bindings[kMask] = plan.mask.handle();
 }
 
+Range binding(const Tensor& t) {
+  return Range(t.buffer());
+}
+
 Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
            const AttentionParams& p, const PlanOptions& opts)
     : ctx(context), impl(context.impl()), params(p), options(opts) {
@@ -412,25 +416,25 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   if (options.trace) push.flags |= kFlagTrace;
 
   bindings.fill(impl.dummy.handle());
-  bindings[kQ] = q.buffer();
-  bindings[kK] = k.buffer();
-  bindings[kV] = v.buffer();
+  bindings[kQ] = binding(q);
+  bindings[kK] = binding(k);
+  bindings[kV] = binding(v);
   if (params.rope != RopeLayout::none) {
     int64_t first = params.query_position.value_or(int64_t(dims.nk) - int64_t(dims.nq));
     plan_rope(*this, q, q_rot, first);
     plan_rope(*this, k, k_rot, 0);
     add_barrier();
-    bindings[kQ] = q_rot.buffer();
-    bindings[kK] = k_rot.buffer();
+    bindings[kQ] = binding(q_rot);
+    bindings[kK] = binding(k_rot);
   }
   set_modifiers(*this);
   set_masks(*this);
   out = Tensor(ctx, dims.out_shape, DType::f32);
-  bindings[kO] = out.buffer();
+  bindings[kO] = binding(out);
   device_bytes += out.bytes();
   if (params.want_lse) {
     lse = Tensor(ctx, dims.lse_shape, DType::f32);
-    bindings[kLse] = lse.buffer();
+    bindings[kLse] = binding(lse);
     device_bytes += lse.bytes();
   }
   if (options.trace) {
@@ -440,7 +444,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
   }
-  check_binding(bindings[kQ] == q.buffer() ? q : q_rot, "Q");
+  check_binding(params.rope != RopeLayout::none ? q_rot : q, "Q");
   check_binding(out, "O");
   if (spec.registers) {
     make_texel_views();
@@ -529,8 +533,9 @@ void Plan::make_texel_views() {
   };
   auto words = [](uint64_t bytes) { return (bytes + 3) / 4 * 4; };  // as Tensor allocates
   View views[kTexelBindings] = {
-      {bindings[kK], format, 0, words(storage_bytes(kv.k, keys * dims.d))},
-      {bindings[kV], format, 0, words(storage_bytes(kv.v, keys * dims.dv))},
+      {bindings[kK].buffer, format, bindings[kK].offset, words(storage_bytes(kv.k, keys * dims.d))},
+      {bindings[kV].buffer, format, bindings[kV].offset,
+       words(storage_bytes(kv.v, keys * dims.dv))},
       {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
     views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
@@ -597,7 +602,7 @@ VkDescriptorSet Plan::make_set(const Bindings& buffers) {
   std::array<VkDescriptorBufferInfo, kBindings> infos{};
   std::array<VkWriteDescriptorSet, kBindings> writes{};
   for (uint32_t i = 0; i < kBindings; ++i) {
-    infos[i] = {buffers[i], 0, VK_WHOLE_SIZE};
+    infos[i] = {buffers[i].buffer, buffers[i].offset, buffers[i].bytes};
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     writes[i].dstSet = set;
     writes[i].dstBinding = i;

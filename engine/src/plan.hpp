@@ -27,7 +27,19 @@ constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
 
 /// Binding slots of shaders/common.glsl.
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
-using Bindings = std::array<VkBuffer, kBindings>;
+/// One storage-buffer binding: a buffer, where its data starts and how many bytes a kernel may
+/// see (VK_WHOLE_SIZE: to the buffer's end). A bare VkBuffer binds all of it.
+struct Range {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceSize offset = 0, bytes = VK_WHOLE_SIZE;
+  Range() = default;
+  Range(VkBuffer whole) : buffer(whole) {}  // NOLINT: implicit, a buffer binds whole
+  Range(VkBuffer b, VkDeviceSize first, VkDeviceSize size)
+      : buffer(b), offset(first), bytes(size) {}
+};
+/// Where tensor `t`'s values are.
+Range binding(const Tensor& t);
+using Bindings = std::array<Range, kBindings>;
 
 struct Dispatch {
   VkPipeline pipeline = VK_NULL_HANDLE;

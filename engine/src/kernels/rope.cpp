@@ -42,8 +42,8 @@ void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_posit
   plan.extra.back().write(table.data(), table.size() * 4);
   Bindings b;
   b.fill(plan.impl.dummy.handle());
-  b[0] = x.buffer();
-  b[1] = rotated.buffer();
+  b[0] = binding(x);
+  b[1] = binding(rotated);
   b[2] = plan.extra.back().handle();
   RopePush push{static_cast<uint32_t>(numel(shape) / dim), seq_len, dim,
                 plan.params.rope == RopeLayout::half ? 1u : 0u};
