@@ -1,10 +1,38 @@
 // An application that already has a Vulkan device hands it to the engine (Context::adopt), runs
 // attention both ways (engine-submitted and recorded into its own command buffer), and keeps
 // using its handles after the engine is gone.
+#include <cstring>
+#include <functional>
+
 #include "test_util.hpp"
 
 namespace flashvk::test {
 namespace {
+
+// An application's frame on a queue: a command buffer it records (`fill`), submits and waits for.
+void submit_frame(VkDevice device, VkQueue queue, uint32_t family,
+                  const std::function<void(VkCommandBuffer)>& fill) {
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pi.queueFamilyIndex = family;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  ASSERT_EQ(vkCreateCommandPool(device, &pi, nullptr, &pool), VK_SUCCESS);
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  EXPECT_EQ(vkAllocateCommandBuffers(device, &ai, &cmd), VK_SUCCESS);
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  vkBeginCommandBuffer(cmd, &bi);
+  fill(cmd);
+  vkEndCommandBuffer(cmd);
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd;
+  EXPECT_EQ(vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE), VK_SUCCESS);
+  EXPECT_EQ(vkQueueWaitIdle(queue), VK_SUCCESS);
+  vkDestroyCommandPool(device, pool, nullptr);  // frees the command buffer
+}
 
 struct AppVulkan {
   VkInstance instance = VK_NULL_HANDLE;
@@ -12,7 +40,6 @@ struct AppVulkan {
   VkDevice device = VK_NULL_HANDLE;
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t family = 0;
-  VkCommandPool pool = VK_NULL_HANDLE;
 
   explicit AppVulkan(uint32_t api_version = VK_API_VERSION_1_1) {
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
@@ -41,35 +68,15 @@ struct AppVulkan {
     di.pQueueCreateInfos = &qi;
     EXPECT_EQ(vkCreateDevice(physical, &di, nullptr, &device), VK_SUCCESS);
     vkGetDeviceQueue(device, family, 0, &queue);
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.queueFamilyIndex = family;
-    EXPECT_EQ(vkCreateCommandPool(device, &pi, nullptr, &pool), VK_SUCCESS);
   }
   ~AppVulkan() {
-    vkDestroyCommandPool(device, pool, nullptr);
     vkDestroyDevice(device, nullptr);
     vkDestroyInstance(instance, nullptr);
   }
   ExternalDevice external() const { return {instance, physical, device, queue, family, true}; }
 
-  // The application's own frame: allocate, let `fill` record, submit, wait.
   void submit(const std::function<void(VkCommandBuffer)>& fill) {
-    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    ai.commandPool = pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    VkCommandBuffer cmd = VK_NULL_HANDLE;
-    ASSERT_EQ(vkAllocateCommandBuffers(device, &ai, &cmd), VK_SUCCESS);
-    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    vkBeginCommandBuffer(cmd, &bi);
-    fill(cmd);
-    vkEndCommandBuffer(cmd);
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd;
-    ASSERT_EQ(vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE), VK_SUCCESS);
-    ASSERT_EQ(vkQueueWaitIdle(queue), VK_SUCCESS);
-    vkFreeCommandBuffers(device, pool, 1, &cmd);
+    submit_frame(device, queue, family, fill);
   }
 };
 
@@ -104,6 +111,198 @@ TEST(Embedding, AdoptedDeviceRunsAttentionAndSurvivesTheEngine) {
   VkBuffer buffer = VK_NULL_HANDLE;
   EXPECT_EQ(vkCreateBuffer(app.device, &bi, nullptr, &buffer), VK_SUCCESS);
   vkDestroyBuffer(app.device, buffer, nullptr);
+}
+
+// A host-visible buffer of the application's own on the context's device, mapped.
+struct AppBuffer {
+  VkDevice device = VK_NULL_HANDLE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  uint8_t* bytes = nullptr;
+  uint64_t size = 0;
+
+  AppBuffer(const ExternalDevice& h, uint64_t n, VkBufferUsageFlags usage)
+      : device(h.device), size(n) {
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = n;
+    bi.usage = usage;
+    EXPECT_EQ(vkCreateBuffer(device, &bi, nullptr, &buffer), VK_SUCCESS);
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device, buffer, &req);
+    VkPhysicalDeviceMemoryProperties props;
+    vkGetPhysicalDeviceMemoryProperties(h.physical_device, &props);
+    const VkMemoryPropertyFlags want =
+        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    uint32_t type = 0;
+    while (type < props.memoryTypeCount && (!(req.memoryTypeBits & (1u << type)) ||
+                                            (props.memoryTypes[type].propertyFlags & want) != want))
+      ++type;
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = type;
+    EXPECT_EQ(vkAllocateMemory(device, &ai, nullptr, &memory), VK_SUCCESS);
+    EXPECT_EQ(vkBindBufferMemory(device, buffer, memory, 0), VK_SUCCESS);
+    void* mapped = nullptr;
+    EXPECT_EQ(vkMapMemory(device, memory, 0, VK_WHOLE_SIZE, 0, &mapped), VK_SUCCESS);
+    bytes = static_cast<uint8_t*>(mapped);
+  }
+  ~AppBuffer() {
+    vkDestroyBuffer(device, buffer, nullptr);
+    vkFreeMemory(device, memory, nullptr);
+  }
+  AppBuffer(const AppBuffer&) = delete;
+  AppBuffer& operator=(const AppBuffer&) = delete;
+};
+
+uint64_t round_up(uint64_t x, uint64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+class ViewTest : public VulkanTest {};
+
+// Q, K and V as views at offsets in one buffer of the application's, written with
+// Tensor::write; O and LSE written by a recording, submitted by the application, into views of
+// the same buffer. The outputs are read straight from the application's mapping and compared
+// with the float64 reference on the stored values; every byte around the tensors keeps the
+// pattern the buffer was filled with.
+TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  ExternalDevice h = ctx.handles();
+  HostTensor q = random_tensor({1, 4, 5, 64}, 61), k = random_tensor({1, 2, 40, 64}, 62),
+             v = random_tensor({1, 2, 40, 32}, 63);
+  AttentionParams params;
+  params.causal = true;
+  std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
+  if (info.fp16_storage) storages.push_back(DType::f16);
+  std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
+  if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
+  const uint64_t align =
+      std::max<uint64_t>({info.min_storage_offset_alignment, info.min_texel_offset_alignment, 4});
+  const uint8_t kPattern = 0xab;
+  for (const Storage& storage : storages) {
+    HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
+               vs = stored_values(v, storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    // Each tensor at the next multiple of the alignment at least a word past the previous one.
+    struct Place {
+      std::vector<int64_t> shape;
+      DType dtype;
+      uint64_t offset = 0, bytes = 0;
+    };
+    std::vector<Place> places = {{q.shape, storage.q},
+                                 {k.shape, storage.k},
+                                 {v.shape, storage.v},
+                                 {{1, 4, 5, 32}, DType::f32},
+                                 {{1, 4, 5}, DType::f32}};
+    uint64_t at = align;  // not at 0
+    for (Place& p : places) {
+      p.offset = at;
+      p.bytes = round_up(storage_bytes(p.dtype, numel(p.shape)), 4);
+      at = round_up(p.offset + p.bytes + 4, align);
+    }
+    AppBuffer app(h, at + align, kTensorUsage);
+    for (TileLayout layout : layouts) {
+      params.tile_layout = layout;
+      std::memset(app.bytes, kPattern, app.size);
+      std::vector<Tensor> t;
+      for (const Place& p : places)
+        t.push_back(Tensor::view(ctx, app.buffer, p.offset, p.shape, p.dtype));
+      t[0].write(q);
+      t[1].write(k);
+      t[2].write(v);
+      AttentionRecording rec(ctx, t[0], t[1], t[2], params, {&t[3], &t[4]});
+      std::string what = storage_name(storage) + ", " + tile_layout_name(rec.tile_layout());
+      if (layout != TileLayout::automatic) {
+        EXPECT_EQ(rec.tile_layout(), layout) << what;
+      }
+      EXPECT_EQ(rec.out().buffer(), app.buffer);
+      EXPECT_EQ(rec.out().offset(), places[3].offset);
+      submit_frame(h.device, h.queue, h.queue_family,
+                   [&](VkCommandBuffer cmd) { rec.record(cmd); });
+      std::vector<float> out(numel(places[3].shape)), lse(numel(places[4].shape));
+      std::memcpy(out.data(), app.bytes + places[3].offset, out.size() * 4);
+      std::memcpy(lse.data(), app.bytes + places[4].offset, lse.size() * 4);
+      EXPECT_LE(max_error(out, ref.out), tolerance(qs, ks, vs, params)) << what;
+      EXPECT_LE(max_lse_error(lse, ref.lse), 1e-5) << what;
+      EXPECT_EQ(rec.out().download().data, out) << what;
+      EXPECT_EQ(t[1].download().data, ks.data) << what;
+      uint64_t untouched = 0, outside = 0;
+      for (uint64_t i = 0; i < app.size; ++i) {
+        bool inside = false;
+        for (const Place& p : places) inside |= i >= p.offset && i < p.offset + p.bytes;
+        if (inside) continue;
+        ++outside;
+        untouched += app.bytes[i] == kPattern;
+      }
+      EXPECT_EQ(untouched, outside) << what << ": bytes outside the tensors were written";
+    }
+  }
+}
+
+// What a view cannot do is refused by name: no buffer, a buffer kernels cannot bind, an offset
+// off the device's alignment, copies the buffer's usage does not allow, outputs of the wrong
+// shape or type. K and V in a buffer without texel usage run in shared tiles, and register
+// tiles asked for are refused.
+TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  ExternalDevice h = ctx.handles();
+  auto refused = [](const std::function<void()>& call, const char* words) {
+    try {
+      call();
+      ADD_FAILURE() << "not refused: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const VkBufferUsageFlags no_texels =
+      VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  AppBuffer app(h, 1 << 16, no_texels);
+  HostTensor q = random_tensor({1, 2, 3, 16}, 71), k = random_tensor({1, 2, 20, 16}, 72);
+  refused([&] { Tensor::view(ctx, VK_NULL_HANDLE, 0, {4}, DType::f32); }, "null VkBuffer");
+  refused(
+      [&] { Tensor::view(ctx, app.buffer, 0, {4}, DType::f32, VK_BUFFER_USAGE_TRANSFER_SRC_BIT); },
+      "VK_BUFFER_USAGE_STORAGE_BUFFER_BIT");
+  if (info.min_storage_offset_alignment > 1)
+    refused(
+        [&] {
+          Tensor::view(ctx, app.buffer, info.min_storage_offset_alignment / 2, {4}, DType::f32);
+        },
+        "minStorageBufferOffsetAlignment");
+  refused([&] { Tensor::view(ctx, app.buffer, 0, {2, 40}, DType::q8_0); }, "blocks of 32");
+  Tensor tq = Tensor::view(ctx, app.buffer, 0, q.shape, DType::f32, no_texels);
+  Tensor tk = Tensor::view(ctx, app.buffer, 4096, k.shape, DType::f32, no_texels);
+  tq.write(q);
+  tk.write(k);
+  refused([&] { tk.download(); }, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
+  refused([&] { tk.write(q); }, "into one of shape");
+  AttentionParams params;
+  Tensor wrong(ctx, {1, 2, 3, 15}, DType::f32), half_out(ctx, {1, 2, 3, 16}, DType::f32);
+  refused(
+      [&] {
+        AttentionRecording(ctx, tq, tk, tk, params, {&wrong, nullptr});
+      },
+      "attention writes f32 [1, 2, 3, 16]");
+  Tensor lse(ctx, {1, 2, 3}, DType::f32);
+  params.want_lse = false;
+  refused(
+      [&] {
+        AttentionRecording(ctx, tq, tk, tk, params, {&half_out, &lse});
+      },
+      "want_lse false");
+  params.want_lse = true;
+  if (!(info.subgroup_shuffle && info.texel_buffers)) return;
+  params.tile_layout = TileLayout::registers;
+  refused([&] { AttentionRecording(ctx, tq, tk, tk, params); },
+          "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT");
+  params.tile_layout = TileLayout::automatic;
+  AttentionRecording rec(ctx, tq, tk, tk, params, {&half_out, nullptr});
+  EXPECT_EQ(rec.tile_layout(), TileLayout::shared);
+  EXPECT_EQ(rec.out().buffer(), half_out.buffer());
+  submit_frame(h.device, h.queue, h.queue_family, [&](VkCommandBuffer cmd) { rec.record(cmd); });
+  reference::Result ref = reference::direct(q, k, k, params);
+  EXPECT_LE(max_error(half_out.download().data, ref.out), tolerance(q, k, k, params));
 }
 
 TEST(Embedding, AdoptRefusesMissingHandles) {

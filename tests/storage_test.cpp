@@ -104,10 +104,6 @@ const Storage kStorages[] = {
     {DType::f16, DType::q4_0, DType::bf16}, {DType::f32, DType::f16, DType::f32},
 };
 
-std::string storage_name(const Storage& s) {
-  return std::string("Q ") + dtype_name(s.q) + " K " + dtype_name(s.k) + " V " + dtype_name(s.v);
-}
-
 class StorageVariantTest : public VulkanTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {

@@ -49,6 +49,10 @@ double max_lse_error(const std::vector<float>& gpu, const std::vector<double>& r
 }  // namespace flashvk::test
 
 namespace flashvk::test {
+/// "Q f32 K q8_0 V f16", for failure messages.
+inline std::string storage_name(const Storage& s) {
+  return std::string("Q ") + dtype_name(s.q) + " K " + dtype_name(s.k) + " V " + dtype_name(s.v);
+}
 /// Test-name suffix for a variant parameter.
 inline std::string variant_param_name(const ::testing::TestParamInfo<Variant>& param) {
   return variant_name(param.param);

@@ -232,8 +232,12 @@ Tensor rope(Context& ctx, const Tensor& x, const RopeParams& params) {
 }
 
 AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, const AttentionParams& params)
-    : plan_(std::make_unique<detail::Plan>(ctx, q, k, v, params)) {}
+                                       const Tensor& v, const AttentionParams& params,
+                                       const AttentionOutputs& outputs) {
+  detail::PlanOptions options;
+  options.outputs = outputs;
+  plan_ = std::make_unique<detail::Plan>(ctx, q, k, v, params, options);
+}
 AttentionRecording::AttentionRecording(AttentionRecording&&) noexcept = default;
 AttentionRecording& AttentionRecording::operator=(AttentionRecording&&) noexcept = default;
 AttentionRecording::~AttentionRecording() = default;
@@ -246,6 +250,9 @@ const Tensor& AttentionRecording::out() const {
 }
 const Tensor& AttentionRecording::lse() const {
   return plan_->lse;
+}
+TileLayout AttentionRecording::tile_layout() const {
+  return plan_->tile_layout();
 }
 
 }  // namespace flashvk

@@ -318,6 +318,8 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
                           (subgroup.supportedOperations & needed) == needed;
   info.max_storage_buffer_range = limits.maxStorageBufferRange;
   info.max_texel_buffer_elements = limits.maxTexelBufferElements;
+  info.min_storage_offset_alignment = limits.minStorageBufferOffsetAlignment;
+  info.min_texel_offset_alignment = limits.minTexelBufferOffsetAlignment;
   info.texel_buffers = texel_buffer_format(physical, VK_FORMAT_R32G32B32A32_SFLOAT) &&
                        texel_buffer_format(physical, VK_FORMAT_R16G16B16A16_SFLOAT);
   info.max_allocation = m3.maxMemoryAllocationSize;
@@ -646,6 +648,19 @@ Context Context::adopt(const ExternalDevice& external) {
 const DeviceInfo& Context::device() const {
   return impl_->info;
 }
+ExternalDevice Context::handles() const {
+  ExternalDevice h;
+  h.instance = impl_->instance;
+  h.physical_device = impl_->physical;
+  h.device = impl_->device;
+  h.queue = impl_->queue;
+  h.queue_family = impl_->family;
+  h.fp16_storage_enabled = impl_->fp16_enabled;
+  h.cooperative_matrix_enabled = impl_->coopmat_enabled;
+  h.pipeline_cache_path = impl_->cache_path;
+  return h;
+}
+
 bool Context::owns_device() const {
   return impl_->owns;
 }

@@ -52,11 +52,12 @@ void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, b
 }
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
+// `kv_views`: K's and V's buffers can have texel views (usage, offset alignment).
 bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                   const Storage& kv, uint32_t rows, bool trace) {
+                   const Storage& kv, bool kv_views, uint32_t rows, bool trace) {
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0 && texels_fit(info, dims, kv) &&
+                rows % info.subgroup_size == 0 && kv_views && texels_fit(info, dims, kv) &&
                 mask_texels(params, dims) <= info.max_texel_buffer_elements;
   if (params.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
@@ -65,7 +66,10 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
           "tile_layout registers needs subgroup shuffle and arithmetic operations in "
           "compute shaders, block_rows a multiple of the subgroup size (" +
           std::to_string(info.subgroup_size) +
-          "), RGBA uniform texel buffers holding all of K and V, and d and dv multiples of 4; " +
+          "), RGBA uniform texel buffers holding all of K and V (views: buffers with "
+          "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT at offsets that are multiples of "
+          "minTexelBufferOffsetAlignment, " +
+          std::to_string(info.min_texel_offset_alignment) + "), and d and dv multiples of 4; " +
           info.name + " with this shape does not qualify");
     if (params.block_keys && params.block_keys != info.subgroup_size)
       throw Error(
@@ -181,7 +185,7 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
 Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, const Storage& kv, uint32_t forced_keys, bool trace) {
+                 DType dtype, const Storage& kv, bool kv_views, uint32_t forced_keys, bool trace) {
   const DeviceInfo& info = impl.info;
   Spec spec;
   spec.d = dims.d;
@@ -216,7 +220,7 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  if (use_registers(info, dims, params, kv, spec.rows, trace)) {
+  if (use_registers(info, dims, params, kv, kv_views, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
     size_register_tiles(spec, info, dims, params.block_rows == 0);
@@ -362,8 +366,21 @@ void set_masks(Plan& plan) {
 }
 
 Range binding(const Tensor& t) {
-  return Range(t.buffer());
+  if (!t.is_view()) return Range(t.buffer());
+  if (t.bytes() == 0) return Range(t.context()->impl().dummy.handle());  // nothing to read
+  return Range(t.buffer(), t.offset(), t.bytes());
 }
+
+namespace {
+
+// Whether a texel view of `t` can be made: its buffer's usage and its offset's alignment.
+bool texel_viewable(const Tensor& t) {
+  uint64_t align = t.context()->device().min_texel_offset_alignment;
+  return (t.usage() & VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT) &&
+         (align <= 1 || t.offset() % align == 0);
+}
+
+}  // namespace
 
 Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
            const AttentionParams& p, const PlanOptions& opts)
@@ -387,7 +404,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(dtype) +
                 "); rotate K before storing it as " + dtype_name(kv.k) +
                 " (the CLI: --rope needs --kv-dtype equal to --dtype)");
-  spec = choose_spec(impl, dims, params, dtype, kv, options.keys, options.trace);
+  // With RoPE the kernels read the rotated copy of K, which is the plan's own.
+  bool kv_views = (params.rope != RopeLayout::none || texel_viewable(k)) && texel_viewable(v);
+  spec = choose_spec(impl, dims, params, dtype, kv, kv_views, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -429,13 +448,13 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   set_modifiers(*this);
   set_masks(*this);
-  out = Tensor(ctx, dims.out_shape, DType::f32);
+  if (options.outputs.lse && !params.want_lse)
+    throw Error("attention: an LSE output was given with want_lse false");
+  out = output(options.outputs.out, dims.out_shape, "O");
   bindings[kO] = binding(out);
-  device_bytes += out.bytes();
   if (params.want_lse) {
-    lse = Tensor(ctx, dims.lse_shape, DType::f32);
+    lse = output(options.outputs.lse, dims.lse_shape, "LSE");
     bindings[kLse] = binding(lse);
-    device_bytes += lse.bytes();
   }
   if (options.trace) {
     uint32_t records =
@@ -463,6 +482,21 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     plan_splitkv(*this);
   else
     plan_fused(*this, info.name);
+}
+
+Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, const char* name) {
+  if (!given) {
+    Tensor t(ctx, shape, DType::f32);
+    device_bytes += t.bytes();
+    return t;
+  }
+  const Tensor& t = *given;
+  if (t.empty() || t.context() != &ctx)
+    throw Error(std::string("attention: the ") + name + " output must be a tensor on this context");
+  if (t.dtype() != DType::f32 || t.shape() != shape)
+    throw Error(std::string("attention: the ") + name + " output is " + dtype_name(t.dtype()) +
+                " " + shape_string(t.shape()) + "; attention writes f32 " + shape_string(shape));
+  return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage());
 }
 
 Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)

@@ -49,12 +49,14 @@ struct Dispatch {
   std::array<uint32_t, 3> groups{1, 1, 1};
 };
 
-/// Tracing asks for a trace build of the kernels and a fixed tiling.
+/// Tracing asks for a trace build of the kernels and a fixed tiling; recordings may write into
+/// the caller's outputs.
 struct PlanOptions {
   bool trace = false;
   uint32_t trace_bh = 0, trace_row = 0;
   uint32_t keys = 0;            ///< force Bc (1 = the per-key recurrence)
   uint32_t keys_per_split = 0;  ///< force the splitkv chunk length
+  AttentionOutputs outputs;     ///< the caller's O and LSE, if it gives them
 };
 
 class Plan {
@@ -83,7 +85,7 @@ class Plan {
   Spec spec;
   Push push{};
   Bindings bindings{};
-  Tensor out, lse;
+  Tensor out, lse;      // the plan's own, or views of the caller's (PlanOptions::outputs)
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
   Buffer heads;               // [B * H] (ALiBi slope, sink logit), when a modifier needs them
@@ -100,6 +102,8 @@ class Plan {
            const void* push_data = nullptr, uint32_t push_bytes = 0);
   void add_barrier();
   Buffer scratch(uint64_t bytes);
+  /// An output of `shape`: the caller's `given` (checked, as a view) or a new tensor.
+  Tensor output(const Tensor* given, const std::vector<int64_t>& shape, const char* name);
   /// Throws when tensor `name` is larger than one storage-buffer binding may be.
   void check_binding(const Tensor& t, const char* name) const;
   void check_groups(std::array<uint32_t, 3> groups) const;

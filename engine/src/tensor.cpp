@@ -80,12 +80,7 @@ void Buffer::write(const void* data, uint64_t bytes) {
     std::memcpy(mapped_, data, bytes);
     return;
   }
-  Buffer staging(*ctx_, bytes, true);
-  std::memcpy(staging.mapped(), data, bytes);
-  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
-    VkBufferCopy region{0, 0, bytes};
-    vkCmdCopyBuffer(cmd, staging.handle(), buffer_, 1, &region);
-  });
+  copy_to_buffer(*ctx_, buffer_, 0, data, bytes);
 }
 
 void Buffer::read(void* data, uint64_t bytes) const {
@@ -93,17 +88,7 @@ void Buffer::read(void* data, uint64_t bytes) const {
     std::memcpy(data, mapped_, bytes);
     return;
   }
-  Buffer staging(*ctx_, bytes, true);
-  ctx_->submit_and_wait([&](VkCommandBuffer cmd) {
-    VkBufferCopy region{0, 0, bytes};
-    vkCmdCopyBuffer(cmd, buffer_, staging.handle(), 1, &region);
-    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                         &barrier, 0, nullptr, 0, nullptr);
-  });
-  std::memcpy(data, staging.mapped(), bytes);
+  copy_from_buffer(*ctx_, buffer_, 0, data, bytes);
 }
 
 void Buffer::fill(uint32_t word) {
@@ -116,11 +101,68 @@ void Buffer::fill(uint32_t word) {
       [&](VkCommandBuffer cmd) { vkCmdFillBuffer(cmd, buffer_, 0, VK_WHOLE_SIZE, word); });
 }
 
+// Through a host-visible staging buffer, then a barrier: the copy's writes are visible to the
+// kernels and copies of later submissions.
+void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void* data,
+                    uint64_t bytes) {
+  Buffer staging(ctx, bytes, true);
+  std::memcpy(staging.mapped(), data, bytes);
+  ctx.submit_and_wait([&](VkCommandBuffer cmd) {
+    VkBufferCopy region{0, offset, bytes};
+    vkCmdCopyBuffer(cmd, staging.handle(), dst, 1, &region);
+    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT;
+    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0,
+                         1, &barrier, 0, nullptr, 0, nullptr);
+  });
+}
+
+void copy_from_buffer(ContextImpl& ctx, VkBuffer src, uint64_t offset, void* data, uint64_t bytes) {
+  Buffer staging(ctx, bytes, true);
+  ctx.submit_and_wait([&](VkCommandBuffer cmd) {
+    VkBufferCopy region{offset, 0, bytes};
+    vkCmdCopyBuffer(cmd, src, staging.handle(), 1, &region);
+    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                         &barrier, 0, nullptr, 0, nullptr);
+  });
+  std::memcpy(data, staging.mapped(), bytes);
+}
+
 }  // namespace detail
 
+// A buffer of the tensor's own, or (views) the application's buffer, offset and usage.
 struct Tensor::Storage {
   detail::Buffer buffer;
+  VkBuffer foreign = VK_NULL_HANDLE;
+  uint64_t offset = 0, bytes = 0;
+  VkBufferUsageFlags usage = kTensorUsage;
 };
+
+namespace {
+
+// Checks what every tensor needs of its dtype and shape; returns the bytes its values take, in
+// whole 32-bit words (kernels read K and V in storage of their own as words, and an odd count of
+// q8_0 blocks or of halves ends mid-word).
+uint64_t tensor_bytes(Context& ctx, const std::vector<int64_t>& shape, DType dtype) {
+  if (dtype == DType::f16 && !ctx.impl().fp16_enabled)
+    throw Error("fp16 storage needs storageBuffer16BitAccess, which device " + ctx.device().name +
+                " does not offer (or the adopted device did not enable)");
+  for (int64_t d : shape)
+    if (d < 0) throw Error("negative dimension in shape " + shape_string(shape));
+  if (dtype_block(dtype) > 1 && (shape.empty() || shape.back() % dtype_block(dtype)))
+    throw Error(std::string(dtype_name(dtype)) +
+                " stores blocks of 32 values along the last "
+                "dimension; shape " +
+                shape_string(shape) + " does not divide into them");
+  return (storage_bytes(dtype, flashvk::numel(shape)) + 3) / 4 * 4;
+}
+
+}  // namespace
 
 Tensor::Tensor() = default;
 Tensor::Tensor(Tensor&&) noexcept = default;
@@ -129,53 +171,93 @@ Tensor::~Tensor() = default;
 
 Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
     : ctx_(&ctx), shape_(std::move(shape)), dtype_(dtype) {
-  if (dtype == DType::f16 && !ctx.impl().fp16_enabled)
-    throw Error("fp16 storage needs storageBuffer16BitAccess, which device " + ctx.device().name +
-                " does not offer (or the adopted device did not enable)");
-  for (int64_t d : shape_)
-    if (d < 0) throw Error("negative dimension in shape " + shape_string(shape_));
-  if (dtype_block(dtype) > 1 && (shape_.empty() || shape_.back() % dtype_block(dtype)))
-    throw Error(std::string(dtype_name(dtype)) +
-                " stores blocks of 32 values along the last "
-                "dimension; shape " +
-                shape_string(shape_) + " does not divide into them");
-  // Whole 32-bit words: kernels read K and V in storage of their own as words (an odd count of
-  // q8_0 blocks or of halves ends mid-word).
-  uint64_t bytes = (storage_bytes(dtype, flashvk::numel(shape_)) + 3) / 4 * 4;
+  uint64_t bytes = tensor_bytes(ctx, shape_, dtype);
   // Only the allocation limit here (Buffer checks it): how much one binding may see depends on
   // how a kernel binds the tensor, which the plan checks (register tiles read K and V as texels).
   buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(ctx.impl(), bytes)});
 }
 
+Tensor Tensor::view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
+                    DType dtype, VkBufferUsageFlags usage) {
+  if (buffer == VK_NULL_HANDLE) throw Error("Tensor::view of a null VkBuffer");
+  if (!(usage & VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
+    throw Error(
+        "Tensor::view: the kernels bind tensors as storage buffers; a buffer without "
+        "VK_BUFFER_USAGE_STORAGE_BUFFER_BIT cannot hold one");
+  uint64_t align = ctx.device().min_storage_offset_alignment;
+  if (align > 1 && offset % align)
+    throw Error("Tensor::view at byte offset " + std::to_string(offset) + ": " + ctx.device().name +
+                " binds storage buffers at multiples of " + std::to_string(align) +
+                " bytes (minStorageBufferOffsetAlignment)");
+  Tensor t;
+  t.ctx_ = &ctx;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  uint64_t bytes = tensor_bytes(ctx, t.shape_, dtype);
+  t.buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(), buffer, offset, bytes, usage});
+  return t;
+}
+
+void Tensor::write(const HostTensor& host) {
+  if (!buffer_) throw Error("write to an empty tensor");
+  if (host.shape != shape_)
+    throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
+                shape_string(shape_));
+  if (!(usage() & VK_BUFFER_USAGE_TRANSFER_DST_BIT))
+    throw Error("write into a view whose buffer lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT");
+  std::vector<uint8_t> bytes =
+      dtype_ == DType::f32 ? std::vector<uint8_t>() : encode(host.data, dtype_);
+  const void* data =
+      dtype_ == DType::f32 ? static_cast<const void*>(host.data.data()) : bytes.data();
+  uint64_t size = dtype_ == DType::f32 ? host.data.size() * 4 : bytes.size();
+  if (size == 0) return;
+  if (buffer_->foreign)
+    detail::copy_to_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, data, size);
+  else
+    buffer_->buffer.write(data, size);
+}
+
 Tensor Tensor::upload(Context& ctx, const HostTensor& host, DType dtype) {
   Tensor t(ctx, host.shape, dtype);
-  if (dtype == DType::f32) {
-    t.buffer_->buffer.write(host.data.data(), host.data.size() * 4);
-  } else {
-    std::vector<uint8_t> bytes = encode(host.data, dtype);
-    t.buffer_->buffer.write(bytes.data(), bytes.size());
-  }
+  t.write(host);
   return t;
 }
 
 HostTensor Tensor::download() const {
   if (!buffer_) throw Error("download of an empty tensor");
+  if (!(usage() & VK_BUFFER_USAGE_TRANSFER_SRC_BIT))
+    throw Error("download of a view whose buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
   HostTensor host(shape_);
-  if (dtype_ == DType::f32) {
-    buffer_->buffer.read(host.data.data(), host.data.size() * 4);
-  } else {
-    std::vector<uint8_t> bytes(storage_bytes(dtype_, host.numel()));
+  std::vector<uint8_t> bytes(storage_bytes(dtype_, host.numel()));
+  if (bytes.empty()) return host;
+  if (buffer_->foreign)
+    detail::copy_from_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, bytes.data(),
+                             bytes.size());
+  else
     buffer_->buffer.read(bytes.data(), bytes.size());
+  if (dtype_ == DType::f32)
+    std::memcpy(host.data.data(), bytes.data(), bytes.size());
+  else
     host.data = decode(bytes, dtype_, host.numel());
-  }
   return host;
 }
 
 VkBuffer Tensor::buffer() const {
-  return buffer_ ? buffer_->buffer.handle() : VK_NULL_HANDLE;
+  if (!buffer_) return VK_NULL_HANDLE;
+  return buffer_->foreign ? buffer_->foreign : buffer_->buffer.handle();
+}
+uint64_t Tensor::offset() const {
+  return buffer_ ? buffer_->offset : 0;
 }
 uint64_t Tensor::bytes() const {
-  return buffer_ ? buffer_->buffer.bytes() : 0;
+  if (!buffer_) return 0;
+  return buffer_->foreign ? buffer_->bytes : buffer_->buffer.bytes();
+}
+bool Tensor::is_view() const {
+  return buffer_ && buffer_->foreign;
+}
+VkBufferUsageFlags Tensor::usage() const {
+  return buffer_ ? buffer_->usage : 0;
 }
 
 }  // namespace flashvk

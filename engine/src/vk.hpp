@@ -49,6 +49,12 @@ class Buffer {
   void* mapped_ = nullptr;
 };
 
+/// Blocking copies between host memory and `bytes` of any buffer from `offset`, through a
+/// staging buffer.
+void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void* data,
+                    uint64_t bytes);
+void copy_from_buffer(ContextImpl& ctx, VkBuffer src, uint64_t offset, void* data, uint64_t bytes);
+
 /// Specialization constants shared by every kernel: workgroup size, tile keys, head dims.
 struct Spec {
   uint32_t rows = 64, keys = 32, d = 64, dv = 64;

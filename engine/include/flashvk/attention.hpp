@@ -170,21 +170,33 @@ namespace detail {
 class Plan;
 }
 
+/// Outputs the caller owns, for a recording to write into: float32 tensors of the shapes
+/// AttentionResult describes (O [.., Nq, dv] with Q's rank, LSE [.., Nq] when want_lse), for
+/// example views of the application's own buffers (Tensor::view). Unset ones are allocated by
+/// the recording.
+struct AttentionOutputs {
+  const Tensor* out = nullptr;
+  const Tensor* lse = nullptr;
+};
+
 /// Attention recorded into a command buffer the application owns (e.g. its frame's). Holds the
-/// outputs, scratch buffers and descriptor sets, so it must outlive the command buffer's
-/// execution. The caller makes the writes to q, k, v visible before the recorded work; the
-/// recording ends with a barrier that makes out and lse visible to shaders, transfers and host.
+/// outputs (unless given), scratch buffers and descriptor sets, so it must outlive the command
+/// buffer's execution. Q, K, V and the outputs may be views of the application's buffers. The
+/// caller makes the writes to q, k, v visible before the recorded work; the recording ends with a
+/// barrier that makes out and lse visible to shaders, transfers and host.
 class AttentionRecording {
  public:
   AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const AttentionParams& params = {});
+                     const AttentionParams& params = {}, const AttentionOutputs& outputs = {});
   AttentionRecording(AttentionRecording&&) noexcept;
   AttentionRecording& operator=(AttentionRecording&&) noexcept;
   ~AttentionRecording();
 
   void record(VkCommandBuffer cmd);
+  /// O and LSE: the recording's own, or views of the AttentionOutputs it was given.
   const Tensor& out() const;
   const Tensor& lse() const;
+  TileLayout tile_layout() const;  ///< the layout its kernels run (naive: shared)
 
  private:
   std::unique_ptr<detail::Plan> plan_;

@@ -26,8 +26,10 @@ struct DeviceInfo {
   uint32_t max_workgroup_count[3] = {0, 0, 0};
   uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;  // compute shaders have subgroup shuffle and arithmetic ops
-  uint64_t max_storage_buffer_range = 0;   // bytes one storage-buffer binding can see
-  uint64_t max_texel_buffer_elements = 0;  // texels one texel-buffer binding can see
+  uint64_t max_storage_buffer_range = 0;      // bytes one storage-buffer binding can see
+  uint64_t max_texel_buffer_elements = 0;     // texels one texel-buffer binding can see
+  uint64_t min_storage_offset_alignment = 0;  // a storage-buffer binding's offset divides by it
+  uint64_t min_texel_offset_alignment = 0;    // a texel-buffer view's offset divides by it
   bool texel_buffers = false;        // RGBA fp32 and fp16 uniform texel buffers (register tiles)
   uint64_t max_allocation = 0;       // bytes one allocation may have
   uint64_t device_local_memory = 0;  // bytes in the largest device-local heap
@@ -99,6 +101,10 @@ class Context {
 
   const DeviceInfo& device() const;
   bool owns_device() const;
+  /// The Vulkan objects this context runs on, its own or the adopted ones: for creating buffers
+  /// on its device that tensors view (Tensor::view), or recording on its queue's family. The
+  /// queue is shared: the application must not submit to it while the engine does.
+  ExternalDevice handles() const;
   /// Messages of warning or error severity from the validation layers since the last call.
   std::vector<std::string> take_validation_messages();
 

@@ -64,14 +64,36 @@ HostTensor stored_values(const HostTensor& x, DType dtype);
 HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
 std::string shape_string(const std::vector<int64_t>& shape);
 
-/// A device buffer holding a tensor in `dtype` storage. Move-only; the Context must outlive it.
+/// The usage a tensor's VkBuffer is created with, and what Tensor::view takes a caller's buffer
+/// to have unless told otherwise: kernels bind tensors as storage buffers, register tiles read K
+/// and V as uniform texel buffers, and write() and download() copy to and from them.
+constexpr VkBufferUsageFlags kTensorUsage =
+    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
+    VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
+/// A tensor in `dtype` storage on the device: in a buffer of its own, or a view of part of a
+/// buffer the application owns. Row-major, its values from offset() on (blocks as DType says).
+/// Move-only; the Context must outlive it.
 class Tensor {
  public:
   Tensor();
+  /// A buffer of its own, uninitialised.
   Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype);
+  /// A view of the application's `buffer` from byte `offset`: no copy, and nothing is owned, so
+  /// the buffer must outlive the view and any recording that uses it. `offset` must be a
+  /// multiple of the device's minStorageBufferOffsetAlignment (DeviceInfo), and the buffer must
+  /// hold bytes() from there (the engine cannot see a VkBuffer's size; the validation layers
+  /// can). `usage`: the flags the buffer was created with, at least STORAGE_BUFFER. Without
+  /// UNIFORM_TEXEL_BUFFER, or at an offset that is not a multiple of
+  /// minTexelBufferOffsetAlignment, K and V are read through shared tiles, not register tiles;
+  /// write() needs TRANSFER_DST and download() TRANSFER_SRC.
+  static Tensor view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
+                     DType dtype, VkBufferUsageFlags usage = kTensorUsage);
   /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
   /// a multiple of 32.
   static Tensor upload(Context& ctx, const HostTensor& host, DType dtype);
+  /// Encodes `host` (of this tensor's shape) into this tensor's storage and waits for the copy.
+  void write(const HostTensor& host);
   HostTensor download() const;
 
   Tensor(Tensor&&) noexcept;
@@ -81,7 +103,11 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   VkBuffer buffer() const;
+  uint64_t offset() const;  ///< where the values start in buffer(); 0 but for views
+  /// Bytes the values take from offset(): storage_bytes() rounded up to whole 32-bit words.
   uint64_t bytes() const;
+  bool is_view() const;
+  VkBufferUsageFlags usage() const;
   bool empty() const { return buffer_ == nullptr; }
   Context* context() const { return ctx_; }
 
