@@ -118,6 +118,7 @@ layout(push_constant) uniform Params {
   uint mask_values;     // in mask rows (0 where the mask is broadcast over them)
   uint mask_bstride;
   uint mask_hstride;
+  uint kv_rows;  // keys from one K/V head to the next in memory: Nk, or a KV cache's capacity
 }
 pc;
 
@@ -150,9 +151,10 @@ float kv_value(uint fmt, uint x, uint word, uint scale_word) {
   return d * float(int((word >> shift) & 15u) - 8);
 }
 
-// Values of K and V in a KV head's row layout: K [B, Hkv, Nk, D], V [.., DV].
-uint k_count() { return pc.batch * pc.kv_heads * pc.nk * D; }
-uint v_count() { return pc.batch * pc.kv_heads * pc.nk * DV; }
+// Values of K and V in memory: K [B, Hkv, kv_rows, D], V [.., DV], of which each head's first Nk
+// keys are attended.
+uint k_count() { return pc.batch * pc.kv_heads * pc.kv_rows * D; }
+uint v_count() { return pc.batch * pc.kv_heads * pc.kv_rows * DV; }
 
 #if defined(KV_QUANT) && !defined(REG_TILE)
 float k_value(uint x) {
@@ -213,7 +215,7 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   r.b = b;
   r.bh = b * pc.heads + h;
   uint group = pc.heads / pc.kv_heads;
-  r.kv_base = (b * pc.kv_heads + h / group) * pc.nk;
+  r.kv_base = (b * pc.kv_heads + h / group) * pc.kv_rows;
   r.i = i;
   row_keys(b, h, i, r.key_begin, r.key_end);
   r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;

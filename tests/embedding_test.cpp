@@ -305,6 +305,79 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   EXPECT_LE(max_error(half_out.download().data, ref.out), tolerance(q, k, k, params));
 }
 
+// The first n rows of every [.., N, d] matrix of a host tensor.
+HostTensor first_rows(const HostTensor& x, int64_t n) {
+  std::vector<int64_t> shape = x.shape;
+  int64_t rows = shape[shape.size() - 2], d = shape.back();
+  shape[shape.size() - 2] = n;
+  HostTensor out(shape);
+  for (int64_t m = 0; m < x.numel() / (rows * d); ++m)
+    std::copy_n(x.data.begin() + m * rows * d, n * d, out.data.begin() + m * n * d);
+  return out;
+}
+
+// Attention over the first 37 keys of a KV cache of capacity 50 (Tensor::prefix: the heads stay
+// 50 keys apart), in every variant family's layouts and in three storages (block formats keep
+// their scales after all the cache's quants), against float64 on those keys' stored values.
+TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  HostTensor q = random_tensor({2, 4, 3, 64}, 81), k = random_tensor({2, 2, 50, 64}, 82),
+             v = random_tensor({2, 2, 50, 32}, 83);
+  const int64_t n = 37;
+  std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
+  if (info.fp16_storage) storages.push_back(DType::f16);
+  AttentionParams params;
+  params.causal = true;
+  for (const Storage& storage : storages) {
+    Tensor tq = Tensor::upload(ctx, q, storage.q), tk = Tensor::upload(ctx, k, storage.k),
+           tv = Tensor::upload(ctx, v, storage.v);
+    Tensor pk = tk.prefix(n), pv = tv.prefix(n);
+    EXPECT_EQ(pk.row_capacity(), 50);
+    HostTensor ks = first_rows(stored_values(k, storage.k), n),
+               vs = first_rows(stored_values(v, storage.v), n);
+    EXPECT_EQ(pk.download().data, ks.data) << storage_name(storage);
+    reference::Result ref = reference::direct(stored_values(q, storage.q), ks, vs, params);
+    for (Variant variant : {Variant::naive, Variant::flash2, Variant::splitkv}) {
+      params.variant = variant;
+      std::vector<TileLayout> layouts = {TileLayout::automatic};
+      if (variant != Variant::naive) {
+        layouts.push_back(TileLayout::shared);
+        if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
+        if (variant == Variant::splitkv && info.subgroup_shuffle && !storage.own_kv())
+          layouts.push_back(TileLayout::lanes);
+      }
+      for (TileLayout layout : layouts) {
+        params.tile_layout = layout;
+        AttentionResult r = attention(ctx, tq, pk, pv, params);
+        std::string what = storage_name(storage) + ", " + variant_name(variant) + ", " +
+                           tile_layout_name(r.tile_layout);
+        EXPECT_LE(max_error(r.out.download().data, ref.out),
+                  tolerance(stored_values(q, storage.q), ks, vs, params))
+            << what;
+      }
+    }
+  }
+  params = {};
+  Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32);
+  auto refused = [](const std::function<void()>& call, const char* words) {
+    try {
+      call();
+      ADD_FAILURE() << "not refused: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { tk.prefix(51); }, "at most 50");
+  refused([&] { tk.prefix(n).write(first_rows(k, n)); }, "write the whole tensor");
+  refused([&] { attention(ctx, tq.prefix(2), tk, tk, params); }, "Q must be dense");
+  EXPECT_EQ(tk.prefix(n).prefix(n - 1).row_capacity(), 50);  // still the cache's heads
+  Tensor t40 = Tensor::upload(ctx, random_tensor({2, 2, 40, 64}, 84), DType::f32);
+  refused([&] { attention(ctx, tq, tk.prefix(n), t40.prefix(n), params); }, "must be alike");
+  params.rope = RopeLayout::half;
+  refused([&] { attention(ctx, tq, tk.prefix(n), tk.prefix(n), params); }, "rotate K before");
+}
+
 TEST(Embedding, AdoptRefusesMissingHandles) {
   EXPECT_THROW(Context::adopt(ExternalDevice{}), Error);
 }

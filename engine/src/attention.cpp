@@ -180,6 +180,7 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
   dims.kv_heads = static_cast<uint32_t>(kd[1]);
   dims.nq = static_cast<uint32_t>(qd[2]);
   dims.nk = static_cast<uint32_t>(kd[2]);
+  dims.kv_rows = dims.nk;
   dims.d = static_cast<uint32_t>(qd[3]);
   dims.dv = static_cast<uint32_t>(vd[3]);
   dims.out_shape = q;

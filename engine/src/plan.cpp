@@ -17,7 +17,7 @@ namespace {
 // 32-bit words, so d and dv must be multiples of 4 and each of K and V must fit one texel-buffer
 // binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
-  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
   if (kv.own_kv())
     texels = std::max(storage_bytes(kv.k, int64_t(keys * dims.d)),
@@ -394,7 +394,15 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
   kv = Storage{dtype, k.dtype(), v.dtype()};
   dims = check_shapes(q.shape(), k.shape(), v.shape());
-  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
+  if (q.row_capacity() != q.shape()[q.shape().size() - 2])
+    throw Error("attention: Q must be dense; prefix() views are for K and V");
+  if (k.row_capacity() != v.row_capacity())
+    throw Error("attention: K and V are prefixes of caches of " + std::to_string(k.row_capacity()) +
+                " and " + std::to_string(v.row_capacity()) + " keys a head; they must be alike");
+  dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
+  if (params.rope != RopeLayout::none && dims.kv_rows != dims.nk)
+    throw Error("attention: rope rotates a dense K; rotate K before it goes into the cache");
+  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   if (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
     throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
                 " are indexed by 32-bit value counts: " + std::to_string(keys) +
@@ -430,7 +438,8 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               0,
               0,
               0,
-              0};
+              0,
+              dims.kv_rows};
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
 
@@ -493,7 +502,7 @@ Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, cons
   const Tensor& t = *given;
   if (t.empty() || t.context() != &ctx)
     throw Error(std::string("attention: the ") + name + " output must be a tensor on this context");
-  if (t.dtype() != DType::f32 || t.shape() != shape)
+  if (t.dtype() != DType::f32 || t.shape() != shape || t.row_capacity() != shape[shape.size() - 2])
     throw Error(std::string("attention: the ") + name + " output is " + dtype_name(t.dtype()) +
                 " " + shape_string(t.shape()) + "; attention writes f32 " + shape_string(shape));
   return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage());
@@ -559,7 +568,7 @@ void Plan::make_texel_views() {
   VkFormat format =
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
   if (kv.own_kv()) format = VK_FORMAT_R32_UINT;
-  int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.nk;
+  int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   struct View {
     VkBuffer buffer;
     VkFormat format;

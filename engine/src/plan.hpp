@@ -19,8 +19,9 @@ struct Push {
   int32_t window_left, window_right;  // causal folded in: window_right = 0
   float softcap;
   uint32_t mask_ranges, mask_values, mask_bstride, mask_hstride;  // kModMask: words, mask rows
+  uint32_t kv_rows;                                               // Dims::kv_rows
 };
-static_assert(sizeof(Push) == 19 * 4 && sizeof(Push) <= 128, "Push mirrors common.glsl's Params");
+static_assert(sizeof(Push) == 20 * 4 && sizeof(Push) <= 128, "Push mirrors common.glsl's Params");
 constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 /// Spec::mods bits, MOD_* in shaders/common.glsl.
 constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;

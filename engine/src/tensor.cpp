@@ -141,6 +141,7 @@ struct Tensor::Storage {
   VkBuffer foreign = VK_NULL_HANDLE;
   uint64_t offset = 0, bytes = 0;
   VkBufferUsageFlags usage = kTensorUsage;
+  int64_t rows = -1;  // rows of a matrix in memory (prefix views); -1: shape[-2]
 };
 
 namespace {
@@ -194,12 +195,31 @@ Tensor Tensor::view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   uint64_t bytes = tensor_bytes(ctx, t.shape_, dtype);
-  t.buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(), buffer, offset, bytes, usage});
+  t.buffer_ =
+      std::make_unique<Storage>(Storage{detail::Buffer(), buffer, offset, bytes, usage, -1});
+  return t;
+}
+
+Tensor Tensor::prefix(int64_t n) const {
+  if (!buffer_) throw Error("prefix of an empty tensor");
+  if (shape_.size() < 2) throw Error("prefix needs a tensor of rank 2 or more ([.., N, d])");
+  if (n < 0 || n > shape_[shape_.size() - 2])
+    throw Error("prefix of " + std::to_string(n) + " rows of a tensor of shape " +
+                shape_string(shape_) + ": at most " + std::to_string(shape_[shape_.size() - 2]));
+  Tensor t;
+  t.ctx_ = ctx_;
+  t.shape_ = shape_;
+  t.shape_[t.shape_.size() - 2] = n;
+  t.dtype_ = dtype_;
+  t.buffer_ = std::make_unique<Storage>(
+      Storage{detail::Buffer(), buffer(), offset(), bytes(), usage(), row_capacity()});
   return t;
 }
 
 void Tensor::write(const HostTensor& host) {
   if (!buffer_) throw Error("write to an empty tensor");
+  if (row_capacity() != shape_[shape_.size() - 2])
+    throw Error("write into a prefix() view; write the whole tensor it views");
   if (host.shape != shape_)
     throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
                 shape_string(shape_));
@@ -227,18 +247,26 @@ HostTensor Tensor::download() const {
   if (!buffer_) throw Error("download of an empty tensor");
   if (!(usage() & VK_BUFFER_USAGE_TRANSFER_SRC_BIT))
     throw Error("download of a view whose buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
-  HostTensor host(shape_);
-  std::vector<uint8_t> bytes(storage_bytes(dtype_, host.numel()));
-  if (bytes.empty()) return host;
+  // All of the tensor a prefix() views, from which its rows are then taken.
+  std::vector<int64_t> whole = shape_;
+  if (whole.size() >= 2) whole[whole.size() - 2] = row_capacity();
+  HostTensor all(whole);
+  std::vector<uint8_t> bytes(storage_bytes(dtype_, all.numel()));
+  if (bytes.empty()) return HostTensor(shape_);
   if (buffer_->foreign)
     detail::copy_from_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, bytes.data(),
                              bytes.size());
   else
     buffer_->buffer.read(bytes.data(), bytes.size());
   if (dtype_ == DType::f32)
-    std::memcpy(host.data.data(), bytes.data(), bytes.size());
+    std::memcpy(all.data.data(), bytes.data(), bytes.size());
   else
-    host.data = decode(bytes, dtype_, host.numel());
+    all.data = decode(bytes, dtype_, all.numel());
+  if (whole == shape_) return all;
+  HostTensor host(shape_);
+  int64_t matrix = row_capacity() * shape_.back(), part = host.numel() / (all.numel() / matrix);
+  for (int64_t m = 0; m < all.numel() / matrix; ++m)
+    std::copy_n(all.data.begin() + m * matrix, part, host.data.begin() + m * part);
   return host;
 }
 
@@ -252,6 +280,10 @@ uint64_t Tensor::offset() const {
 uint64_t Tensor::bytes() const {
   if (!buffer_) return 0;
   return buffer_->foreign ? buffer_->bytes : buffer_->buffer.bytes();
+}
+int64_t Tensor::row_capacity() const {
+  if (buffer_ && buffer_->rows >= 0) return buffer_->rows;
+  return shape_.size() >= 2 ? shape_[shape_.size() - 2] : 1;
 }
 bool Tensor::is_view() const {
   return buffer_ && buffer_->foreign;

@@ -124,6 +124,9 @@ std::vector<float> alibi_slopes(uint32_t heads, float max_bias);
 /// The sizes every kernel works with, read from the tensors' shapes.
 struct Dims {
   uint32_t batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0, dv = 0;
+  /// Keys from one K/V head to the next in memory: Nk, or the capacity of a cache whose first
+  /// Nk keys K and V are (Tensor::prefix).
+  uint32_t kv_rows = 0;
   std::vector<int64_t> out_shape;  ///< [.., Nq, dv] with the rank of Q
   std::vector<int64_t> lse_shape;  ///< [.., Nq]
 };

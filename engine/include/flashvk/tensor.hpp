@@ -89,6 +89,12 @@ class Tensor {
   /// write() needs TRANSFER_DST and download() TRANSFER_SRC.
   static Tensor view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
                      DType dtype, VkBufferUsageFlags usage = kTensorUsage);
+  /// A view of the first `n` rows of every [.., N, d] matrix (dimension -2), without a copy: a
+  /// KV cache of capacity N holding n tokens, for attention over them. Its matrices stay N rows
+  /// apart in memory (row_capacity()). K and V may be such views (alike), Q and the outputs must
+  /// be dense; download() reads one, write() refuses it (write the whole cache). The tensor it
+  /// views must outlive it.
+  Tensor prefix(int64_t n) const;
   /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
   /// a multiple of 32.
   static Tensor upload(Context& ctx, const HostTensor& host, DType dtype);
@@ -104,9 +110,13 @@ class Tensor {
   DType dtype() const { return dtype_; }
   VkBuffer buffer() const;
   uint64_t offset() const;  ///< where the values start in buffer(); 0 but for views
-  /// Bytes the values take from offset(): storage_bytes() rounded up to whole 32-bit words.
+  /// Bytes the values take from offset(): storage_bytes() rounded up to whole 32-bit words (of
+  /// the whole tensor a prefix() views).
   uint64_t bytes() const;
   bool is_view() const;
+  /// Rows from the start of one [N, d] matrix to the next in memory: shape()[-2], but for a
+  /// prefix() view, the N of the tensor it views.
+  int64_t row_capacity() const;
   VkBufferUsageFlags usage() const;
   bool empty() const { return buffer_ == nullptr; }
   Context* context() const { return ctx_; }
