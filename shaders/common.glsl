@@ -122,6 +122,13 @@ layout(push_constant) uniform Params {
 }
 pc;
 
+// The number of keys attended, Nk: in memory, not a push constant, so that a recording over a KV
+// cache is recorded once and attends over more keys each time it runs
+// (AttentionRecording::set_keys writes it before a submit). At most pc.kv_rows. pc.nk is the
+// Nk the plan was made for, the key and additive masks' row length.
+layout(std140, binding = 13) uniform Lengths { uint nk; } lengths;
+uint kv_len() { return lengths.nk; }
+
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
 // Value x (a flat element index) of a tensor of `count` values in format fmt: kv_word() is the
@@ -197,16 +204,16 @@ uint mask_row_of(uint b, uint h, uint i) {
 }
 
 void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
-  int diag = int(i) + int(pc.nk) - int(pc.nq);
+  int diag = int(i) + int(kv_len()) - int(pc.nq);
   int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
-  int hi = pc.window_right < 0 ? int(pc.nk) : diag + pc.window_right + 1;
+  int hi = pc.window_right < 0 ? int(kv_len()) : diag + pc.window_right + 1;
   if ((MODS & MOD_MASK) != 0u) {
     uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
     lo = max(lo, int(mask_buf[at]));
     hi = min(hi, int(mask_buf[at + 1u]));
   }
-  begin = uint(clamp(lo, 0, int(pc.nk)));
-  end = uint(clamp(hi, int(begin), int(pc.nk)));
+  begin = uint(clamp(lo, 0, int(kv_len())));
+  end = uint(clamp(hi, int(begin), int(kv_len())));
 }
 
 Row make_row(uint b, uint h, uint i, bool valid) {
@@ -220,7 +227,7 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   row_keys(b, h, i, r.key_begin, r.key_end);
   r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;
   if (!valid) r.key_begin = r.key_end = 0u;
-  r.diag = int(i) + int(pc.nk) - int(pc.nq);
+  r.diag = int(i) + int(kv_len()) - int(pc.nq);
   r.slope = 0.0;
   r.sink = NEG_INF;
   if ((MODS & (MOD_ALIBI | MOD_SINKS)) != 0u) {
@@ -342,10 +349,10 @@ void workgroup_keys(inout uint lo, inout uint hi) {
 // records) stay where a walk from key 0 would put them.
 void walk_bounds(uint lo, uint hi, out uint begin, out uint end) {
   begin = 0u;
-  end = pc.nk;
+  end = kv_len();
 #ifdef SPLIT_KV
-  begin = min(pc.nk, gl_WorkGroupID.z * pc.keys_per_split);
-  end = min(pc.nk, begin + pc.keys_per_split);
+  begin = min(kv_len(), gl_WorkGroupID.z * pc.keys_per_split);
+  end = min(kv_len(), begin + pc.keys_per_split);
 #endif
   begin = max(begin, lo / BC * BC);
   end = min(end, hi);

@@ -8,12 +8,12 @@ void main() {
   uint bh = pc.bh0 + gl_WorkGroupID.y;
   uint i = gl_GlobalInvocationID.x;
   Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
-  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
+  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * kv_len();
   bool traced = is_traced(r);
   float o[DV];
   [[unroll]] for (uint k = 0; k < DV; ++k) o[k] = 0.0;
-  for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
-    uint n = min(BC, pc.nk - j0);
+  for (uint j0 = 0u; j0 < kv_len(); j0 += BC) {
+    uint n = min(BC, kv_len() - j0);
     barrier();
     load_v_tile(r.kv_base, j0, n);
     barrier();

@@ -11,9 +11,9 @@ void main() {
   Row r = make_row(bh / pc.heads, bh % pc.heads, min(i, pc.nq - 1u), i < pc.nq);
   rows[0] = r;  // ROWS is 1
   load_q(0u);
-  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * pc.nk;
-  for (uint j0 = 0u; j0 < pc.nk; j0 += BC) {
-    uint n = min(BC, pc.nk - j0);
+  uint base = (gl_WorkGroupID.y * pc.nq + r.i) * kv_len();
+  for (uint j0 = 0u; j0 < kv_len(); j0 += BC) {
+    uint n = min(BC, kv_len() - j0);
     barrier();
     load_k_tile(r.kv_base, j0, n);
     barrier();

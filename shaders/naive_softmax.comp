@@ -27,7 +27,7 @@ float reduce(float v, uint op) {
 void main() {
   uint i = gl_WorkGroupID.x;
   uint bh = pc.bh0 + gl_WorkGroupID.y;
-  uint base = (gl_WorkGroupID.y * pc.nq + i) * pc.nk;
+  uint base = (gl_WorkGroupID.y * pc.nq + i) * kv_len();
   uint lid = gl_LocalInvocationID.x;
   uint step = gl_WorkGroupSize.x;
 
@@ -35,13 +35,13 @@ void main() {
   float sink = NEG_INF;
   if ((MODS & MOD_SINKS) != 0u) sink = head_buf[bh].y;
   float m = NEG_INF;
-  for (uint j = lid; j < pc.nk; j += step) m = max(m, scratch1[base + j]);
+  for (uint j = lid; j < kv_len(); j += step) m = max(m, scratch1[base + j]);
   m = max(reduce(m, 0u), sink);
   float e_sink = sink == NEG_INF ? 0.0 : exp(sink - m);
 
   float d = 0.0;
   if (m != NEG_INF)
-    for (uint j = lid; j < pc.nk; j += step) {
+    for (uint j = lid; j < kv_len(); j += step) {
       float x = scratch1[base + j];
       d += x == NEG_INF ? 0.0 : exp(x - m);
     }
@@ -53,7 +53,7 @@ void main() {
   if (lid == 0u && is_traced(make_row(bh / pc.heads, bh % pc.heads, i, true))) {
     float run_m = sink;
     float run_d = e_sink;
-    for (uint j = 0u; j < pc.nk; ++j) {
+    for (uint j = 0u; j < kv_len(); ++j) {
       float x = scratch1[base + j];
       float e = x == NEG_INF ? 0.0 : exp(x - m);
       run_m = max(run_m, x);
@@ -67,7 +67,7 @@ void main() {
   barrier();  // S is read above before any invocation overwrites it with P
 
   float inv = d > 0.0 ? 1.0 / d : 0.0;
-  for (uint j = lid; j < pc.nk; j += step) {
+  for (uint j = lid; j < kv_len(); j += step) {
     float x = scratch1[base + j];
     scratch1[base + j] = x == NEG_INF ? 0.0 : exp(x - m) * inv;
   }

@@ -378,6 +378,104 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   refused([&] { attention(ctx, tq, tk.prefix(n), tk.prefix(n), params); }, "rotate K before");
 }
 
+// A command buffer of the application's, recorded once and submitted many times.
+struct ReusedFrame {
+  VkDevice device;
+  VkQueue queue;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  ReusedFrame(const ExternalDevice& h, const std::function<void(VkCommandBuffer)>& fill)
+      : device(h.device), queue(h.queue) {
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = h.queue_family;
+    EXPECT_EQ(vkCreateCommandPool(device, &pi, nullptr, &pool), VK_SUCCESS);
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    EXPECT_EQ(vkAllocateCommandBuffers(device, &ai, &cmd), VK_SUCCESS);
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(cmd, &bi);
+    fill(cmd);
+    vkEndCommandBuffer(cmd);
+  }
+  void submit() {
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    EXPECT_EQ(vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE), VK_SUCCESS);
+    EXPECT_EQ(vkQueueWaitIdle(queue), VK_SUCCESS);
+  }
+  ~ReusedFrame() { vkDestroyCommandPool(device, pool, nullptr); }
+  ReusedFrame(const ReusedFrame&) = delete;
+  ReusedFrame& operator=(const ReusedFrame&) = delete;
+};
+
+// A decode loop recorded once: K and V are a cache of capacity 64 (prefix views of 1 key at
+// first), each step writes a new query, sets the cache's length and submits the same command
+// buffer; the output is checked against float64 over the first n keys every time. splitkv's
+// automatic layout runs 100 steps with lengths that grow, shrink and jump; the other variants
+// and layouts a few each. A length past the capacity, and one other than Nk with a key mask,
+// are refused.
+TEST_F(ViewTest, ARecordingResubmittedWithChangingLengths) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  const int64_t capacity = 64;
+  HostTensor k = random_tensor({1, 2, capacity, 64}, 91),
+             v = random_tensor({1, 2, capacity, 32}, 92);
+  Tensor tk = Tensor::upload(ctx, k, DType::f32), tv = Tensor::upload(ctx, v, DType::f32);
+  Tensor tq(ctx, {1, 4, 1, 64}, DType::f32);
+  struct Case {
+    Variant variant;
+    TileLayout layout;
+    int steps;
+  };
+  std::vector<Case> cases = {{Variant::splitkv, TileLayout::automatic, 100},
+                             {Variant::splitkv, TileLayout::shared, 6},
+                             {Variant::flash2, TileLayout::automatic, 6},
+                             {Variant::flashd, TileLayout::shared, 6},
+                             {Variant::naive, TileLayout::automatic, 6}};
+  if (info.subgroup_shuffle && info.texel_buffers)
+    cases.push_back({Variant::splitkv, TileLayout::registers, 6});
+  if (info.subgroup_shuffle) cases.push_back({Variant::splitkv, TileLayout::lanes, 6});
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    AttentionParams params;
+    params.variant = c.variant;
+    params.tile_layout = c.layout;
+    params.window_left = 40;  // a sliding window: the first keys drop out as the cache grows
+    AttentionRecording rec(ctx, tq, tk.prefix(1), tv.prefix(1), params);
+    ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+    for (int step = 0; step < c.steps; ++step) {
+      int64_t n = step < 64 ? step + 1 : (step * 37) % capacity + 1;
+      if (c.steps < 64) n = std::vector<int64_t>{1, 2, 33, 64, 17, 40}[step];
+      HostTensor q = random_tensor({1, 4, 1, 64}, ++seed);
+      tq.write(q);
+      rec.set_keys(static_cast<uint32_t>(n));
+      frame.submit();
+      reference::Result ref = reference::direct(q, first_rows(k, n), first_rows(v, n), params);
+      double err = max_error(rec.out().download().data, ref.out);
+      EXPECT_LE(err, tolerance(q, first_rows(k, n), first_rows(v, n), params))
+          << variant_name(c.variant) << " " << tile_layout_name(rec.tile_layout()) << ", step "
+          << step << ", " << n << " keys";
+      EXPECT_LE(max_lse_error(rec.lse().download().data, ref.lse), 1e-5) << n << " keys";
+      if (err > 1e-3) break;  // one message, not a hundred
+    }
+  }
+  AttentionRecording rec(ctx, tq, tk.prefix(8), tv.prefix(8));
+  EXPECT_THROW(rec.set_keys(capacity + 1), Error);
+  AttentionParams masked;
+  masked.key_mask.assign(8, 1);
+  AttentionRecording with_mask(ctx, tq, tk.prefix(8), tv.prefix(8), masked);
+  with_mask.set_keys(8);
+  try {
+    with_mask.set_keys(9);
+    ADD_FAILURE() << "a masked recording took another length";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("record it again"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Embedding, AdoptRefusesMissingHandles) {
   EXPECT_THROW(Context::adopt(ExternalDevice{}), Error);
 }

@@ -237,6 +237,7 @@ AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, const Tens
                                        const AttentionOutputs& outputs) {
   detail::PlanOptions options;
   options.outputs = outputs;
+  options.dynamic_keys = true;
   plan_ = std::make_unique<detail::Plan>(ctx, q, k, v, params, options);
 }
 AttentionRecording::AttentionRecording(AttentionRecording&&) noexcept = default;
@@ -251,6 +252,9 @@ const Tensor& AttentionRecording::out() const {
 }
 const Tensor& AttentionRecording::lse() const {
   return plan_->lse;
+}
+void AttentionRecording::set_keys(uint32_t n) {
+  plan_->set_keys(n);
 }
 TileLayout AttentionRecording::tile_layout() const {
   return plan_->tile_layout();

@@ -416,11 +416,12 @@ bool ContextImpl::save_pipeline_cache() const try {
 
 void ContextImpl::init_shared_objects() {
   vkGetPhysicalDeviceMemoryProperties(physical, &memory);
-  std::array<VkDescriptorSetLayoutBinding, kBindings + kTexelBindings> bindings{};
+  std::array<VkDescriptorSetLayoutBinding, kLengthsBinding + 1> bindings{};
   for (uint32_t i = 0; i < bindings.size(); ++i) {
     bindings[i].binding = i;
-    bindings[i].descriptorType =
-        i < kBindings ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER : VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    bindings[i].descriptorType = i < kBindings         ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                                 : i < kLengthsBinding ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                                                       : VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
     bindings[i].descriptorCount = 1;
     bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }

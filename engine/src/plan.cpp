@@ -251,7 +251,7 @@ void set_modifiers(Plan& plan) {
     if (w < -1)
       throw Error(std::string(name) + " must be -1 (unbounded) or at least 0; got " +
                   std::to_string(w));
-    return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(d.nk) + d.nq));
+    return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(plan.most_keys) + d.nq));
   };
   side(p.window_left, "window_left");
   side(p.window_right, "window_right");  // checked even where causal overrides it
@@ -402,6 +402,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
   if (params.rope != RopeLayout::none && dims.kv_rows != dims.nk)
     throw Error("attention: rope rotates a dense K; rotate K before it goes into the cache");
+  most_keys = options.dynamic_keys ? dims.kv_rows : dims.nk;
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   if (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
     throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
@@ -419,6 +420,8 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: scale must be a finite number");
 
   create_pools();
+  lengths = Buffer(impl, 16, true);
+  set_keys(dims.nk);
 
   push = Push{dims.batch,
               dims.heads,
@@ -546,10 +549,11 @@ void Plan::check_loop_budget(uint64_t keys) const {
 
 void Plan::create_pools() {
   VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kBindings},
-                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 4 * kTexelBindings}};
+                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 4 * kTexelBindings},
+                                  {VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 4}};
   VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
   pool_info.maxSets = 4;
-  pool_info.poolSizeCount = 2;
+  pool_info.poolSizeCount = 3;
   pool_info.pPoolSizes = sizes;
   check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
   if (impl.timestamp_bits > 0 && ctx.device().timestamps) {
@@ -654,6 +658,15 @@ VkDescriptorSet Plan::make_set(const Bindings& buffers) {
     writes[i].pBufferInfo = &infos[i];
   }
   vkUpdateDescriptorSets(impl.device, kBindings, writes.data(), 0, nullptr);
+  VkDescriptorBufferInfo length_info{lengths.handle() ? lengths.handle() : impl.dummy.handle(), 0,
+                                     16};
+  VkWriteDescriptorSet length_write{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+  length_write.dstSet = set;
+  length_write.dstBinding = kLengthsBinding;
+  length_write.descriptorCount = 1;
+  length_write.descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
+  length_write.pBufferInfo = &length_info;
+  vkUpdateDescriptorSets(impl.device, 1, &length_write, 0, nullptr);
   if (!texel_views[0]) return set;
   std::array<VkWriteDescriptorSet, kTexelBindings> texel_writes{};
   for (uint32_t i = 0; i < kTexelBindings; ++i) {
@@ -692,6 +705,21 @@ void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3>
   std::memcpy(d.push.data(), push_data, push_bytes);
   d.push_bytes = push_bytes;
   steps_.push_back(d);
+}
+
+void Plan::set_keys(uint32_t n) {
+  if (n > most_keys)
+    throw Error("attention over " + std::to_string(n) + " keys, but " +
+                (options.dynamic_keys ? "K and V hold at most " + std::to_string(most_keys) +
+                                            " a head (their row_capacity())"
+                                      : "this plan is for " + std::to_string(most_keys)));
+  if (n != dims.nk && (spec.key_mask || (spec.mods & kModMask) || params.rope != RopeLayout::none))
+    throw Error(
+        "attention with a key mask, an additive mask or RoPE attends over the Nk it was "
+        "recorded for (" +
+        std::to_string(dims.nk) + "); record it again for " + std::to_string(n) + " keys");
+  uint32_t words[4] = {n, 0, 0, 0};
+  lengths.write(words, sizeof(words));
 }
 
 void Plan::add_barrier() {

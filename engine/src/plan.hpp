@@ -58,6 +58,8 @@ struct PlanOptions {
   uint32_t keys = 0;            ///< force Bc (1 = the per-key recurrence)
   uint32_t keys_per_split = 0;  ///< force the splitkv chunk length
   AttentionOutputs outputs;     ///< the caller's O and LSE, if it gives them
+  /// Planned for any number of keys up to K's row_capacity() (Plan::set_keys), not just Nk.
+  bool dynamic_keys = false;
 };
 
 class Plan {
@@ -74,6 +76,8 @@ class Plan {
 
   void record(VkCommandBuffer cmd);
   double gpu_ms() const;  ///< after the recorded work has finished
+  /// The number of keys the recorded kernels attend over when they next run (dynamic_keys).
+  void set_keys(uint32_t n);
 
   // Read by the kernel families.
   Context& ctx;
@@ -92,6 +96,10 @@ class Plan {
   Buffer heads;               // [B * H] (ALiBi slope, sink logit), when a modifier needs them
   std::vector<Buffer> extra;  // RoPE angle tables
   uint32_t splits = 1, keys_per_split = 0;
+  /// The most keys the kernels may be asked to attend: Nk, or with dynamic_keys the capacity
+  /// (Dims::kv_rows). Chunks, scratch and loop budgets are sized for it.
+  uint32_t most_keys = 0;
+  Buffer lengths;  // host-visible: the Nk the kernels read (common.glsl `lengths`)
   uint64_t device_bytes = 0;
   std::array<VkBufferView, kTexelBindings> texel_views{};  // K, V as texels (register tiles)
 

@@ -17,9 +17,7 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
                 "maxMemoryAllocationSize (" + std::to_string(info.max_allocation) + " bytes)");
   VkBufferCreateInfo buffer_info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   buffer_info.size = std::max<uint64_t>(bytes, 16);
-  buffer_info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
-                      VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                      VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  buffer_info.usage = kTensorUsage | VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT;
   buffer_info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   check(vkCreateBuffer(ctx.device, &buffer_info, nullptr, &buffer_), "vkCreateBuffer");
   VkMemoryRequirements req;

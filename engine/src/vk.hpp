@@ -86,6 +86,8 @@ struct Spec {
 constexpr uint32_t kBindings = 10;
 /// Then K and V again as RGBA uniform texel buffers, read by the register-tile kernels.
 constexpr uint32_t kTexelBindings = 3;
+/// Then the uniform buffer of the number of keys attended (common.glsl `lengths`).
+constexpr uint32_t kLengthsBinding = kBindings + kTexelBindings;
 
 struct ContextImpl {
   bool owns = false;

@@ -196,6 +196,14 @@ class AttentionRecording {
   ~AttentionRecording();
 
   void record(VkCommandBuffer cmd);
+  /// How many keys of K and V the recorded kernels attend over the next time they run: at most
+  /// K's row_capacity() (a KV cache's capacity, K and V being prefix() views of it), so that a
+  /// command buffer recorded once serves every decode step, the cache one token longer each
+  /// time; the queries sit on the last Nq of the n keys (query i on key i + n - Nq). Nk of the
+  /// tensors it was made with until called. A host write to the recording's own memory: call
+  /// it when the previous execution has finished. With a key mask, an additive mask or RoPE
+  /// only that Nk is accepted.
+  void set_keys(uint32_t n);
   /// O and LSE: the recording's own, or views of the AttentionOutputs it was given.
   const Tensor& out() const;
   const Tensor& lse() const;

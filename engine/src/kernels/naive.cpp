@@ -9,14 +9,14 @@ namespace flashvk::detail {
 
 void plan_naive(Plan& plan) {
   const Dims& d = plan.dims;
-  uint64_t slice = uint64_t(d.nq) * d.nk * 4;
+  uint64_t slice = uint64_t(d.nq) * plan.most_keys * 4;
   uint64_t range = plan.ctx.device().max_storage_buffer_range;
   if (slice > range)
     throw Error("naive attention materialises S, and one head's Nq x Nk = " + std::to_string(d.nq) +
-                " x " + std::to_string(d.nk) + " scores (" + std::to_string(slice) +
+                " x " + std::to_string(plan.most_keys) + " scores (" + std::to_string(slice) +
                 " bytes) exceed the device's maxStorageBufferRange (" + std::to_string(range) +
                 " bytes); use a fused variant such as flash2");
-  plan.check_loop_budget(d.nk);
+  plan.check_loop_budget(plan.most_keys);
   uint32_t total = d.batch * d.heads;
   uint32_t per_chunk = static_cast<uint32_t>(std::min<uint64_t>(total, range / slice));
   plan.scratch1 = plan.scratch(slice * per_chunk);
