@@ -479,11 +479,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
   print_header(o);
   for (const Case& c : cases) {
     Inputs in = make_inputs(c.dims);
-    Tensor qkv[3];
+    std::array<Tensor, 3> qkv;
     try {
-      qkv[0] = Tensor::upload(ctx, in.q, c.storage.q);
-      qkv[1] = Tensor::upload(ctx, in.k, c.storage.k);
-      qkv[2] = Tensor::upload(ctx, in.v, c.storage.v);
+      qkv = upload_qkv(ctx, in.q, in.k, in.v, c.storage);
     } catch (const Error& e) {
       if (cases.size() == 1) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
@@ -492,7 +490,7 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
       clock.done += c.variants.size() * size_t(o.repeat);
       continue;
     }
-    std::vector<Row> case_rows = run_case(ctx, c, qkv, in, o, meters, clock);
+    std::vector<Row> case_rows = run_case(ctx, c, qkv.data(), in, o, meters, clock);
     if (isatty(2)) std::fprintf(stderr, "\r\033[K");
     for (const Row& r : case_rows) print_row(r, o);
     rows.insert(rows.end(), case_rows.begin(), case_rows.end());

@@ -94,6 +94,14 @@ TEST_F(StorageDeviceTest, UploadThenDownloadGivesTheStoredValues) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("blocks of 32"), std::string::npos) << e.what();
   }
+  // The host-tensor calls say which of Q, K and V could not be stored.
+  HostTensor q = random_tensor({1, 1, 2, 40}, 5), k = random_tensor({1, 1, 3, 40}, 6);
+  try {
+    attention(context(), q, k, k, {}, {DType::f32, DType::f32, DType::q4_0});
+    ADD_FAILURE() << "V of last dimension 40 was stored as q4_0";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("V: q4_0 stores blocks of 32", 0), 0u) << e.what();
+  }
 }
 
 // Q, K and V storage as models keep them: bf16 or quantised K and V under fp32 or fp16 Q, and

@@ -207,12 +207,28 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   return result;
 }
 
+std::array<Tensor, 3> upload_qkv(Context& ctx, const HostTensor& q, const HostTensor& k,
+                                 const HostTensor& v, const Storage& storage) {
+  std::array<Tensor, 3> t;
+  const HostTensor* host[3] = {&q, &k, &v};
+  const DType dtypes[3] = {storage.q, storage.k, storage.v};
+  const char* names[3] = {"Q", "K", "V"};
+  for (int i = 0; i < 3; ++i) {
+    try {
+      t[i] = Tensor::upload(ctx, *host[i], dtypes[i]);
+    } catch (const VulkanError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(std::string(names[i]) + ": " + e.what());
+    }
+  }
+  return t;
+}
+
 HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTensor& k,
                               const HostTensor& v, const AttentionParams& params, Storage storage) {
   check_shapes(q.shape, k.shape, v.shape);  // before any upload
-  Tensor tq = Tensor::upload(ctx, q, storage.q);
-  Tensor tk = Tensor::upload(ctx, k, storage.k);
-  Tensor tv = Tensor::upload(ctx, v, storage.v);
+  auto [tq, tk, tv] = upload_qkv(ctx, q, k, v, storage);
   AttentionResult r = attention(ctx, tq, tk, tv, params);
   HostAttentionResult host;
   host.out = r.out.download();

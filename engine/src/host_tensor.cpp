@@ -156,14 +156,17 @@ std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_
   return values;
 }
 
+void check_blocks(const std::vector<int64_t>& shape, DType dtype) {
+  if (blocked(dtype) && (shape.empty() || shape.back() % kBlock))
+    throw Error(std::string(dtype_name(dtype)) +
+                " stores blocks of 32 values along the last dimension; shape " +
+                shape_string(shape) + " has " +
+                (shape.empty() ? std::string("none") : std::to_string(shape.back())));
+}
+
 HostTensor stored_values(const HostTensor& x, DType dtype) {
   if (dtype == DType::f32) return x;
-  if (blocked(dtype) && (x.shape.empty() || x.shape.back() % kBlock))
-    throw Error(std::string(dtype_name(dtype)) +
-                " stores blocks of 32 values along the last "
-                "dimension; shape " +
-                shape_string(x.shape) + " has " +
-                (x.shape.empty() ? std::string("none") : std::to_string(x.shape.back())));
+  check_blocks(x.shape, dtype);
   return HostTensor(x.shape, decode(encode(x.data, dtype), dtype, x.numel()));
 }
 

@@ -153,11 +153,7 @@ uint64_t tensor_bytes(Context& ctx, const std::vector<int64_t>& shape, DType dty
                 " does not offer (or the adopted device did not enable)");
   for (int64_t d : shape)
     if (d < 0) throw Error("negative dimension in shape " + shape_string(shape));
-  if (dtype_block(dtype) > 1 && (shape.empty() || shape.back() % dtype_block(dtype)))
-    throw Error(std::string(dtype_name(dtype)) +
-                " stores blocks of 32 values along the last "
-                "dimension; shape " +
-                shape_string(shape) + " does not divide into them");
+  check_blocks(shape, dtype);
   return (storage_bytes(dtype, flashvk::numel(shape)) + 3) / 4 * 4;
 }
 

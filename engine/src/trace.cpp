@@ -87,9 +87,7 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   check_index(batch, dims.batch, "batch", "batch entries");
   check_index(head, dims.heads, "head", "heads");
   check_index(row, dims.nq, "row", "query rows");
-  Tensor tq = Tensor::upload(ctx, q, storage.q);
-  Tensor tk = Tensor::upload(ctx, k, storage.k);
-  Tensor tv = Tensor::upload(ctx, v, storage.v);
+  auto [tq, tk, tv] = upload_qkv(ctx, q, k, v, storage);
 
   detail::PlanOptions options;
   options.trace = true;

@@ -1,5 +1,6 @@
 #pragma once
 // attention(): softmax(scale * Q K^T) V by one of the six variants, on the GPU.
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -159,6 +160,11 @@ struct HostAttentionResult {
   TileLayout tile_layout = TileLayout::shared;
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  ///< as in AttentionResult
 };
+
+/// Q, K and V uploaded in their storage (Tensor::upload); an error names the tensor ("K: q8_0
+/// stores blocks of 32 values ...").
+std::array<Tensor, 3> upload_qkv(Context& ctx, const HostTensor& q, const HostTensor& k,
+                                 const HostTensor& v, const Storage& storage);
 
 /// Uploads (in `storage`: one DType for all, or Q's, K's and V's), runs and downloads: the
 /// simplest way in.

@@ -35,6 +35,8 @@ struct Storage {
 DType parse_dtype(const std::string& name);
 /// Values one block of a dtype holds along the last dimension: 32 for q8_0 and q4_0, else 1.
 uint32_t dtype_block(DType dtype);
+/// Throws Error unless a tensor of `shape` divides into `dtype`'s blocks along its last dimension.
+void check_blocks(const std::vector<int64_t>& shape, DType dtype);
 /// Bytes that `numel` values take in `dtype` storage (a whole number of blocks).
 uint64_t storage_bytes(DType dtype, int64_t numel);
 /// `values` in `dtype` storage, as uploaded: rounded to nearest even (f16, bf16), or quantised
