@@ -277,6 +277,9 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   tk.write(k);
   refused([&] { tk.download(); }, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
   refused([&] { tk.write(q); }, "into one of shape");
+  HostTensor short_data = k;
+  short_data.data.pop_back();
+  refused([&] { tk.write(short_data); }, "holding 639 values");
   AttentionParams params;
   Tensor wrong(ctx, {1, 2, 3, 15}, DType::f32), half_out(ctx, {1, 2, 3, 16}, DType::f32);
   refused(
@@ -296,6 +299,12 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   params.tile_layout = TileLayout::registers;
   refused([&] { AttentionRecording(ctx, tq, tk, tk, params); },
           "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT");
+  // The same call on a buffer with texel usage runs register tiles: the usage was the reason.
+  AppBuffer texels(h, 1 << 16, kTensorUsage);
+  Tensor tk_texels = Tensor::view(ctx, texels.buffer, 0, k.shape, DType::f32);
+  tk_texels.write(k);
+  EXPECT_EQ(AttentionRecording(ctx, tq, tk_texels, tk_texels, params).tile_layout(),
+            TileLayout::registers);
   params.tile_layout = TileLayout::automatic;
   AttentionRecording rec(ctx, tq, tk, tk, params, {&half_out, nullptr});
   EXPECT_EQ(rec.tile_layout(), TileLayout::shared);
@@ -376,6 +385,26 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   refused([&] { attention(ctx, tq, tk.prefix(n), t40.prefix(n), params); }, "must be alike");
   params.rope = RopeLayout::half;
   refused([&] { attention(ctx, tq, tk.prefix(n), tk.prefix(n), params); }, "rotate K before");
+  refused([&] { rope(ctx, tk.prefix(n), {}); }, "must be dense");
+  AttentionRecording rotated(ctx, tq, tk, tk, params);
+  refused([&] { rotated.set_keys(n); }, "record it again");
+}
+
+// Tensors of rank 1 and 2 (Q [Nq, d], LSE [Nq]) as uploads and as a recording's outputs.
+TEST_F(ViewTest, LowRankTensorsUploadAndTakeOutputs) {
+  Context& ctx = context();
+  HostTensor x({5}, {1, -2, 3, -4, 5});
+  EXPECT_EQ(Tensor::upload(ctx, x, DType::f32).download().data, x.data);
+  HostTensor q = random_tensor({3, 16}, 95), k = random_tensor({20, 16}, 96);
+  Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32);
+  Tensor out(ctx, {3, 16}, DType::f32), lse(ctx, {3}, DType::f32);
+  AttentionParams params;
+  AttentionRecording rec(ctx, tq, tk, tk, params, {&out, &lse});
+  ExternalDevice h = ctx.handles();
+  submit_frame(h.device, h.queue, h.queue_family, [&](VkCommandBuffer cmd) { rec.record(cmd); });
+  reference::Result ref = reference::direct(q, k, k, params);
+  EXPECT_LE(max_error(out.download().data, ref.out), tolerance(q, k, k, params));
+  EXPECT_LE(max_lse_error(lse.download().data, ref.lse), 1e-5);
 }
 
 // A command buffer of the application's, recorded once and submitted many times.

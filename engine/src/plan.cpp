@@ -394,8 +394,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
   kv = Storage{dtype, k.dtype(), v.dtype()};
   dims = check_shapes(q.shape(), k.shape(), v.shape());
-  if (q.row_capacity() != q.shape()[q.shape().size() - 2])
-    throw Error("attention: Q must be dense; prefix() views are for K and V");
+  if (q.is_prefix()) throw Error("attention: Q must be dense; prefix() views are for K and V");
   if (k.row_capacity() != v.row_capacity())
     throw Error("attention: K and V are prefixes of caches of " + std::to_string(k.row_capacity()) +
                 " and " + std::to_string(v.row_capacity()) + " keys a head; they must be alike");
@@ -505,7 +504,7 @@ Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, cons
   const Tensor& t = *given;
   if (t.empty() || t.context() != &ctx)
     throw Error(std::string("attention: the ") + name + " output must be a tensor on this context");
-  if (t.dtype() != DType::f32 || t.shape() != shape || t.row_capacity() != shape[shape.size() - 2])
+  if (t.dtype() != DType::f32 || t.shape() != shape || t.is_prefix())
     throw Error(std::string("attention: the ") + name + " output is " + dtype_name(t.dtype()) +
                 " " + shape_string(t.shape()) + "; attention writes f32 " + shape_string(shape));
   return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage());
@@ -515,6 +514,7 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
     : ctx(context), impl(context.impl()) {
   if (x.empty() || x.context() != &ctx) throw Error("rope: x must be a tensor on this context");
   if (x.shape().size() < 2) throw Error("rope: x must have rank 2 or more ([.., N, d])");
+  if (x.is_prefix()) throw Error("rope: x must be dense, not a prefix() of a longer tensor");
   if (rope.layout == RopeLayout::none) throw Error("rope: layout must be interleaved or half");
   params.rope = rope.layout;
   params.rope_base = rope.base;

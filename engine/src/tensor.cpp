@@ -110,7 +110,8 @@ void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void*
     vkCmdCopyBuffer(cmd, staging.handle(), dst, 1, &region);
     VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT;
+    barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
     vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0,
                          1, &barrier, 0, nullptr, 0, nullptr);
@@ -212,8 +213,10 @@ Tensor Tensor::prefix(int64_t n) const {
 
 void Tensor::write(const HostTensor& host) {
   if (!buffer_) throw Error("write to an empty tensor");
-  if (row_capacity() != shape_[shape_.size() - 2])
-    throw Error("write into a prefix() view; write the whole tensor it views");
+  if (host.data.size() != uint64_t(flashvk::numel(host.shape)))
+    throw Error("write of a host tensor of shape " + shape_string(host.shape) + " holding " +
+                std::to_string(host.data.size()) + " values");
+  if (is_prefix()) throw Error("write into a prefix() view; write the whole tensor it views");
   if (host.shape != shape_)
     throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
                 shape_string(shape_));
@@ -278,6 +281,9 @@ uint64_t Tensor::bytes() const {
 int64_t Tensor::row_capacity() const {
   if (buffer_ && buffer_->rows >= 0) return buffer_->rows;
   return shape_.size() >= 2 ? shape_[shape_.size() - 2] : 1;
+}
+bool Tensor::is_prefix() const {
+  return buffer_ && buffer_->rows >= 0 && buffer_->rows != shape_[shape_.size() - 2];
 }
 bool Tensor::is_view() const {
   return buffer_ && buffer_->foreign;

@@ -66,9 +66,10 @@ HostTensor stored_values(const HostTensor& x, DType dtype);
 HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
 std::string shape_string(const std::vector<int64_t>& shape);
 
-/// The usage a tensor's VkBuffer is created with, and what Tensor::view takes a caller's buffer
-/// to have unless told otherwise: kernels bind tensors as storage buffers, register tiles read K
-/// and V as uniform texel buffers, and write() and download() copy to and from them.
+/// The usage a tensor's own VkBuffer has (with UNIFORM_BUFFER besides), and what Tensor::view
+/// takes a caller's buffer to have unless told otherwise: kernels bind tensors as storage buffers,
+/// register tiles read K and V as uniform texel buffers, and write() and download() copy to and
+/// from them.
 constexpr VkBufferUsageFlags kTensorUsage =
     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
     VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
@@ -119,6 +120,8 @@ class Tensor {
   /// Rows from the start of one [N, d] matrix to the next in memory: shape()[-2], but for a
   /// prefix() view, the N of the tensor it views.
   int64_t row_capacity() const;
+  /// Whether its rows are spaced wider than its shape says (a prefix() of fewer rows).
+  bool is_prefix() const;
   VkBufferUsageFlags usage() const;
   bool empty() const { return buffer_ == nullptr; }
   Context* context() const { return ctx_; }
