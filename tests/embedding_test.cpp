@@ -154,6 +154,16 @@ struct AppBuffer {
   AppBuffer& operator=(const AppBuffer&) = delete;
 };
 
+// `call` throws an Error whose message contains `words`.
+void expect_refused(const std::function<void()>& call, const char* words) {
+  try {
+    call();
+    ADD_FAILURE() << "not refused: " << words;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
 uint64_t round_up(uint64_t x, uint64_t to) {
   return (x + to - 1) / to * to;
 }
@@ -248,48 +258,40 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   Context& ctx = context();
   const DeviceInfo& info = ctx.device();
   ExternalDevice h = ctx.handles();
-  auto refused = [](const std::function<void()>& call, const char* words) {
-    try {
-      call();
-      ADD_FAILURE() << "not refused: " << words;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
   const VkBufferUsageFlags no_texels =
       VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   AppBuffer app(h, 1 << 16, no_texels);
   HostTensor q = random_tensor({1, 2, 3, 16}, 71), k = random_tensor({1, 2, 20, 16}, 72);
-  refused([&] { Tensor::view(ctx, VK_NULL_HANDLE, 0, {4}, DType::f32); }, "null VkBuffer");
-  refused(
+  expect_refused([&] { Tensor::view(ctx, VK_NULL_HANDLE, 0, {4}, DType::f32); }, "null VkBuffer");
+  expect_refused(
       [&] { Tensor::view(ctx, app.buffer, 0, {4}, DType::f32, VK_BUFFER_USAGE_TRANSFER_SRC_BIT); },
       "VK_BUFFER_USAGE_STORAGE_BUFFER_BIT");
   if (info.min_storage_offset_alignment > 1)
-    refused(
+    expect_refused(
         [&] {
           Tensor::view(ctx, app.buffer, info.min_storage_offset_alignment / 2, {4}, DType::f32);
         },
         "minStorageBufferOffsetAlignment");
-  refused([&] { Tensor::view(ctx, app.buffer, 0, {2, 40}, DType::q8_0); }, "blocks of 32");
+  expect_refused([&] { Tensor::view(ctx, app.buffer, 0, {2, 40}, DType::q8_0); }, "blocks of 32");
   Tensor tq = Tensor::view(ctx, app.buffer, 0, q.shape, DType::f32, no_texels);
   Tensor tk = Tensor::view(ctx, app.buffer, 4096, k.shape, DType::f32, no_texels);
   tq.write(q);
   tk.write(k);
-  refused([&] { tk.download(); }, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
-  refused([&] { tk.write(q); }, "into one of shape");
+  expect_refused([&] { tk.download(); }, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
+  expect_refused([&] { tk.write(q); }, "into one of shape");
   HostTensor short_data = k;
   short_data.data.pop_back();
-  refused([&] { tk.write(short_data); }, "holding 639 values");
+  expect_refused([&] { tk.write(short_data); }, "holding 639 values");
   AttentionParams params;
   Tensor wrong(ctx, {1, 2, 3, 15}, DType::f32), half_out(ctx, {1, 2, 3, 16}, DType::f32);
-  refused(
+  expect_refused(
       [&] {
         AttentionRecording(ctx, tq, tk, tk, params, {&wrong, nullptr});
       },
       "attention writes f32 [1, 2, 3, 16]");
   Tensor lse(ctx, {1, 2, 3}, DType::f32);
   params.want_lse = false;
-  refused(
+  expect_refused(
       [&] {
         AttentionRecording(ctx, tq, tk, tk, params, {&half_out, &lse});
       },
@@ -297,8 +299,8 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   params.want_lse = true;
   if (!(info.subgroup_shuffle && info.texel_buffers)) return;
   params.tile_layout = TileLayout::registers;
-  refused([&] { AttentionRecording(ctx, tq, tk, tk, params); },
-          "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT");
+  expect_refused([&] { AttentionRecording(ctx, tq, tk, tk, params); },
+                 "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT");
   // The same call on a buffer with texel usage runs register tiles: the usage was the reason.
   AppBuffer texels(h, 1 << 16, kTensorUsage);
   Tensor tk_texels = Tensor::view(ctx, texels.buffer, 0, k.shape, DType::f32);
@@ -369,25 +371,18 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   }
   params = {};
   Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32);
-  auto refused = [](const std::function<void()>& call, const char* words) {
-    try {
-      call();
-      ADD_FAILURE() << "not refused: " << words;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
-  refused([&] { tk.prefix(51); }, "at most 50");
-  refused([&] { tk.prefix(n).write(first_rows(k, n)); }, "write the whole tensor");
-  refused([&] { attention(ctx, tq.prefix(2), tk, tk, params); }, "Q must be dense");
+  expect_refused([&] { tk.prefix(51); }, "at most 50");
+  expect_refused([&] { tk.prefix(n).write(first_rows(k, n)); }, "write the whole tensor");
+  expect_refused([&] { attention(ctx, tq.prefix(2), tk, tk, params); }, "Q must be dense");
   EXPECT_EQ(tk.prefix(n).prefix(n - 1).row_capacity(), 50);  // still the cache's heads
   Tensor t40 = Tensor::upload(ctx, random_tensor({2, 2, 40, 64}, 84), DType::f32);
-  refused([&] { attention(ctx, tq, tk.prefix(n), t40.prefix(n), params); }, "must be alike");
+  expect_refused([&] { attention(ctx, tq, tk.prefix(n), t40.prefix(n), params); }, "must be alike");
   params.rope = RopeLayout::half;
-  refused([&] { attention(ctx, tq, tk.prefix(n), tk.prefix(n), params); }, "rotate K before");
-  refused([&] { rope(ctx, tk.prefix(n), {}); }, "must be dense");
+  expect_refused([&] { attention(ctx, tq, tk.prefix(n), tk.prefix(n), params); },
+                 "rotate K before");
+  expect_refused([&] { rope(ctx, tk.prefix(n), {}); }, "must be dense");
   AttentionRecording rotated(ctx, tq, tk, tk, params);
-  refused([&] { rotated.set_keys(n); }, "record it again");
+  expect_refused([&] { rotated.set_keys(n); }, "record it again");
 }
 
 // Tensors of rank 1 and 2 (Q [Nq, d], LSE [Nq]) as uploads and as a recording's outputs.
