@@ -247,18 +247,24 @@ HostTensor Tensor::download() const {
   // All of the tensor a prefix() views, from which its rows are then taken.
   std::vector<int64_t> whole = shape_;
   if (whole.size() >= 2) whole[whole.size() - 2] = row_capacity();
-  HostTensor all(whole);
-  std::vector<uint8_t> bytes(storage_bytes(dtype_, all.numel()));
-  if (bytes.empty()) return HostTensor(shape_);
-  if (buffer_->foreign)
-    detail::copy_from_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, bytes.data(),
-                             bytes.size());
-  else
-    buffer_->buffer.read(bytes.data(), bytes.size());
-  if (dtype_ == DType::f32)
-    std::memcpy(all.data.data(), bytes.data(), bytes.size());
-  else
+  HostTensor all;
+  all.shape = whole;
+  uint64_t size = storage_bytes(dtype_, flashvk::numel(whole));
+  if (size == 0) return HostTensor(shape_);
+  auto read = [&](void* data) {
+    if (buffer_->foreign)
+      detail::copy_from_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, data, size);
+    else
+      buffer_->buffer.read(data, size);
+  };
+  if (dtype_ == DType::f32) {  // straight into the floats
+    all.data.resize(size / 4);
+    read(all.data.data());
+  } else {
+    std::vector<uint8_t> bytes(size);
+    read(bytes.data());
     all.data = decode(bytes, dtype_, all.numel());
+  }
   if (whole == shape_) return all;
   HostTensor host(shape_);
   int64_t matrix = row_capacity() * shape_.back(), part = host.numel() / (all.numel() / matrix);
