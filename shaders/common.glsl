@@ -122,11 +122,9 @@ layout(push_constant) uniform Params {
 }
 pc;
 
-// The number of keys attended, Nk: in memory, not a push constant, so that a recording over a KV
-// cache is recorded once and attends over more keys each time it runs
-// (AttentionRecording::set_keys writes it before a submit). At most pc.kv_rows. pc.nk is the
-// Nk the plan was made for, the key and additive masks' row length.
-layout(std140, binding = 13) uniform Lengths { uint nk; } lengths;
+// The number of keys attended, Nk, read from memory (lengths.glsl). pc.nk is the Nk the plan was
+// made for, the key and additive masks' row length.
+#include "lengths.glsl"
 uint kv_len() { return lengths.nk; }
 
 #define NEG_INF uintBitsToFloat(0xff800000u)

@@ -136,6 +136,16 @@ void set_masks(Plan& plan);                       // the key mask and the additi
 void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);
+/// rope.comp's flags: rotate (else copy), pairs (x_i, x_i+d/2), output rows and angles from
+/// lengths.position.
+constexpr uint32_t kRowsHalf = 1, kRowsRotate = 2, kRowsAtPosition = 4, kAnglesAtPosition = 8;
+/// A table of cos/sin for `positions` positions from `first` (the plan's rope_base), kept by the
+/// plan.
+VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first);
+/// Rows of `x` ([.., N, d], dense) rotated by `angles` (kRowsRotate) or copied into `dst`
+/// ([.., N or more, d], same dtype).
+void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, VkBuffer angles);
+/// `x` rotated into a new tensor, positions from `first_position`.
 void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);
 uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys,
                      uint64_t gpu_groups = 1024);
