@@ -154,16 +154,6 @@ struct AppBuffer {
   AppBuffer& operator=(const AppBuffer&) = delete;
 };
 
-// `call` throws an Error whose message contains `words`.
-void expect_refused(const std::function<void()>& call, const char* words) {
-  try {
-    call();
-    ADD_FAILURE() << "not refused: " << words;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
-
 uint64_t round_up(uint64_t x, uint64_t to) {
   return (x + to - 1) / to * to;
 }
@@ -316,17 +306,6 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   EXPECT_LE(max_error(half_out.download().data, ref.out), tolerance(q, k, k, params));
 }
 
-// The first n rows of every [.., N, d] matrix of a host tensor.
-HostTensor first_rows(const HostTensor& x, int64_t n) {
-  std::vector<int64_t> shape = x.shape;
-  int64_t rows = shape[shape.size() - 2], d = shape.back();
-  shape[shape.size() - 2] = n;
-  HostTensor out(shape);
-  for (int64_t m = 0; m < x.numel() / (rows * d); ++m)
-    std::copy_n(x.data.begin() + m * rows * d, n * d, out.data.begin() + m * n * d);
-  return out;
-}
-
 // Attention over the first 37 keys of a KV cache of capacity 50 (Tensor::prefix: the heads stay
 // 50 keys apart), in every variant family's layouts and in three storages (block formats keep
 // their scales after all the cache's quants), against float64 on those keys' stored values.
@@ -401,39 +380,6 @@ TEST_F(ViewTest, LowRankTensorsUploadAndTakeOutputs) {
   EXPECT_LE(max_error(out.download().data, ref.out), tolerance(q, k, k, params));
   EXPECT_LE(max_lse_error(lse.download().data, ref.lse), 1e-5);
 }
-
-// A command buffer of the application's, recorded once and submitted many times.
-struct ReusedFrame {
-  VkDevice device;
-  VkQueue queue;
-  VkCommandPool pool = VK_NULL_HANDLE;
-  VkCommandBuffer cmd = VK_NULL_HANDLE;
-  ReusedFrame(const ExternalDevice& h, const std::function<void(VkCommandBuffer)>& fill)
-      : device(h.device), queue(h.queue) {
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.queueFamilyIndex = h.queue_family;
-    EXPECT_EQ(vkCreateCommandPool(device, &pi, nullptr, &pool), VK_SUCCESS);
-    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    ai.commandPool = pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    EXPECT_EQ(vkAllocateCommandBuffers(device, &ai, &cmd), VK_SUCCESS);
-    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    vkBeginCommandBuffer(cmd, &bi);
-    fill(cmd);
-    vkEndCommandBuffer(cmd);
-  }
-  void submit() {
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd;
-    EXPECT_EQ(vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE), VK_SUCCESS);
-    EXPECT_EQ(vkQueueWaitIdle(queue), VK_SUCCESS);
-  }
-  ~ReusedFrame() { vkDestroyCommandPool(device, pool, nullptr); }
-  ReusedFrame(const ReusedFrame&) = delete;
-  ReusedFrame& operator=(const ReusedFrame&) = delete;
-};
 
 // A decode loop recorded once: K and V are a cache of capacity 64 (prefix views of 1 key at
 // first), each step writes a new query, sets the cache's length and submits the same command

@@ -109,4 +109,14 @@ double max_lse_error(const std::vector<float>& gpu, const std::vector<double>& r
   return e;
 }
 
+HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
+  std::vector<int64_t> shape = x.shape;
+  int64_t rows = shape[shape.size() - 2], d = shape.back(), n = end - begin;
+  shape[shape.size() - 2] = n;
+  HostTensor out(shape);
+  for (int64_t m = 0; m < x.numel() / (rows * d); ++m)
+    std::copy_n(x.data.begin() + (m * rows + begin) * d, n * d, out.data.begin() + m * n * d);
+  return out;
+}
+
 }  // namespace flashvk::test

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,6 +46,57 @@ double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v);
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref);
 /// Same for LSE, where both may be -inf (rows that see no key).
 double max_lse_error(const std::vector<float>& gpu, const std::vector<double>& ref);
+
+/// Rows [begin, end) of every [.., N, d] matrix of a host tensor.
+HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end);
+/// The first n rows of every [.., N, d] matrix.
+inline HostTensor first_rows(const HostTensor& x, int64_t n) {
+  return rows_of(x, 0, n);
+}
+
+/// `call` throws an Error whose message contains `words`.
+inline void expect_refused(const std::function<void()>& call, const char* words) {
+  try {
+    call();
+    ADD_FAILURE() << "not refused; expected an error saying \"" << words << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+/// An application's command buffer, recorded once (`fill`) and submitted and waited for as
+/// often as it likes.
+struct ReusedFrame {
+  VkDevice device;
+  VkQueue queue;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  ReusedFrame(const ExternalDevice& h, const std::function<void(VkCommandBuffer)>& fill)
+      : device(h.device), queue(h.queue) {
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = h.queue_family;
+    EXPECT_EQ(vkCreateCommandPool(device, &pi, nullptr, &pool), VK_SUCCESS);
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    EXPECT_EQ(vkAllocateCommandBuffers(device, &ai, &cmd), VK_SUCCESS);
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(cmd, &bi);
+    fill(cmd);
+    vkEndCommandBuffer(cmd);
+  }
+  void submit() {
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    EXPECT_EQ(vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE), VK_SUCCESS);
+    EXPECT_EQ(vkQueueWaitIdle(queue), VK_SUCCESS);
+  }
+  ~ReusedFrame() { vkDestroyCommandPool(device, pool, nullptr); }
+  ReusedFrame(const ReusedFrame&) = delete;
+  ReusedFrame& operator=(const ReusedFrame&) = delete;
+};
 
 }  // namespace flashvk::test
 

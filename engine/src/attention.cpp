@@ -256,6 +256,16 @@ AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, const Tens
   options.dynamic_keys = true;
   plan_ = std::make_unique<detail::Plan>(ctx, q, k, v, params, options);
 }
+AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, KvCache& cache,
+                                       const Tensor& k_new, const Tensor& v_new,
+                                       const AttentionParams& params,
+                                       const AttentionOutputs& outputs) {
+  detail::PlanOptions options;
+  options.outputs = outputs;
+  options.append.k = &k_new;
+  options.append.v = &v_new;
+  plan_ = std::make_unique<detail::Plan>(ctx, q, cache.keys(), cache.values(), params, options);
+}
 AttentionRecording::AttentionRecording(AttentionRecording&&) noexcept = default;
 AttentionRecording& AttentionRecording::operator=(AttentionRecording&&) noexcept = default;
 AttentionRecording::~AttentionRecording() = default;
@@ -272,6 +282,51 @@ const Tensor& AttentionRecording::lse() const {
 void AttentionRecording::set_keys(uint32_t n) {
   plan_->set_keys(n);
 }
+void AttentionRecording::set_position(uint32_t position) {
+  plan_->set_position(position);
+}
+
+namespace {
+
+KvCacheShape checked_cache_shape(const Tensor& k, const Tensor& v) {
+  if (k.empty() || v.empty()) throw Error("KvCache: keys and values must be set");
+  if (k.context() != v.context())
+    throw Error("KvCache: keys and values must live on the same context");
+  if (k.is_prefix() || v.is_prefix())
+    throw Error("KvCache: keys and values must be dense, not prefix() views");
+  if (k.shape().size() != 4 || v.shape().size() != 4)
+    throw Error("KvCache: keys and values are [B, Hkv, capacity, d]; got " +
+                shape_string(k.shape()) + " and " + shape_string(v.shape()));
+  for (int i = 0; i < 3; ++i)
+    if (k.shape()[size_t(i)] != v.shape()[size_t(i)])
+      throw Error("KvCache: keys " + shape_string(k.shape()) + " and values " +
+                  shape_string(v.shape()) + " differ in their first three dimensions");
+  if (k.dtype() != v.dtype() || (k.dtype() != DType::f32 && k.dtype() != DType::f16))
+    throw Error(std::string("KvCache: keys and values are stored alike as f32 or f16; got ") +
+                dtype_name(k.dtype()) + " and " + dtype_name(v.dtype()));
+  for (int64_t x : k.shape())
+    if (x <= 0 || x > int64_t(UINT32_MAX)) throw Error("KvCache: a dimension is out of range");
+  auto dim = [](const Tensor& t, size_t i) { return static_cast<uint32_t>(t.shape()[i]); };
+  return KvCacheShape{dim(k, 0), dim(k, 1), dim(k, 2), dim(k, 3), dim(v, 3), k.dtype()};
+}
+
+std::vector<int64_t> cache_dims(const KvCacheShape& s, uint32_t width) {
+  if (s.batch == 0 || s.kv_heads == 0 || s.capacity == 0 || s.d == 0)
+    throw Error("KvCache: batch, kv_heads, capacity and d must be at least 1");
+  return {s.batch, s.kv_heads, s.capacity, width};
+}
+
+}  // namespace
+
+KvCache::KvCache(Context& ctx, const KvCacheShape& shape)
+    : shape_(shape),
+      k_(ctx, cache_dims(shape, shape.d), shape.dtype),
+      v_(ctx, cache_dims(shape, shape.dv ? shape.dv : shape.d), shape.dtype) {
+  shape_ = checked_cache_shape(k_, v_);
+}
+
+KvCache::KvCache(Tensor keys, Tensor values)
+    : shape_(checked_cache_shape(keys, values)), k_(std::move(keys)), v_(std::move(values)) {}
 TileLayout AttentionRecording::tile_layout() const {
   return plan_->tile_layout();
 }

@@ -399,28 +399,34 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: K and V are prefixes of caches of " + std::to_string(k.row_capacity()) +
                 " and " + std::to_string(v.row_capacity()) + " keys a head; they must be alike");
   dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
-  if (params.rope != RopeLayout::none && dims.kv_rows != dims.nk)
+  bool appends = options.append.k != nullptr;
+  if (appends) check_append(q, k, v);
+  bool rotates_k = params.rope != RopeLayout::none && !appends;  // a rotated copy of all of K
+  if (rotates_k && dims.kv_rows != dims.nk)
     throw Error("attention: rope rotates a dense K; rotate K before it goes into the cache");
-  most_keys = options.dynamic_keys ? dims.kv_rows : dims.nk;
+  most_keys = options.dynamic_keys || appends ? dims.kv_rows : dims.nk;
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   if (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
     throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
                 " are indexed by 32-bit value counts: " + std::to_string(keys) +
                 " keys of d = " + std::to_string(std::max(dims.d, dims.dv)) +
                 " are more than 2^32 values; split the batch");
-  if (params.rope != RopeLayout::none && kv.k != dtype)
+  if (rotates_k && kv.k != dtype)
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(dtype) +
                 "); rotate K before storing it as " + dtype_name(kv.k) +
                 " (the CLI: --rope needs --kv-dtype equal to --dtype)");
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
-  bool kv_views = (params.rope != RopeLayout::none || texel_viewable(k)) && texel_viewable(v);
+  bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
   spec = choose_spec(impl, dims, params, dtype, kv, kv_views, options.keys, options.trace);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
   create_pools();
   lengths = Buffer(impl, 16, true);
-  set_keys(dims.nk);
+  if (appends)
+    set_position(0);
+  else
+    set_keys(dims.nk);
 
   push = Push{dims.batch,
               dims.heads,
@@ -449,7 +455,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   bindings[kQ] = binding(q);
   bindings[kK] = binding(k);
   bindings[kV] = binding(v);
-  if (params.rope != RopeLayout::none) {
+  if (appends) {
+    plan_append(q, k, v);
+  } else if (rotates_k) {
     int64_t first = params.query_position.value_or(int64_t(dims.nk) - int64_t(dims.nq));
     plan_rope(*this, q, q_rot, first);
     plan_rope(*this, k, k_rot, 0);
@@ -474,7 +482,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
   }
-  check_binding(params.rope != RopeLayout::none ? q_rot : q, "Q");
+  check_binding(q_rot.empty() ? q : q_rot, "Q");
   check_binding(out, "O");
   if (spec.registers) {
     make_texel_views();
@@ -482,7 +490,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     // so K and V may exceed maxStorageBufferRange.
     bindings[kK] = bindings[kV] = impl.dummy.handle();
   } else {
-    check_binding(params.rope != RopeLayout::none ? k_rot : k, "K");
+    check_binding(k_rot.empty() ? k : k_rot, "K");
     check_binding(v, "V");
   }
 
@@ -708,6 +716,10 @@ void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3>
 }
 
 void Plan::set_keys(uint32_t n) {
+  if (options.append.k)
+    throw Error(
+        "attention: a recording that appends to a KV cache is told its position "
+        "(set_position), and attends over the keys up to the appended ones");
   if (n > most_keys)
     throw Error("attention over " + std::to_string(n) + " keys, but " +
                 (options.dynamic_keys ? "K and V hold at most " + std::to_string(most_keys) +
@@ -720,6 +732,72 @@ void Plan::set_keys(uint32_t n) {
         std::to_string(dims.nk) + "); record it again for " + std::to_string(n) + " keys");
   uint32_t words[4] = {n, 0, 0, 0};
   lengths.write(words, sizeof(words));
+}
+
+void Plan::set_position(uint32_t position) {
+  if (!options.append.k)
+    throw Error(
+        "attention: set_position is for a recording that appends to a KV cache; this one "
+        "attends over K and V as given (set_keys)");
+  uint64_t rows = dims.nq;  // as many appended as there are queries
+  if (position + rows > dims.kv_rows)
+    throw Error("attention: appending " + std::to_string(rows) + " rows at position " +
+                std::to_string(position) + " overruns the KV cache's capacity of " +
+                std::to_string(dims.kv_rows) + " tokens");
+  uint32_t words[4] = {position + dims.nq, position, 0, 0};
+  lengths.write(words, sizeof(words));
+}
+
+void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor* rows[2] = {options.append.k, options.append.v};
+  const Tensor* cache[2] = {&k, &v};
+  const char* names[2] = {"K", "V"};
+  for (int i = 0; i < 2; ++i) {
+    std::string name = std::string("attention: the new ") + names[i] + " rows";
+    if (!rows[i] || rows[i]->empty() || rows[i]->context() != &ctx)
+      throw Error(name + " must be a tensor on this context");
+    const Tensor& t = *rows[i];
+    if (t.is_prefix()) throw Error(name + " must be dense, not a prefix() view");
+    if (cache[i]->is_prefix())
+      throw Error(std::string("attention: the KV cache's ") + names[i] +
+                  " must be the whole cache (its capacity), not a prefix() view");
+    auto want = cache[i]->shape();
+    want[want.size() - 2] = q.shape()[q.shape().size() - 2];
+    if (t.shape() != want)
+      throw Error(name + " are " + shape_string(t.shape()) + "; appending as many rows as Q has " +
+                  "queries to this cache needs " + shape_string(want));
+    if (t.dtype() != cache[i]->dtype())
+      throw Error(name + " are " + dtype_name(t.dtype()) + " but the cache stores " +
+                  dtype_name(cache[i]->dtype()) + "; give them in the cache's dtype");
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f16)
+      throw Error(std::string("attention: appending to a ") + dtype_name(t.dtype()) +
+                  " KV cache is not supported; a cache that is appended to stores f32 or f16");
+  }
+  if (!params.key_mask.empty() || !params.mask.data.empty())
+    throw Error(
+        "attention: a key mask or an additive mask covers a fixed number of keys; a recording "
+        "that appends to a KV cache attends over more each step (use causal, a window, or "
+        "AttentionRecording over prefix() views)");
+  if (params.query_position)
+    throw Error(
+        "attention: the queries of a recording that appends to a KV cache sit at the positions "
+        "of the appended rows; leave query_position unset");
+}
+
+void Plan::plan_append(const Tensor& q, const Tensor& k, const Tensor& v) {
+  VkBuffer angles = VK_NULL_HANDLE;
+  uint32_t rotate = 0;
+  if (params.rope != RopeLayout::none) {
+    angles = plan_angles(*this, dims.kv_rows, dims.d, 0);  // one row per cache position
+    rotate = kRowsRotate;
+    q_rot = Tensor(ctx, q.shape(), q.dtype());
+    device_bytes += q_rot.bytes();
+    plan_rows(*this, q, q_rot, rotate | kAnglesAtPosition, angles);
+    bindings[kQ] = binding(q_rot);
+  }
+  plan_rows(*this, *options.append.k, k, rotate | kRowsAtPosition | kAnglesAtPosition, angles);
+  plan_rows(*this, *options.append.v, v, kRowsAtPosition, VK_NULL_HANDLE);
+  add_barrier();
 }
 
 void Plan::add_barrier() {

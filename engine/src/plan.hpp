@@ -60,6 +60,11 @@ struct PlanOptions {
   AttentionOutputs outputs;     ///< the caller's O and LSE, if it gives them
   /// Planned for any number of keys up to K's row_capacity() (Plan::set_keys), not just Nk.
   bool dynamic_keys = false;
+  /// New K and V rows appended to K and V (a KV cache) at Plan::set_position before attention.
+  struct {
+    const Tensor* k = nullptr;
+    const Tensor* v = nullptr;
+  } append;
 };
 
 class Plan {
@@ -78,6 +83,9 @@ class Plan {
   double gpu_ms() const;  ///< after the recorded work has finished
   /// The number of keys the recorded kernels attend over when they next run (dynamic_keys).
   void set_keys(uint32_t n);
+  /// Where the appended rows go when the recorded work next runs (options.append): rows
+  /// [position, position + Nq), attention over position + Nq keys.
+  void set_position(uint32_t position);
 
   // Read by the kernel families.
   Context& ctx;
@@ -125,6 +133,8 @@ class Plan {
  private:
   void create_pools();
   void make_texel_views();
+  void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
+  void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
   std::vector<Dispatch> steps_;  // a null pipeline marks a barrier

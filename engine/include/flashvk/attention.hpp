@@ -188,6 +188,38 @@ struct AttentionOutputs {
   const Tensor* lse = nullptr;
 };
 
+/// The shape of a KV cache: per sequence of the batch and KV head, `capacity` tokens of K (d
+/// values) and V (dv values, 0 = d), stored as f32 or f16.
+struct KvCacheShape {
+  uint32_t batch = 1, kv_heads = 1, capacity = 0, d = 0, dv = 0;
+  DType dtype = DType::f16;
+};
+
+/// A KV cache on the device: K [B, Hkv, capacity, d] and V [B, Hkv, capacity, dv], allocated
+/// once. Recordings append to it (AttentionRecording's appending form) and attend over its
+/// first tokens; keys(n) and values(n) are views of those tokens for other recordings.
+class KvCache {
+ public:
+  /// Device buffers of its own, uninitialised.
+  KvCache(Context& ctx, const KvCacheShape& shape);
+  /// A cache over the application's tensors (e.g. Tensor::view of its own buffers): K [B, Hkv,
+  /// capacity, d] and V [B, Hkv, capacity, dv], dense, f32 or f16, alike in dtype.
+  KvCache(Tensor keys, Tensor values);
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+
+  const Tensor& keys() const { return k_; }  ///< all of K, at capacity
+  const Tensor& values() const { return v_; }
+  Tensor keys(uint32_t n) const { return k_.prefix(n); }  ///< the first n tokens' K
+  Tensor values(uint32_t n) const { return v_.prefix(n); }
+  const KvCacheShape& shape() const { return shape_; }
+  uint32_t capacity() const { return shape_.capacity; }
+
+ private:
+  KvCacheShape shape_;
+  Tensor k_, v_;
+};
+
 /// Attention recorded into a command buffer the application owns (e.g. its frame's). Holds the
 /// outputs (unless given), scratch buffers and descriptor sets, so it must outlive the command
 /// buffer's execution. Q, K, V and the outputs may be views of the application's buffers. The
@@ -197,6 +229,17 @@ class AttentionRecording {
  public:
   AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionParams& params = {}, const AttentionOutputs& outputs = {});
+  /// A decode step (or prefill chunk) over `cache`, recorded once and resubmitted: each time it
+  /// runs it first writes k_new [B, Hkv, n, d] and v_new [B, Hkv, n, dv] (the cache's dtype)
+  /// into the cache's rows [p, p + n), where p is the last set_position(), rotating K there
+  /// (RoPE at positions p.., when params.rope is set), then attends Q [B, H, n, d] (rotated at
+  /// the same positions) over the cache's first p + n tokens; query i sits on token p + i.
+  /// Masks of a fixed length (key_mask, mask) and query_position are refused; causal, windows,
+  /// softcap, ALiBi and sinks follow the length. q, k_new and v_new are read when it runs, so
+  /// the application writes them (or has its own shaders write them) before each submit.
+  AttentionRecording(Context& ctx, const Tensor& q, KvCache& cache, const Tensor& k_new,
+                     const Tensor& v_new, const AttentionParams& params = {},
+                     const AttentionOutputs& outputs = {});
   AttentionRecording(AttentionRecording&&) noexcept;
   AttentionRecording& operator=(AttentionRecording&&) noexcept;
   ~AttentionRecording();
@@ -210,6 +253,10 @@ class AttentionRecording {
   /// it when the previous execution has finished. With a key mask, an additive mask or RoPE
   /// only that Nk is accepted.
   void set_keys(uint32_t n);
+  /// For a recording that appends to a KV cache: the cache row the next run appends at, which
+  /// is the number of tokens the cache holds before it (0 for a prompt's first chunk). Throws
+  /// if position + n passes the capacity. Like set_keys, a host write for the next run.
+  void set_position(uint32_t position);
   /// O and LSE: the recording's own, or views of the AttentionOutputs it was given.
   const Tensor& out() const;
   const Tensor& lse() const;

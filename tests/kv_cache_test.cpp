@@ -1,0 +1,202 @@
+// A KV cache that recordings append to: a prompt's chunk and then one token a step, each a
+// command buffer recorded once and resubmitted, checked against the float64 reference over every
+// token so far (RoPE included: the reference rotates K at positions 0.. and Q at the last ones),
+// and the cache's rows against rope() of the same keys.
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+class KvCacheTest : public VulkanTest {};
+
+struct CacheCase {
+  const char* name;
+  Variant variant;
+  DType dtype;
+  RopeLayout rope;
+  TileLayout layout = TileLayout::automatic;
+};
+
+HostTensor stored(const HostTensor& x, DType dtype) {
+  return dtype == DType::f16 ? round_to_half(x) : x;
+}
+
+// H = 4 query heads on Hkv = 2, d = 32, dv = 16, a cache of 40 tokens: a prompt of 7 appended
+// at once (causal), then 9 decode steps of one token, then a second chunk of 5; after each run
+// the output and LSE against float64 over all the tokens so far.
+TEST_F(KvCacheTest, PromptChunksAndDecodeStepsAppendAndAttendAsTheReferenceDoes) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  std::vector<CacheCase> cases = {
+      {"flash2 f32 rope interleaved", Variant::flash2, DType::f32, RopeLayout::interleaved},
+      {"splitkv f32 rope half", Variant::splitkv, DType::f32, RopeLayout::half},
+      {"flashd f32", Variant::flashd, DType::f32, RopeLayout::none, TileLayout::shared},
+      {"naive f32 rope", Variant::naive, DType::f32, RopeLayout::interleaved},
+      {"online f32 shared", Variant::online, DType::f32, RopeLayout::none, TileLayout::shared}};
+  if (info.fp16_storage) {
+    cases.push_back({"splitkv f16 rope", Variant::splitkv, DType::f16, RopeLayout::interleaved});
+    cases.push_back({"flash1 f16", Variant::flash1, DType::f16, RopeLayout::none});
+  }
+  if (info.subgroup_shuffle)
+    cases.push_back(
+        {"splitkv lanes", Variant::splitkv, DType::f32, RopeLayout::none, TileLayout::lanes});
+  const int64_t capacity = 40, heads = 4, kv_heads = 2, d = 32, dv = 16;
+  uint32_t seed = 300;
+  for (const CacheCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    HostTensor keys = stored(random_tensor({1, kv_heads, capacity, d}, ++seed), c.dtype);
+    HostTensor values = stored(random_tensor({1, kv_heads, capacity, dv}, ++seed), c.dtype);
+    KvCache cache(ctx,
+                  {1, uint32_t(kv_heads), uint32_t(capacity), uint32_t(d), uint32_t(dv), c.dtype});
+    AttentionParams params;
+    params.variant = c.variant;
+    params.tile_layout = c.layout;
+    params.rope = c.rope;
+    params.causal = true;
+    params.window_left = 12;  // the first keys fall out of the window as the cache grows
+    // One recording per chunk length: the prompts' (7, then 5) and the decode step's (1).
+    struct Chunk {
+      int64_t rows;
+      Tensor q, k, v;
+      std::unique_ptr<AttentionRecording> rec;
+      std::unique_ptr<ReusedFrame> frame;
+    };
+    auto make_chunk = [&](int64_t rows) {
+      auto chunk = std::make_unique<Chunk>();
+      chunk->rows = rows;
+      chunk->q = Tensor(ctx, {1, heads, rows, d}, c.dtype);
+      chunk->k = Tensor(ctx, {1, kv_heads, rows, d}, c.dtype);
+      chunk->v = Tensor(ctx, {1, kv_heads, rows, dv}, c.dtype);
+      chunk->rec =
+          std::make_unique<AttentionRecording>(ctx, chunk->q, cache, chunk->k, chunk->v, params);
+      AttentionRecording* rec = chunk->rec.get();
+      chunk->frame = std::make_unique<ReusedFrame>(
+          ctx.handles(), [rec](VkCommandBuffer cmd) { rec->record(cmd); });
+      return chunk;
+    };
+    auto prompt = make_chunk(7), step = make_chunk(1), second = make_chunk(5);
+    std::vector<Chunk*> order = {prompt.get()};
+    for (int i = 0; i < 9; ++i) order.push_back(step.get());
+    order.push_back(second.get());
+    int64_t length = 0;
+    for (Chunk* chunk : order) {
+      HostTensor q = stored(random_tensor({1, heads, chunk->rows, d}, ++seed), c.dtype);
+      chunk->q.write(q);
+      chunk->k.write(rows_of(keys, length, length + chunk->rows));
+      chunk->v.write(rows_of(values, length, length + chunk->rows));
+      chunk->rec->set_position(static_cast<uint32_t>(length));
+      chunk->frame->submit();
+      length += chunk->rows;
+      HostTensor k = first_rows(keys, length), v = first_rows(values, length);
+      reference::Result ref = reference::direct(q, k, v, params);
+      double err = max_error(chunk->rec->out().download().data, ref.out);
+      // fp16 storage of the rotated Q and K rounds them once more: fp16's roundoff, not fp32's.
+      double u = c.dtype == DType::f16 && c.rope != RopeLayout::none ? std::ldexp(1.0, -11)
+                                                                     : std::ldexp(1.0, -24);
+      double bound = 2 * tolerance(q, k, v, params, u);
+      EXPECT_LE(err, bound) << length << " tokens";
+      EXPECT_LE(max_lse_error(chunk->rec->lse().download().data, ref.lse), std::max(1e-4, bound))
+          << length << " tokens";
+      if (err > 1e-2) break;
+    }
+    ASSERT_EQ(length, 21);
+    // The cache holds what was appended: K rotated at its positions, as rope() rotates it.
+    HostTensor k_now = first_rows(cache.keys().download(), length);
+    HostTensor v_now = first_rows(cache.values().download(), length);
+    HostTensor k_want = first_rows(keys, length);
+    if (c.rope != RopeLayout::none)
+      k_want = rope(ctx, Tensor::upload(ctx, k_want, c.dtype), {c.rope, 10000.0, 0}).download();
+    EXPECT_EQ(k_now.data, k_want.data);
+    EXPECT_EQ(v_now.data, first_rows(values, length).data);
+    if (c.rope != RopeLayout::none) {
+      EXPECT_NE(k_now.data, first_rows(keys, length).data);
+    }
+  }
+}
+
+// A cache over the application's own buffers (KvCache from views), written in place: the
+// appended rows land in the app's memory at the view's offset, rows outside stay untouched.
+TEST_F(KvCacheTest, ACacheOverTheAppsBuffersIsWrittenInPlace) {
+  Context& ctx = context();
+  const int64_t capacity = 16, d = 8;
+  uint64_t align = std::max<uint64_t>(ctx.device().min_storage_offset_alignment, 4);
+  uint64_t k_bytes = uint64_t(capacity) * d * 4;
+  uint64_t offset = align, v_offset = (offset + k_bytes + align - 1) / align * align;
+  uint64_t total = v_offset + k_bytes + align;
+  Tensor app(ctx, {int64_t(total / 4)}, DType::f32);  // stands in for the app's VkBuffer
+  HostTensor sentinel({int64_t(total / 4)});
+  std::fill(sentinel.data.begin(), sentinel.data.end(), -7.0f);
+  app.write(sentinel);
+  KvCache cache(Tensor::view(ctx, app.buffer(), offset, {1, 1, capacity, d}, DType::f32),
+                Tensor::view(ctx, app.buffer(), v_offset, {1, 1, capacity, d}, DType::f32));
+  EXPECT_EQ(cache.capacity(), 16u);
+  Tensor q(ctx, {1, 2, 1, d}, DType::f32), k(ctx, {1, 1, 1, d}, DType::f32),
+      v(ctx, {1, 1, 1, d}, DType::f32);
+  AttentionRecording rec(ctx, q, cache, k, v);
+  ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+  HostTensor keys = random_tensor({1, 1, 3, d}, 1), values = random_tensor({1, 1, 3, d}, 2);
+  for (int64_t n = 0; n < 3; ++n) {
+    HostTensor query = random_tensor({1, 2, 1, d}, uint32_t(10 + n));
+    q.write(query);
+    k.write(rows_of(keys, n, n + 1));
+    v.write(rows_of(values, n, n + 1));
+    rec.set_position(static_cast<uint32_t>(n));
+    frame.submit();
+    HostTensor kk = first_rows(keys, n + 1), vv = first_rows(values, n + 1);
+    reference::Result ref = reference::direct(query, kk, vv, {});
+    EXPECT_LE(max_error(rec.out().download().data, ref.out), tolerance(query, kk, vv, {}));
+  }
+  HostTensor memory = app.download();
+  for (int64_t i = 0; i < int64_t(total / 4); ++i) {
+    int64_t k_row = (int64_t(i * 4) - int64_t(offset)) / (d * 4);
+    int64_t v_row = (int64_t(i * 4) - int64_t(v_offset)) / (d * 4);
+    bool in_k = i * 4 >= int64_t(offset) && k_row < 3,
+         in_v = i * 4 >= int64_t(v_offset) && v_row < 3;
+    if (in_k)
+      EXPECT_EQ(memory.data[size_t(i)], keys.data[size_t(i - int64_t(offset / 4))]) << i;
+    else if (in_v)
+      EXPECT_EQ(memory.data[size_t(i)], values.data[size_t(i - int64_t(v_offset / 4))]) << i;
+    else
+      EXPECT_EQ(memory.data[size_t(i)], -7.0f) << "word " << i << " is outside the rows written";
+  }
+}
+
+TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
+  Context& ctx = context();
+  KvCache cache(ctx, {1, 2, 8, 16, 16, DType::f32});
+  Tensor q(ctx, {1, 4, 2, 16}, DType::f32), k(ctx, {1, 2, 2, 16}, DType::f32),
+      v(ctx, {1, 2, 2, 16}, DType::f32);
+  AttentionRecording rec(ctx, q, cache, k, v);
+  rec.set_position(6);  // rows 6 and 7: the last two
+  expect_refused([&] { rec.set_position(7); }, "overruns the KV cache's capacity of 8");
+  expect_refused([&] { rec.set_keys(4); }, "set_position");
+  Tensor k3(ctx, {1, 2, 3, 16}, DType::f32);
+  expect_refused([&] { AttentionRecording(ctx, q, cache, k3, v); }, "needs [1, 2, 2, 16]");
+  Tensor k16(ctx, {1, 2, 2, 16}, DType::f16);
+  if (ctx.device().fp16_storage)
+    expect_refused([&] { AttentionRecording(ctx, q, cache, k16, v); }, "the cache stores f32");
+  AttentionParams masked;
+  masked.key_mask.assign(8, 1);
+  expect_refused([&] { AttentionRecording(ctx, q, cache, k, v, masked); }, "key mask");
+  AttentionParams placed;
+  placed.query_position = 3;
+  expect_refused([&] { AttentionRecording(ctx, q, cache, k, v, placed); }, "query_position");
+  Tensor whole(ctx, {1, 2, 8, 16}, DType::f32);
+  AttentionRecording plain(ctx, q, whole.prefix(4), whole.prefix(4));
+  expect_refused([&] { plain.set_position(0); }, "appends to a KV cache");
+  expect_refused([&] { KvCache(ctx, {1, 2, 0, 16, 16, DType::f32}); }, "capacity");
+  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::q8_0}); }, "f32 or f16");
+  expect_refused(
+      [&] {
+        KvCache(whole.prefix(4), Tensor(ctx, {1, 2, 8, 16}, DType::f32));
+      },
+      "dense");
+  expect_refused(
+      [&] {
+        KvCache(Tensor(ctx, {1, 2, 8, 16}, DType::f32), Tensor(ctx, {1, 3, 8, 16}, DType::f32));
+      },
+      "differ");
+}
+
+}  // namespace
+}  // namespace flashvk::test
