@@ -198,5 +198,72 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
       "differ");
 }
 
+// The decode loop as an app runs it: after the first step, setting the position and submitting
+// the recorded command buffer creates no Vulkan object and allocates no device memory (counted
+// by every create and destroy site of the engine: engine_stats()), for every variant.
+TEST_F(KvCacheTest, DecodeStepsCreateNoVulkanObjects) {
+  Context& ctx = context();
+  for (Variant variant : all_variants()) {
+    SCOPED_TRACE(variant_name(variant));
+    KvCache cache(ctx, {1, 2, 64, 32, 32, DType::f32});
+    Tensor q(ctx, {1, 4, 1, 32}, DType::f32), k(ctx, {1, 2, 1, 32}, DType::f32),
+        v(ctx, {1, 2, 1, 32}, DType::f32);
+    q.write(random_tensor({1, 4, 1, 32}, 1));
+    k.write(random_tensor({1, 2, 1, 32}, 2));
+    v.write(random_tensor({1, 2, 1, 32}, 3));
+    AttentionParams params;
+    params.variant = variant;
+    params.rope = RopeLayout::interleaved;
+    AttentionRecording step(ctx, q, cache, k, v, params);
+    ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { step.record(cmd); });
+    step.set_position(0);
+    frame.submit();  // the first step: drivers may set things up
+    EngineStats before = engine_stats();
+    for (uint32_t position = 1; position < 64; ++position) {
+      step.set_position(position);
+      frame.submit();
+    }
+    EngineStats after = engine_stats();
+    EXPECT_EQ(after.objects_created, before.objects_created);
+    EXPECT_EQ(after.objects_live, before.objects_live);
+    EXPECT_EQ(after.device_bytes, before.device_bytes);
+    EXPECT_GT(before.objects_live, 0u);
+  }
+}
+
+// Caches, recordings (appending and not) and contexts made and dropped a thousand times leave
+// no Vulkan object and no device memory behind; and the counters see them while they live.
+TEST_F(KvCacheTest, AThousandCachesRecordingsAndContextsLeaveNothingBehind) {
+  Context& ctx = context();
+  auto make_and_drop = [&](int i, EngineStats* live) {
+    KvCache cache(ctx, {1, 2, 16, 8, 8, DType::f32});
+    Tensor q(ctx, {1, 2, 1, 8}, DType::f32), k(ctx, {1, 2, 1, 8}, DType::f32),
+        v(ctx, {1, 2, 1, 8}, DType::f32);
+    AttentionParams params;
+    params.variant = i % 2 ? Variant::splitkv : Variant::flash2;
+    AttentionRecording step(ctx, q, cache, k, v, params);
+    AttentionRecording over(ctx, q, cache.keys(4), cache.values(4), params);
+    if (live) *live = engine_stats();
+  };
+  make_and_drop(0, nullptr), make_and_drop(1, nullptr);  // the context keeps their pipelines
+  EngineStats start = engine_stats(), live;
+  make_and_drop(0, &live);
+  EXPECT_GT(live.objects_live, start.objects_live);
+  EXPECT_GE(live.device_bytes, start.device_bytes + 2 * 2 * 16 * 8 * 4);  // the cache at least
+  for (int i = 0; i < 1000; ++i) make_and_drop(i, nullptr);
+  EngineStats end = engine_stats();
+  EXPECT_EQ(end.objects_live, start.objects_live);
+  EXPECT_EQ(end.device_bytes, start.device_bytes);
+  EXPECT_GT(end.objects_created, start.objects_created + 1000 * 10);
+  for (int i = 0; i < 1000; ++i) {
+    Context other = Context::create();
+    if (i == 0) {
+      EXPECT_GT(engine_stats().objects_live, end.objects_live);
+    }
+  }
+  EXPECT_EQ(engine_stats().objects_live, end.objects_live);
+  EXPECT_EQ(engine_stats().device_bytes, end.device_bytes);
+}
+
 }  // namespace
 }  // namespace flashvk::test

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,27 @@
 
 namespace flashvk {
 namespace detail {
+
+namespace {
+std::atomic<uint64_t> g_created{0}, g_destroyed{0};
+std::atomic<int64_t> g_device_bytes{0};
+}  // namespace
+
+// How many of `handles` are set.
+template <typename... Handle>
+uint64_t non_null(Handle... handles) {
+  return ((handles != VK_NULL_HANDLE ? 1u : 0u) + ...);
+}
+
+void objects_created(uint64_t n) {
+  g_created += n;
+}
+void objects_destroyed(uint64_t n) {
+  g_destroyed += n;
+}
+void device_memory(int64_t bytes) {
+  g_device_bytes += bytes;
+}
 
 void check(VkResult result, const char* call) {
   if (result != VK_SUCCESS) throw VulkanError(result, call);
@@ -139,6 +161,7 @@ VkInstance make_instance(ContextImpl* ctx, bool validation) {
         "no Vulkan driver found (vkCreateInstance: VK_ERROR_INCOMPATIBLE_DRIVER); install one, "
         "e.g. Mesa's lavapipe: apt-get install mesa-vulkan-drivers");
   check(result, "vkCreateInstance");
+  objects_created();
   return instance;
 }
 
@@ -222,6 +245,7 @@ void make_device(ContextImpl& ctx) {
     info.ppEnabledExtensionNames = kCoopmatExtensions;
   }
   check(vkCreateDevice(ctx.physical, &info, nullptr, &ctx.device), "vkCreateDevice");
+  objects_created();
   vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
   ctx.fp16_enabled = ctx.info.fp16_storage;
   ctx.coopmat_enabled = ctx.info.cooperative_matrix;
@@ -342,13 +366,17 @@ ContextImpl::~ContextImpl() {
     dummy = Buffer();
     for (auto& [key, pipe] : pipelines) vkDestroyPipeline(device, pipe, nullptr);
     for (auto& [key, module] : modules) vkDestroyShaderModule(device, module, nullptr);
+    objects_destroyed(pipelines.size() + modules.size());
+    uint64_t shared = non_null(cache, pipeline_layout, set_layout, fence, pool);
     vkDestroyPipelineCache(device, cache, nullptr);
     vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
     vkDestroyDescriptorSetLayout(device, set_layout, nullptr);
     vkDestroyFence(device, fence, nullptr);
     vkDestroyCommandPool(device, pool, nullptr);
+    objects_destroyed(shared);
   }
   if (!owns) return;  // borrowed handles are the application's
+  objects_destroyed(non_null(device, messenger, instance));
   if (device != VK_NULL_HANDLE) vkDestroyDevice(device, nullptr);
   if (messenger != VK_NULL_HANDLE) {
     auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
@@ -430,6 +458,7 @@ void ContextImpl::init_shared_objects() {
   set_info.pBindings = bindings.data();
   check(vkCreateDescriptorSetLayout(device, &set_info, nullptr, &set_layout),
         "vkCreateDescriptorSetLayout");
+  objects_created();
   VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};  // the guaranteed minimum
   VkPipelineLayoutCreateInfo layout_info{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
   layout_info.setLayoutCount = 1;
@@ -438,17 +467,21 @@ void ContextImpl::init_shared_objects() {
   layout_info.pPushConstantRanges = &push;
   check(vkCreatePipelineLayout(device, &layout_info, nullptr, &pipeline_layout),
         "vkCreatePipelineLayout");
+  objects_created();
   VkPipelineCacheCreateInfo cache_info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   std::vector<char> saved = read_pipeline_cache(cache_path, physical);
   cache_info.initialDataSize = saved.size();
   cache_info.pInitialData = saved.empty() ? nullptr : saved.data();
   check(vkCreatePipelineCache(device, &cache_info, nullptr, &cache), "vkCreatePipelineCache");
+  objects_created();
   VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pool_info.queueFamilyIndex = family;
   check(vkCreateCommandPool(device, &pool_info, nullptr, &pool), "vkCreateCommandPool");
+  objects_created();
   VkFenceCreateInfo fence_info{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   check(vkCreateFence(device, &fence_info, nullptr, &fence), "vkCreateFence");
+  objects_created();
   dummy = Buffer(*this, 16);
 }
 
@@ -472,6 +505,7 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     module_info.codeSize = blob->bytes;
     module_info.pCode = blob->words;
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
+    objects_created();
   }
   std::array<uint32_t, 10> values = {spec.rows,
                                      spec.keys,
@@ -497,6 +531,7 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
   VkPipeline pipe = VK_NULL_HANDLE;
   check(vkCreateComputePipelines(device, cache, 1, &create, nullptr, &pipe),
         "vkCreateComputePipelines");
+  objects_created();
   pipelines[key] = pipe;
   return pipe;
 }
@@ -509,10 +544,14 @@ void ContextImpl::submit_and_wait(const std::function<void(VkCommandBuffer)>& fi
   alloc.commandBufferCount = 1;
   VkCommandBuffer cmd = VK_NULL_HANDLE;
   check(vkAllocateCommandBuffers(device, &alloc, &cmd), "vkAllocateCommandBuffers");
+  objects_created();
   struct Free {
     ContextImpl* ctx;
     VkCommandBuffer cmd;
-    ~Free() { vkFreeCommandBuffers(ctx->device, ctx->pool, 1, &cmd); }
+    ~Free() {
+      vkFreeCommandBuffers(ctx->device, ctx->pool, 1, &cmd);
+      objects_destroyed();
+    }
   } free_on_exit{this, cmd};
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -582,6 +621,7 @@ Context Context::create(const ContextOptions& options) {
     if (create)
       detail::check(create(impl->instance, &info, nullptr, &impl->messenger),
                     "vkCreateDebugUtilsMessengerEXT");
+    if (impl->messenger) detail::objects_created();
   }
   auto devices = detail::physical_devices(impl->instance);
   if (devices.empty()) throw Error("no Vulkan device found");
@@ -644,6 +684,14 @@ Context Context::adopt(const ExternalDevice& external) {
   impl->timestamp_bits = families[external.queue_family].timestampValidBits;
   impl->init_shared_objects();
   return Context(std::move(impl));
+}
+
+EngineStats engine_stats() {
+  EngineStats stats;
+  stats.objects_created = detail::g_created;
+  stats.objects_live = stats.objects_created - detail::g_destroyed;
+  stats.device_bytes = static_cast<uint64_t>(std::max<int64_t>(detail::g_device_bytes, 0));
+  return stats;
 }
 
 const DeviceInfo& Context::device() const {

@@ -564,11 +564,13 @@ void Plan::create_pools() {
   pool_info.poolSizeCount = 3;
   pool_info.pPoolSizes = sizes;
   check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
+  objects_created();
   if (impl.timestamp_bits > 0 && ctx.device().timestamps) {
     VkQueryPoolCreateInfo query_info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
     query_info.queryType = VK_QUERY_TYPE_TIMESTAMP;
     query_info.queryCount = 2;
     check(vkCreateQueryPool(impl.device, &query_info, nullptr, &queries_), "vkCreateQueryPool");
+    objects_created();
   }
 }
 
@@ -602,14 +604,26 @@ void Plan::make_texel_views() {
     info.offset = views[i].offset;
     info.range = views[i].bytes;
     check(vkCreateBufferView(impl.device, &info, nullptr, &texel_views[i]), "vkCreateBufferView");
+    objects_created();
   }
 }
 
 Plan::~Plan() {
-  for (VkBufferView view : texel_views)
-    if (view) vkDestroyBufferView(impl.device, view, nullptr);
-  if (queries_) vkDestroyQueryPool(impl.device, queries_, nullptr);
-  if (pool_) vkDestroyDescriptorPool(impl.device, pool_, nullptr);
+  uint64_t destroyed = sets_;  // freed with their pool
+  for (VkBufferView view : texel_views) {
+    if (!view) continue;
+    vkDestroyBufferView(impl.device, view, nullptr);
+    ++destroyed;
+  }
+  if (queries_) {
+    vkDestroyQueryPool(impl.device, queries_, nullptr);
+    ++destroyed;
+  }
+  if (pool_) {
+    vkDestroyDescriptorPool(impl.device, pool_, nullptr);
+    ++destroyed;
+  }
+  objects_destroyed(destroyed);
 }
 
 std::string Plan::shader(const char* family) const {
@@ -654,6 +668,8 @@ VkDescriptorSet Plan::make_set(const Bindings& buffers) {
   alloc.pSetLayouts = &impl.set_layout;
   VkDescriptorSet set = VK_NULL_HANDLE;
   check(vkAllocateDescriptorSets(impl.device, &alloc, &set), "vkAllocateDescriptorSets");
+  objects_created();
+  ++sets_;
   std::array<VkDescriptorBufferInfo, kBindings> infos{};
   std::array<VkWriteDescriptorSet, kBindings> writes{};
   for (uint32_t i = 0; i < kBindings; ++i) {

@@ -137,6 +137,7 @@ class Plan {
   void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
+  uint64_t sets_ = 0;            // descriptor sets allocated from pool_
   std::vector<Dispatch> steps_;  // a null pipeline marks a barrier
 };
 

@@ -20,6 +20,7 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
   buffer_info.usage = kTensorUsage | VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT;
   buffer_info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   check(vkCreateBuffer(ctx.device, &buffer_info, nullptr, &buffer_), "vkCreateBuffer");
+  objects_created();
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(ctx.device, buffer_, &req);
   // Prefer memory that is both device-local and mappable (integrated GPUs, lavapipe, ReBAR):
@@ -43,6 +44,9 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
     release();
     throw VulkanError(result, "vkAllocateMemory(" + std::to_string(req.size) + " bytes)");
   }
+  objects_created();
+  allocated_ = req.size;
+  device_memory(int64_t(allocated_));
   check(vkBindBufferMemory(ctx.device, buffer_, memory_, 0), "vkBindBufferMemory");
   if ((ctx.memory.memoryTypes[type].propertyFlags & mappable) == mappable)
     check(vkMapMemory(ctx.device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
@@ -56,6 +60,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     memory_ = std::exchange(other.memory_, VK_NULL_HANDLE);
     bytes_ = std::exchange(other.bytes_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
+    allocated_ = std::exchange(other.allocated_, 0);
   }
   return *this;
 }
@@ -68,6 +73,8 @@ void Buffer::release() {
   if (!ctx_) return;
   if (buffer_) vkDestroyBuffer(ctx_->device, buffer_, nullptr);
   if (memory_) vkFreeMemory(ctx_->device, memory_, nullptr);  // unmaps too
+  objects_destroyed((buffer_ ? 1u : 0u) + (memory_ ? 1u : 0u));
+  device_memory(-int64_t(std::exchange(allocated_, 0)));
   buffer_ = VK_NULL_HANDLE;
   memory_ = VK_NULL_HANDLE;
   mapped_ = nullptr;

@@ -21,6 +21,10 @@ void check(VkResult result, const char* call);
 /// The failure armed by testing::inject_failure for `call`, or VK_SUCCESS.
 VkResult injected(const char* call);
 void apply_overrides(DeviceInfo& info, const LimitOverrides& overrides);
+/// engine_stats()'s counters: every site that creates or destroys a Vulkan object says so.
+void objects_created(uint64_t n = 1);
+void objects_destroyed(uint64_t n = 1);
+void device_memory(int64_t bytes);  ///< allocated (> 0) or freed (< 0)
 
 struct ContextImpl;
 
@@ -46,6 +50,7 @@ class Buffer {
   VkBuffer buffer_ = VK_NULL_HANDLE;
   VkDeviceMemory memory_ = VK_NULL_HANDLE;
   uint64_t bytes_ = 0;
+  uint64_t allocated_ = 0;  // device memory bytes (the requirement's size)
   void* mapped_ = nullptr;
 };
 

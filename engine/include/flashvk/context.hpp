@@ -87,6 +87,18 @@ struct ExternalDevice {
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };
 
+/// The Vulkan objects and device memory the engine holds, over every context of the process
+/// (the application's own objects are not counted): for an app's memory budget, and to check
+/// that a recorded decode step creates nothing (objects_created stays put while it runs).
+struct EngineStats {
+  /// Every Vulkan object the engine has created or allocated: instances, devices, buffers,
+  /// memory, buffer views, pools, descriptor sets, command buffers, pipelines, ...
+  uint64_t objects_created = 0;
+  uint64_t objects_live = 0;  ///< of those, not yet destroyed or freed
+  uint64_t device_bytes = 0;  ///< device memory the engine has allocated and not yet freed
+};
+EngineStats engine_stats();
+
 class Context {
  public:
   /// Creates an instance and device of its own (headless, no surface).
