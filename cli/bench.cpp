@@ -88,6 +88,15 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes
                       from idle: an H100 ran its first seconds of work about 4x slower (default 1
                       on GPUs, 0 on CPU drivers)
   --check             also report the max error against the float64 reference (slow)
+  --decode-loop       instead, a decode loop as an app runs it: a KV cache of --nk tokens
+                      (default 4096; H 32, Hkv 8, d 128 unless given; --variant one,
+                      default splitkv), filled one token a step by a recording made once
+                      that appends the token's K and V and attends over the cache, submitted
+                      every step after set_position(). Reports the host's time per step
+                      (set_position + vkQueueSubmit), the GPU's (timestamps around the
+                      recording), beside one attention() over the full cache, and the Vulkan
+                      objects the engine created after the first step (exit status 1 if any)
+  --rope interleaved|half   with --decode-loop: rotate each K as it is appended, and Q
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
 
@@ -95,6 +104,7 @@ examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
   flashvk bench --suite standard --peak --json suite.json
   flashvk bench --variant flash2 --nq 2048 --layout shared --block-rows 128 --block-keys 32
+  flashvk bench --decode-loop --dtype f16 --rope interleaved
 )";
 
 // One shape, and the variants to time on it.
@@ -622,11 +632,16 @@ Case custom_case(const Args& args) {
 int cmd_bench(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
     return std::cout << with_modifier_help(kBenchHelp), 0;
-  Args args(argv,
-            with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
-                            "repeat", "min-time", "flashd-rounds", "json", "device", "suite",
-                            "layout", "block-rows", "block-keys", "splits", "gpu-warm"}),
-            {"causal", "check", "peak", "warm-cache"});
+  Args args(
+      argv,
+      with_modifiers(
+          {"variant", "batch",      "heads",      "kv-heads",      "nq",       "nk",     "d",
+           "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "suite",
+           "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
+      {"causal", "check", "peak", "warm-cache", "decode-loop"});
+  if (args.flag("decode-loop")) return run_decode_loop(args);
+  if (args.has("rope"))
+    throw UsageError{"--rope is for --decode-loop (bench times attention without RoPE)"};
   std::vector<Case> cases;
   if (args.has("suite")) {
     if (args.text("suite") != "standard")

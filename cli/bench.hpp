@@ -10,6 +10,12 @@ namespace flashvk::cli {
 /// GFLOP/s and device memory per variant, printed as a table and optionally written as JSON.
 int cmd_bench(const std::vector<std::string>& argv);
 
+class Args;
+/// `flashvk bench --decode-loop` (decode_loop.cpp): one token a step over a growing KV cache,
+/// recorded once; host and GPU time per step and the objects created after the first. Exits 1
+/// if a step after the first created a Vulkan object or changed the device memory.
+int run_decode_loop(const Args& args);
+
 /// "registers 48x8": a layout with its query rows per workgroup x keys per tile (none for naive),
 /// and ", 3 splits" for splitkv.
 std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,

@@ -309,6 +309,42 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   EXPECT_NE(o.output.find(tiles), std::string::npos) << tiles << o.output;
 }
 
+// --decode-loop: a cache of 48 tokens filled one a step; no Vulkan object after the first step,
+// the JSON holds a GPU and host time for every step, and options that make no sense for it are
+// refused by name.
+TEST_F(CliTest, BenchDecodeLoopCountsObjectsAndTimesEveryStep) {
+  Outcome o = run_cli(
+      "bench --decode-loop --nk 48 --heads 4 --kv-heads 2 --d 32 --rope half "
+      "--window 20,0 --json " +
+      path("loop.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("48 steps of one token, H=4 Hkv=2 d=32 dv=32, f32, splitkv"),
+            std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find("after the first step: 0 Vulkan objects created, device memory +0 bytes"),
+            std::string::npos)
+      << o.output;
+  Json json = read_json(path("loop.json"));
+  const Json& loop = json.at("decode_loop");
+  EXPECT_EQ(loop.at("steps"), 48);
+  EXPECT_EQ(loop.at("rope"), "half");
+  EXPECT_EQ(loop.at("objects_created_after_first_step"), 0);
+  EXPECT_EQ(loop.at("host_us").size(), 48u);
+  EXPECT_EQ(loop.at("gpu_ms").size(), 48u);
+  if (context().device().timestamps) {
+    EXPECT_GT(double(loop.at("gpu_ms_last")), 0.0) << loop;
+    EXPECT_GT(double(loop.at("gpu_ms_one_attention")), 0.0) << loop;
+  }
+  for (const char* bad : {"--nq 4", "--causal", "--kv-dtype q8_0", "--rope sideways"}) {
+    Outcome refused = run_cli(std::string("bench --decode-loop --nk 8 --d 32 ") + bad);
+    EXPECT_EQ(refused.status, 2) << bad << ": " << refused.output;
+    EXPECT_EQ(refused.output.rfind("flashvk: error: ", 0), 0u) << refused.output;
+  }
+  Outcome rope_alone = run_cli("bench --rope half --nq 8 --d 16");
+  EXPECT_EQ(rope_alone.status, 2) << rope_alone.output;
+  EXPECT_NE(rope_alone.output.find("--rope is for --decode-loop"), std::string::npos);
+}
+
 // --block-rows, --block-keys and --splits tune one shape: the tiling asked for runs and is
 // reported; one the device cannot hold is refused before any table, by the engine's message.
 TEST_F(CliTest, BenchTileSizesAreTunable) {
