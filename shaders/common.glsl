@@ -98,29 +98,12 @@ layout(binding = 12) uniform samplerBuffer mask_tex;
 const uint FLAG_LSE = 4u;
 const uint FLAG_TRACE = 8u;
 
+#define PUSH_FIELD(type, name) type name;
 layout(push_constant) uniform Params {
-  uint batch;
-  uint heads;
-  uint kv_heads;
-  uint nq;
-  uint nk;
-  float scale;
-  uint flags;
-  uint splits;          // splitkv: number of key chunks
-  uint keys_per_split;  // splitkv: keys per chunk, a multiple of BC
-  uint trace_bh;        // traced row: b * H + h
-  uint trace_row;       // traced row: query index
-  uint bh0;             // naive: first (b, h) of this chunk
-  int window_left;      // keys before its diagonal a query sees; -1 = all (row_keys)
-  int window_right;     // keys after it; -1 = all, 0 = causal
-  float softcap;        // c of MOD_SOFTCAP
-  uint mask_ranges;     // MOD_MASK: word offsets in mask_buf, and the strides of batch and head
-  uint mask_values;     // in mask rows (0 where the mask is broadcast over them)
-  uint mask_bstride;
-  uint mask_hstride;
-  uint kv_rows;  // keys from one K/V head to the next in memory: Nk, or a KV cache's capacity
+#include "push_fields.glsl"
 }
 pc;
+#undef PUSH_FIELD
 
 // The number of keys attended, Nk, read from memory (lengths.glsl). pc.nk is the Nk the plan was
 // made for, the key and additive masks' row length.

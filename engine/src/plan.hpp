@@ -11,17 +11,21 @@
 
 namespace flashvk::detail {
 
-/// Mirrors `Params` in shaders/common.glsl.
+/// The kernels' push constants, `Params` in shaders/common.glsl: both sides take their members
+/// from one list, shaders/push_fields.glsl.
+#define PUSH_FIELD(type, name) PUSH_TYPE_##type name;
+#define PUSH_TYPE_uint uint32_t
+#define PUSH_TYPE_int int32_t
+#define PUSH_TYPE_float float
 struct Push {
-  uint32_t batch, heads, kv_heads, nq, nk;
-  float scale;
-  uint32_t flags, splits, keys_per_split, trace_bh, trace_row, bh0;
-  int32_t window_left, window_right;  // causal folded in: window_right = 0
-  float softcap;
-  uint32_t mask_ranges, mask_values, mask_bstride, mask_hstride;  // kModMask: words, mask rows
-  uint32_t kv_rows;                                               // Dims::kv_rows
+#include "../../shaders/push_fields.glsl"
 };
-static_assert(sizeof(Push) == 20 * 4 && sizeof(Push) <= 128, "Push mirrors common.glsl's Params");
+#undef PUSH_FIELD
+#undef PUSH_TYPE_uint
+#undef PUSH_TYPE_int
+#undef PUSH_TYPE_float
+static_assert(sizeof(Push) % 4 == 0 && sizeof(Push) <= 128,
+              "push constants: 32-bit members within Vulkan's guaranteed 128 bytes");
 constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 /// Spec::mods bits, MOD_* in shaders/common.glsl.
 constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;

@@ -1,0 +1,24 @@
+// The attention kernels' push constants, declared once for both sides: common.glsl includes
+// it into its `Params` block and engine/src/plan.hpp into `struct Push`, each with its own
+// PUSH_FIELD(type, name). Every member is a 32-bit uint, int or float, so the two layouts agree
+// member for member (std430 push constants: 4-byte scalars, no padding), in at most 128 bytes.
+PUSH_FIELD(uint, batch)
+PUSH_FIELD(uint, heads)
+PUSH_FIELD(uint, kv_heads)
+PUSH_FIELD(uint, nq)
+PUSH_FIELD(uint, nk)
+PUSH_FIELD(float, scale)
+PUSH_FIELD(uint, flags)
+PUSH_FIELD(uint, splits)          // splitkv: number of key chunks
+PUSH_FIELD(uint, keys_per_split)  // splitkv: keys per chunk, a multiple of BC
+PUSH_FIELD(uint, trace_bh)        // traced row: b * H + h
+PUSH_FIELD(uint, trace_row)       // traced row: query index
+PUSH_FIELD(uint, bh0)             // naive: first (b, h) of this chunk
+PUSH_FIELD(int, window_left)      // keys before its diagonal a query sees; -1 = all (row_keys)
+PUSH_FIELD(int, window_right)     // keys after it; -1 = all, 0 = causal (causal is folded in)
+PUSH_FIELD(float, softcap)        // c of MOD_SOFTCAP
+PUSH_FIELD(uint, mask_ranges)     // MOD_MASK: word offsets in mask_buf, and the strides of
+PUSH_FIELD(uint, mask_values)     // batch and head in mask rows (0 where the mask is broadcast)
+PUSH_FIELD(uint, mask_bstride)
+PUSH_FIELD(uint, mask_hstride)
+PUSH_FIELD(uint, kv_rows)         // keys from one K/V head to the next: Nk, or a cache's capacity
