@@ -463,6 +463,30 @@ TEST(Embedding, AdoptRefusesAVulkan10InstanceByName) {
   }
 }
 
+// adopt() takes the application's word for the features it enabled, but refuses a word the
+// device cannot back, naming the feature (rather than failing in a kernel later).
+TEST(Embedding, AdoptRefusesFeaturesTheDeviceLacksByName) {
+  AppVulkan app;
+  ExternalDevice handles = app.external();
+  DeviceInfo info = Context::adopt(handles).device();
+  if (!info.cooperative_matrix) {
+    handles.cooperative_matrix_enabled = true;
+    expect_refused([&] { Context::adopt(handles); }, "VK_NV_cooperative_matrix");
+  }
+  if (!info.fp16_storage) {
+    handles = app.external();
+    expect_refused([&] { Context::adopt(handles); }, "storageBuffer16BitAccess");
+  }
+  handles = app.external();
+  handles.queue_family = 1000;
+  expect_refused([&] { Context::adopt(handles); }, "queue family 1000");
+  handles = app.external();
+  handles.fp16_storage_enabled = false;
+  Context ctx = Context::adopt(handles);
+  HostTensor x = random_tensor({1, 1, 4, 8}, 1);
+  expect_refused([&] { Tensor::upload(ctx, x, DType::f16); }, "16");
+}
+
 TEST(Devices, ListsAtLeastOneDeviceWithTheGuaranteedLimits) {
   std::vector<DeviceInfo> devices = list_devices();
   ASSERT_FALSE(devices.empty());

@@ -670,8 +670,19 @@ Context Context::adopt(const ExternalDevice& external) {
         "VkInstance with VkApplicationInfo::apiVersion VK_API_VERSION_1_1 or later (flashvk "
         "needs Vulkan 1.1)");
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
-  impl->fp16_enabled = external.fp16_storage_enabled && impl->info.fp16_storage;
-  impl->coopmat_enabled = external.cooperative_matrix_enabled && impl->info.cooperative_matrix;
+  // What the application says it enabled must be there to enable: a claim the device cannot
+  // back would fail later, in a kernel, with the validation layers' words at best.
+  if (external.fp16_storage_enabled && !impl->info.fp16_storage)
+    throw Error("Context::adopt: fp16_storage_enabled is set, but " + impl->info.name +
+                " does not support storageBuffer16BitAccess (VkPhysicalDevice16BitStorage"
+                "Features); leave it false and use DType::f32");
+  if (external.cooperative_matrix_enabled && !impl->info.cooperative_matrix)
+    throw Error("Context::adopt: cooperative_matrix_enabled is set, but " + impl->info.name +
+                " lacks what the matrix kernels need (VK_NV_cooperative_matrix with 16x16x16 "
+                "fp16 products into fp32, shaderFloat16, vulkanMemoryModel and its device "
+                "scope, a subgroup of 32; `flashvk devices` lists them); leave it false");
+  impl->fp16_enabled = external.fp16_storage_enabled;
+  impl->coopmat_enabled = external.cooperative_matrix_enabled;
   impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
