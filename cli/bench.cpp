@@ -16,6 +16,7 @@
 #include "args.hpp"
 #include "commit.hpp"
 #include "flashvk.hpp"
+#include "flashvk/tools/peak.hpp"
 
 namespace flashvk::cli {
 

@@ -3,6 +3,7 @@
 #include <functional>
 #include <thread>
 
+#include "flashvk/tools/testing.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "flashvk/context.hpp"
+#include "flashvk/tools/testing.hpp"
 #include "shader_registry.hpp"
 #include "vk.hpp"
 

@@ -62,14 +62,6 @@ struct ContextOptions {
   std::string pipeline_cache_path;
 };
 
-namespace testing {
-/// Makes the `skip`+1-th following call of the named Vulkan function ("vkAllocateMemory",
-/// "vkQueueSubmit", ...) on any context fail with `result` without being made. For tests of the
-/// error paths; `clear_failures()` disarms it.
-void inject_failure(const std::string& call, VkResult result, int skip = 0);
-void clear_failures();
-}  // namespace testing
-
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.
 /// The device must have been created with Vulkan 1.1 or later; `fp16_storage_enabled` says
 /// whether storageBuffer16BitAccess was enabled on it (needed for DType::f16).

@@ -1,6 +1,6 @@
 // Host side of the calibration shaders behind measure_peak(): peak_fma.comp and
 // peak_bandwidth.comp, timed with the same timestamp queries as attention.
-#include "flashvk/peak.hpp"
+#include "flashvk/tools/peak.hpp"
 
 #include <algorithm>
 

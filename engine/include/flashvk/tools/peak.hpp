@@ -1,5 +1,7 @@
 #pragma once
-// The device's own limits, measured: the roofline that `flashvk bench --peak` reports against.
+// Benchmark tooling, outside the API an application uses (flashvk.hpp does not include it): the
+// device's own limits, measured, the roofline that `flashvk bench --peak` reports against, and
+// a cache flush between timed runs.
 #include <cstdint>
 #include <memory>
 

@@ -1,0 +1,16 @@
+#pragma once
+// Test tooling, outside the API an application uses (flashvk.hpp does not include it): failures
+// injected into the engine's Vulkan calls, for tests of the error paths.
+#include <string>
+
+#include <vulkan/vulkan.h>
+
+namespace flashvk::testing {
+
+/// Makes the `skip`+1-th following call of the named Vulkan function ("vkAllocateMemory",
+/// "vkQueueSubmit", ...) on any context fail with `result` without being made. `clear_failures()`
+/// disarms it.
+void inject_failure(const std::string& call, VkResult result, int skip = 0);
+void clear_failures();
+
+}  // namespace flashvk::testing
