@@ -265,5 +265,58 @@ TEST_F(KvCacheTest, AThousandCachesRecordingsAndContextsLeaveNothingBehind) {
   EXPECT_EQ(engine_stats().device_bytes, end.device_bytes);
 }
 
+// A whole decode step in one command buffer of the app's, recorded once: Q, K and V copied in
+// from the engine's staging, appended and attended, O copied out to the staging. Each step the
+// host writes the staging, sets the position, submits and reads O back from the staging, which
+// matches float64; no Vulkan object is made after the first step.
+TEST_F(KvCacheTest, UploadsAndDownloadsRecordedIntoTheStep) {
+  Context& ctx = context();
+  DType dtype = ctx.device().fp16_storage ? DType::f16 : DType::f32;
+  const int64_t heads = 4, kv_heads = 2, d = 32, capacity = 12;
+  KvCache cache(ctx, {1, uint32_t(kv_heads), uint32_t(capacity), uint32_t(d), uint32_t(d), dtype});
+  Tensor q(ctx, {1, heads, 1, d}, dtype), k(ctx, {1, kv_heads, 1, d}, dtype),
+      v(ctx, {1, kv_heads, 1, d}, dtype);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.causal = true;
+  AttentionRecording step(ctx, q, cache, k, v, params);
+  const uint64_t at_k = q.bytes(), at_v = at_k + k.bytes(), at_o = at_v + v.bytes();
+  Staging staging(ctx, at_o + step.out().bytes());
+  ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) {
+    staging.record_upload(cmd, q, 0);
+    staging.record_upload(cmd, k, at_k);
+    staging.record_upload(cmd, v, at_v);
+    step.record(cmd);
+    staging.record_download(cmd, step.out(), at_o);
+  });
+  HostTensor keys = stored_values(random_tensor({1, kv_heads, capacity, d}, 50), dtype);
+  HostTensor values = stored_values(random_tensor({1, kv_heads, capacity, d}, 51), dtype);
+  EngineStats first{};
+  for (int64_t n = 0; n < capacity; ++n) {
+    HostTensor query = stored_values(random_tensor({1, heads, 1, d}, uint32_t(60 + n)), dtype);
+    EXPECT_EQ(staging.write(query, dtype, 0), q.bytes());
+    staging.write(rows_of(keys, n, n + 1), dtype, at_k);
+    staging.write(rows_of(values, n, n + 1), dtype, at_v);
+    step.set_position(static_cast<uint32_t>(n));
+    frame.submit();
+    if (n == 0) first = engine_stats();
+    HostTensor out = staging.read({1, heads, 1, d}, DType::f32, at_o);
+    HostTensor kk = first_rows(keys, n + 1), vv = first_rows(values, n + 1);
+    reference::Result ref = reference::direct(query, kk, vv, params);
+    EXPECT_LE(max_error(out.data, ref.out), tolerance(query, kk, vv, params)) << n + 1 << " tokens";
+  }
+  EXPECT_EQ(engine_stats().objects_created, first.objects_created);
+  expect_refused(
+      [&] {
+        staging.write(random_tensor({1, 1000}, 1), DType::f32, 0);
+      },
+      "pass the end of the staging");
+  expect_refused([&] { staging.read({1, 1000}, DType::f32, 8); }, "pass the end of the staging");
+  ReusedFrame refusals(ctx.handles(), [&](VkCommandBuffer cmd) {
+    expect_refused([&] { staging.record_upload(cmd, cache.keys(4), 0); }, "prefix()");
+    expect_refused([&] { staging.record_download(cmd, cache.keys(), 0); }, "pass the end");
+  });
+}
+
 }  // namespace
 }  // namespace flashvk::test

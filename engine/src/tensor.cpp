@@ -108,34 +108,47 @@ void Buffer::fill(uint32_t word) {
 
 // Through a host-visible staging buffer, then a barrier: the copy's writes are visible to the
 // kernels and copies of later submissions.
+void record_copy_in(VkCommandBuffer cmd, VkBuffer src, uint64_t src_offset, VkBuffer dst,
+                    uint64_t dst_offset, uint64_t bytes) {
+  VkBufferCopy region{src_offset, dst_offset, bytes};
+  vkCmdCopyBuffer(cmd, src, dst, 1, &region);
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                          VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
+                       &barrier, 0, nullptr, 0, nullptr);
+}
+
+void record_copy_out(VkCommandBuffer cmd, VkBuffer src, uint64_t src_offset, VkBuffer dst,
+                     uint64_t dst_offset, uint64_t bytes) {
+  VkMemoryBarrier before{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  before.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  before.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0, nullptr, 0, nullptr);
+  VkBufferCopy region{src_offset, dst_offset, bytes};
+  vkCmdCopyBuffer(cmd, src, dst, 1, &region);
+  VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  after.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  after.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                       &after, 0, nullptr, 0, nullptr);
+}
+
 void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void* data,
                     uint64_t bytes) {
   Buffer staging(ctx, bytes, true);
   std::memcpy(staging.mapped(), data, bytes);
-  ctx.submit_and_wait([&](VkCommandBuffer cmd) {
-    VkBufferCopy region{0, offset, bytes};
-    vkCmdCopyBuffer(cmd, staging.handle(), dst, 1, &region);
-    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0,
-                         1, &barrier, 0, nullptr, 0, nullptr);
-  });
+  ctx.submit_and_wait(
+      [&](VkCommandBuffer cmd) { record_copy_in(cmd, staging.handle(), 0, dst, offset, bytes); });
 }
 
 void copy_from_buffer(ContextImpl& ctx, VkBuffer src, uint64_t offset, void* data, uint64_t bytes) {
   Buffer staging(ctx, bytes, true);
-  ctx.submit_and_wait([&](VkCommandBuffer cmd) {
-    VkBufferCopy region{offset, 0, bytes};
-    vkCmdCopyBuffer(cmd, src, staging.handle(), 1, &region);
-    VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                         &barrier, 0, nullptr, 0, nullptr);
-  });
+  ctx.submit_and_wait(
+      [&](VkCommandBuffer cmd) { record_copy_out(cmd, src, offset, staging.handle(), 0, bytes); });
   std::memcpy(data, staging.mapped(), bytes);
 }
 
@@ -239,6 +252,95 @@ void Tensor::write(const HostTensor& host) {
     detail::copy_to_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, data, size);
   else
     buffer_->buffer.write(data, size);
+}
+
+struct Staging::Memory {
+  detail::Buffer buffer;
+};
+
+Staging::Staging(Context& ctx, uint64_t bytes)
+    : ctx_(&ctx), memory_(new Memory{detail::Buffer(ctx.impl(), bytes, true)}) {
+  if (!memory_->buffer.mapped()) throw Error("Staging: the device has no host-visible memory");
+}
+Staging::Staging(Staging&&) noexcept = default;
+Staging& Staging::operator=(Staging&&) noexcept = default;
+Staging::~Staging() = default;
+
+void* Staging::data() const {
+  return memory_ ? memory_->buffer.mapped() : nullptr;
+}
+uint64_t Staging::bytes() const {
+  return memory_ ? memory_->buffer.bytes() : 0;
+}
+
+namespace {
+
+void check_region(const Staging& staging, uint64_t offset, uint64_t bytes, const char* what) {
+  if (!staging.data()) throw Error(std::string("Staging::") + what + " of an empty staging");
+  if (offset > staging.bytes() || bytes > staging.bytes() - offset)
+    throw Error(std::string("Staging::") + what + ": " + std::to_string(bytes) +
+                " bytes at offset " + std::to_string(offset) + " pass the end of the staging (" +
+                std::to_string(staging.bytes()) + " bytes)");
+}
+
+void check_copyable(const Tensor& t, VkBufferUsageFlags need, const char* what) {
+  if (t.empty()) throw Error(std::string("Staging::") + what + " of an empty tensor");
+  if (t.is_prefix())
+    throw Error(std::string("Staging::") + what +
+                " of a prefix() view, whose rows are not contiguous; copy the whole tensor");
+  if (!(t.usage() & need))
+    throw Error(std::string("Staging::") + what + " of a view whose buffer lacks " +
+                (need == VK_BUFFER_USAGE_TRANSFER_DST_BIT ? "VK_BUFFER_USAGE_TRANSFER_DST_BIT"
+                                                          : "VK_BUFFER_USAGE_TRANSFER_SRC_BIT"));
+}
+
+}  // namespace
+
+uint64_t Staging::write(const HostTensor& host, DType dtype, uint64_t offset) {
+  if (host.data.size() != uint64_t(flashvk::numel(host.shape)))
+    throw Error("Staging::write of a host tensor of shape " + shape_string(host.shape) +
+                " holding " + std::to_string(host.data.size()) + " values");
+  check_blocks(host.shape, dtype);
+  uint64_t size = (storage_bytes(dtype, flashvk::numel(host.shape)) + 3) / 4 * 4;
+  check_region(*this, offset, size, "write");
+  auto* at = static_cast<uint8_t*>(data()) + offset;
+  if (dtype == DType::f32) {
+    std::memcpy(at, host.data.data(), host.data.size() * 4);
+  } else {
+    std::vector<uint8_t> bytes = encode(host.data, dtype);
+    std::memcpy(at, bytes.data(), bytes.size());
+  }
+  return size;
+}
+
+HostTensor Staging::read(const std::vector<int64_t>& shape, DType dtype, uint64_t offset) const {
+  check_blocks(shape, dtype);
+  int64_t n = flashvk::numel(shape);
+  uint64_t size = storage_bytes(dtype, n);
+  check_region(*this, offset, size, "read");
+  const auto* at = static_cast<const uint8_t*>(data()) + offset;
+  HostTensor out(shape);
+  if (dtype == DType::f32)
+    std::memcpy(out.data.data(), at, size);
+  else
+    out.data = decode(std::vector<uint8_t>(at, at + size), dtype, n);
+  return out;
+}
+
+void Staging::record_upload(VkCommandBuffer cmd, const Tensor& dst, uint64_t offset) const {
+  check_copyable(dst, VK_BUFFER_USAGE_TRANSFER_DST_BIT, "record_upload");
+  check_region(*this, offset, dst.bytes(), "record_upload");
+  if (dst.bytes() > 0)
+    detail::record_copy_in(cmd, memory_->buffer.handle(), offset, dst.buffer(), dst.offset(),
+                           dst.bytes());
+}
+
+void Staging::record_download(VkCommandBuffer cmd, const Tensor& src, uint64_t offset) const {
+  check_copyable(src, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "record_download");
+  check_region(*this, offset, src.bytes(), "record_download");
+  if (src.bytes() > 0)
+    detail::record_copy_out(cmd, src.buffer(), src.offset(), memory_->buffer.handle(), offset,
+                            src.bytes());
 }
 
 Tensor Tensor::upload(Context& ctx, const HostTensor& host, DType dtype) {

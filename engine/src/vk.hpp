@@ -54,6 +54,13 @@ class Buffer {
   void* mapped_ = nullptr;
 };
 
+/// A copy into `dst` and a barrier that makes it visible to later shaders and transfers.
+void record_copy_in(VkCommandBuffer cmd, VkBuffer src, uint64_t src_offset, VkBuffer dst,
+                    uint64_t dst_offset, uint64_t bytes);
+/// A barrier after earlier shaders and transfers, a copy into `dst`, and a barrier that makes it
+/// visible to the host.
+void record_copy_out(VkCommandBuffer cmd, VkBuffer src, uint64_t src_offset, VkBuffer dst,
+                     uint64_t dst_offset, uint64_t bytes);
 /// Blocking copies between host memory and `bytes` of any buffer from `offset`, through a
 /// staging buffer.
 void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void* data,

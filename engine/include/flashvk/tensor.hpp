@@ -134,6 +134,40 @@ class Tensor {
   std::unique_ptr<Storage> buffer_;
 };
 
+/// Host-visible memory of the engine's for uploads and downloads recorded into the application's
+/// own command buffer, next to the blocking Tensor::write and download(): allocated once and
+/// mapped for its whole life, so a decode step moves its Q, K and V in and its O out with no
+/// allocation and no submit of the engine's. The host writes it before the submit and reads it
+/// after the fence, one region per tensor (its own byte offsets). Move-only; the Context must
+/// outlive it. (An application with staging of its own records vkCmdCopyBuffer into the
+/// VkBuffer of a tensor, Tensor::buffer() at offset(), itself.)
+class Staging {
+ public:
+  Staging(Context& ctx, uint64_t bytes);
+  Staging(Staging&&) noexcept;
+  Staging& operator=(Staging&&) noexcept;
+  ~Staging();
+
+  void* data() const;  ///< the mapped bytes, host-coherent
+  uint64_t bytes() const;
+  /// Encodes `host` in `dtype` storage (as Tensor::write does) at byte `offset`; returns the
+  /// bytes it took (a tensor of that shape and dtype's bytes()).
+  uint64_t write(const HostTensor& host, DType dtype, uint64_t offset = 0);
+  /// Decodes a tensor of `shape` in `dtype` storage from byte `offset`.
+  HostTensor read(const std::vector<int64_t>& shape, DType dtype, uint64_t offset = 0) const;
+  /// Records a copy of dst.bytes() from byte `offset` into `dst` (dense; a view needs
+  /// TRANSFER_DST), then a barrier that makes it visible to later shaders and transfers.
+  void record_upload(VkCommandBuffer cmd, const Tensor& dst, uint64_t offset = 0) const;
+  /// Records a barrier after the shaders and transfers before it, a copy of `src` (dense; a view
+  /// needs TRANSFER_SRC) to byte `offset`, and a barrier that makes it visible to the host.
+  void record_download(VkCommandBuffer cmd, const Tensor& src, uint64_t offset = 0) const;
+
+ private:
+  struct Memory;
+  Context* ctx_ = nullptr;
+  std::unique_ptr<Memory> memory_;
+};
+
 /// IEEE half-precision conversion, round to nearest even.
 uint16_t float_to_half(float value);
 float half_to_float(uint16_t bits);
