@@ -124,10 +124,13 @@ int run_decode_loop(const Args& args) {
   auto dv = args.integer("dv", d, 1, 256);
   check_shapes({1, heads, 1, d}, {1, kv_heads, tokens, d}, {1, kv_heads, tokens, dv});
   Storage storage = storage_options(args);
-  if (storage.k != storage.q || storage.v != storage.q)
+  bool quantised = storage.k == DType::q8_0 || storage.k == DType::q4_0;
+  if (storage.k != storage.v || (storage.k != storage.q && !quantised))
     throw UsageError{
-        "--decode-loop appends to an f32 or f16 cache in Q's dtype; drop --kv-dtype (a "
-        "quantised cache is not appended to yet)"};
+        "--decode-loop appends to a cache in Q's dtype, or to a q8_0 or q4_0 cache (rows "
+        "quantised as they go in): --kv-dtype " +
+        std::string(dtype_name(storage.k)) + " with --dtype " + dtype_name(storage.q) +
+        " is neither"};
   AttentionParams params;
   params.variant = Variant::splitkv;
   if (args.has("variant")) params.variant = parse_variant(args.text("variant"));
@@ -145,8 +148,9 @@ int run_decode_loop(const Args& args) {
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.pipeline_cache_path = default_pipeline_cache();
   Context ctx = Context::create(options);
-  DType dtype = storage.q;
-  KvCache cache(ctx, {1, uint32_t(kv_heads), uint32_t(tokens), uint32_t(d), uint32_t(dv), dtype});
+  DType dtype = storage.q;  // of Q and the appended rows
+  KvCache cache(ctx,
+                {1, uint32_t(kv_heads), uint32_t(tokens), uint32_t(d), uint32_t(dv), storage.k});
   Tensor q = random_tensor(ctx, {1, heads, 1, d}, dtype, 1);
   Tensor k = random_tensor(ctx, {1, kv_heads, 1, d}, dtype, 2);
   Tensor v = random_tensor(ctx, {1, kv_heads, 1, dv}, dtype, 3);
@@ -158,8 +162,8 @@ int run_decode_loop(const Args& args) {
       "decode loop: %lld steps of one token, H=%lld Hkv=%lld d=%lld dv=%lld, %s, %s (%s layout)%s"
       "%s%s, recorded once\n",
       (long long)tokens, (long long)heads, (long long)kv_heads, (long long)d, (long long)dv,
-      dtype_name(dtype), variant_name(params.variant), tile_layout_name(rec.tile_layout()),
-      params.rope != RopeLayout::none ? ", RoPE " : "",
+      storage_text(storage).c_str(), variant_name(params.variant),
+      tile_layout_name(rec.tile_layout()), params.rope != RopeLayout::none ? ", RoPE " : "",
       params.rope != RopeLayout::none ? rope_name(params.rope) : "",
       modifier_text(params).empty() ? "" : (", " + modifier_text(params)).c_str());
 
@@ -225,6 +229,7 @@ int run_decode_loop(const Args& args) {
                           {"d", d},
                           {"dv", dv},
                           {"dtype", dtype_name(dtype)},
+                          {"kv_dtype", dtype_name(storage.k)},
                           {"variant", variant_name(params.variant)},
                           {"layout", tile_layout_name(rec.tile_layout())},
                           {"rope", rope_name(params.rope)},

@@ -13,6 +13,7 @@
 // told the position before each submit (lengths.glsl).
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
+#extension GL_EXT_control_flow_attributes : require
 #ifdef FP16
 #define ELEM float16_t
 #else
@@ -21,7 +22,17 @@
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer In { ELEM x_in[]; };
+#ifdef QUANT_OUT
+// The output in ggml's block format OUT_FORMAT (q8_0 or q4_0, numbered as common.glsl's FMT_*):
+// all the tensor's quants first, then all its fp16 scales, one a block of 32 values (tensor.hpp).
+// Each invocation quantises one block, as ggml's quantize_row_*_ref does, and writes its quants
+// as whole words; two blocks share a word of scales, so each sets its half with atomics.
+layout(constant_id = 8) const uint OUT_FORMAT = 3u;
+const uint FMT_Q8_0 = 3u;
+layout(std430, binding = 1) buffer Out { uint out_words[]; };
+#else
 layout(std430, binding = 1) writeonly buffer Out { ELEM x_out[]; };
+#endif
 layout(std430, binding = 2) readonly buffer Table { float cos_sin[]; };  // [positions, d/2, 2]
 #include "lengths.glsl"
 
@@ -31,14 +42,99 @@ const uint ROWS_AT_POSITION = 4u;    // output rows start at lengths.position
 const uint ANGLES_AT_POSITION = 8u;  // angles start at table row lengths.position
 
 layout(push_constant) uniform Params {
-  uint vectors;   // number of vectors of length dim
-  uint seq_len;   // vectors per matrix of the input; the row is the index within it
+  uint vectors;     // number of vectors of length dim
+  uint seq_len;     // vectors per matrix of the input; the row is the index within it
   uint dim;
   uint flags;
-  uint out_rows;  // rows per matrix of the output: seq_len, or a KV cache's capacity
+  uint out_rows;    // rows per matrix of the output: seq_len, or a KV cache's capacity
+  uint out_values;  // QUANT_OUT: values in the whole output tensor (where its scales start)
 }
 pc;
 
+// (x_a, x_b) rotated by the angle of pair p at table row `angle_row`.
+vec2 rotate(float xa, float xb, uint angle_row, uint p) {
+  uint t = (angle_row * (pc.dim / 2u) + p) * 2u;
+  float c = cos_sin[t];
+  float s = cos_sin[t + 1u];
+  return vec2(xa * c - xb * s, xa * s + xb * c);
+}
+
+// The rows of the input vector `vec` goes to, and whose angles it takes.
+void rows_of(uint vec, out uint out_row, out uint angle_row) {
+  uint row = vec % pc.seq_len;
+  out_row = row;
+  angle_row = row;
+  if ((pc.flags & ROWS_AT_POSITION) != 0u) out_row += lengths.position;
+  if ((pc.flags & ANGLES_AT_POSITION) != 0u) angle_row += lengths.position;
+}
+
+#ifdef QUANT_OUT
+// Element e of input vector `vec`, rotated (if asked) as the pair path below rotates it.
+float element(uint vec, uint e, uint angle_row) {
+  uint base = vec * pc.dim;
+  float x = float(x_in[base + e]);
+  if ((pc.flags & ROTATE) == 0u) return x;
+  uint pairs = pc.dim / 2u;
+  bool half_layout = (pc.flags & HALF_LAYOUT) != 0u;
+  uint p = half_layout ? e % pairs : e / 2u;
+  bool first = half_layout ? e < pairs : (e & 1u) == 0u;
+  uint a = half_layout ? p : 2u * p;
+  uint b = half_layout ? p + pairs : 2u * p + 1u;
+  vec2 r = rotate(float(x_in[base + a]), float(x_in[base + b]), angle_row, p);
+  return first ? r.x : r.y;
+}
+
+float round_half_away(float x) { return sign(x) * floor(abs(x) + 0.5); }  // C's lroundf
+
+void main() {
+  uint blocks = pc.dim / 32u;
+  uint id = gl_GlobalInvocationID.x;
+  if (id >= pc.vectors * blocks) return;
+  uint vec = id / blocks, blk = id % blocks;
+  uint out_row, angle_row;
+  rows_of(vec, out_row, angle_row);
+  float x[32];
+  float amax = 0.0, signed_max = 0.0;
+  [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+    x[j] = element(vec, blk * 32u + j, angle_row);
+    if (abs(x[j]) > amax) {
+      amax = abs(x[j]);
+      signed_max = x[j];
+    }
+  }
+  uint out_vec = (vec / pc.seq_len) * pc.out_rows + out_row;
+  uint block = (out_vec * pc.dim) / 32u + blk;  // the block's index in the output tensor
+  float d;
+  if (OUT_FORMAT == FMT_Q8_0) {
+    d = amax / 127.0;
+    float inv = d != 0.0 ? 1.0 / d : 0.0;
+    [[unroll]] for (uint w = 0u; w < 8u; ++w) {
+      uint word = 0u;
+      [[unroll]] for (uint k = 0u; k < 4u; ++k)
+        word |= (uint(int(round_half_away(x[4u * w + k] * inv))) & 0xffu) << (8u * k);
+      out_words[block * 8u + w] = word;
+    }
+  } else {  // q4_0: byte j holds values j (low nibble) and j + 16 (high)
+    d = signed_max / -8.0;
+    float inv = d != 0.0 ? 1.0 / d : 0.0;
+    [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+      uint word = 0u;
+      [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+        uint j = 4u * w + k;
+        uint lo = min(15u, uint(int(x[j] * inv + 8.5)));
+        uint hi = min(15u, uint(int(x[j + 16u] * inv + 8.5)));
+        word |= (lo | (hi << 4u)) << (8u * k);
+      }
+      out_words[block * 4u + w] = word;
+    }
+  }
+  uint scales = OUT_FORMAT == FMT_Q8_0 ? pc.out_values / 4u : pc.out_values / 8u;
+  uint shift = 16u * (block & 1u);
+  uint half_bits = packHalf2x16(vec2(d, 0.0)) & 0xffffu;
+  atomicAnd(out_words[scales + block / 2u], ~(0xffffu << shift));
+  atomicOr(out_words[scales + block / 2u], half_bits << shift);
+}
+#else
 void main() {
   uint pairs = pc.dim / 2u;
   uint slots = pairs + (pc.dim & 1u);
@@ -46,10 +142,8 @@ void main() {
   if (id >= pc.vectors * slots) return;
   uint vec = id / slots;
   uint p = id % slots;
-  uint row = vec % pc.seq_len;
-  uint out_row = row, angle_row = row;
-  if ((pc.flags & ROWS_AT_POSITION) != 0u) out_row += lengths.position;
-  if ((pc.flags & ANGLES_AT_POSITION) != 0u) angle_row += lengths.position;
+  uint out_row, angle_row;
+  rows_of(vec, out_row, angle_row);
   uint base = vec * pc.dim;
   uint out_base = ((vec / pc.seq_len) * pc.out_rows + out_row) * pc.dim;
   if (p == pairs) {  // odd dim: the unpaired last element
@@ -64,11 +158,8 @@ void main() {
     x_out[out_base + b] = x_in[base + b];
     return;
   }
-  uint t = (angle_row * pairs + p) * 2u;
-  float c = cos_sin[t];
-  float s = cos_sin[t + 1u];
-  float xa = float(x_in[base + a]);
-  float xb = float(x_in[base + b]);
-  x_out[out_base + a] = ELEM(xa * c - xb * s);
-  x_out[out_base + b] = ELEM(xa * s + xb * c);
+  vec2 r = rotate(float(x_in[base + a]), float(x_in[base + b]), angle_row, p);
+  x_out[out_base + a] = ELEM(r.x);
+  x_out[out_base + b] = ELEM(r.y);
 }
+#endif

@@ -335,11 +335,16 @@ TEST_F(CliTest, BenchDecodeLoopCountsObjectsAndTimesEveryStep) {
     EXPECT_GT(double(loop.at("gpu_ms_last")), 0.0) << loop;
     EXPECT_GT(double(loop.at("gpu_ms_one_attention")), 0.0) << loop;
   }
-  for (const char* bad : {"--nq 4", "--causal", "--kv-dtype q8_0", "--rope sideways"}) {
+  for (const char* bad : {"--nq 4", "--causal", "--kv-dtype bf16", "--rope sideways"}) {
     Outcome refused = run_cli(std::string("bench --decode-loop --nk 8 --d 32 ") + bad);
     EXPECT_EQ(refused.status, 2) << bad << ": " << refused.output;
     EXPECT_EQ(refused.output.rfind("flashvk: error: ", 0), 0u) << refused.output;
   }
+  Outcome quantised = run_cli(
+      "bench --decode-loop --nk 16 --heads 2 --kv-heads 1 --d 32 "
+      "--kv-dtype q4_0 --rope interleaved");
+  ASSERT_EQ(quantised.status, 0) << quantised.output;
+  EXPECT_NE(quantised.output.find("f32/q4_0, splitkv"), std::string::npos) << quantised.output;
   Outcome rope_alone = run_cli("bench --rope half --nq 8 --d 16");
   EXPECT_EQ(rope_alone.status, 2) << rope_alone.output;
   EXPECT_NE(rope_alone.output.find("--rope is for --decode-loop"), std::string::npos);

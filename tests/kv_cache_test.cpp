@@ -185,7 +185,12 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
   AttentionRecording plain(ctx, q, whole.prefix(4), whole.prefix(4));
   expect_refused([&] { plain.set_position(0); }, "appends to a KV cache");
   expect_refused([&] { KvCache(ctx, {1, 2, 0, 16, 16, DType::f32}); }, "capacity");
-  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::q8_0}); }, "f32 or f16");
+  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::bf16}); }, "f32, f16, q8_0 or q4_0");
+  KvCache quantised(ctx, {1, 2, 8, 32, 32, DType::q8_0});
+  Tensor q32(ctx, {1, 4, 2, 32}, DType::f32), k32(ctx, {1, 2, 2, 32}, DType::f32);
+  Tensor k32_q8(ctx, {1, 2, 2, 32}, DType::q8_0);
+  expect_refused([&] { AttentionRecording(ctx, q32, quantised, k32_q8, k32); },
+                 "as f32 or f16 (they are quantised as they are appended)");
   expect_refused(
       [&] {
         KvCache(whole.prefix(4), Tensor(ctx, {1, 2, 8, 16}, DType::f32));
@@ -316,6 +321,85 @@ TEST_F(KvCacheTest, UploadsAndDownloadsRecordedIntoTheStep) {
     expect_refused([&] { staging.record_upload(cmd, cache.keys(4), 0); }, "prefix()");
     expect_refused([&] { staging.record_download(cmd, cache.keys(), 0); }, "pass the end");
   });
+}
+
+// A q8_0 or q4_0 cache quantises the rows appended to it on the device, after RoPE: what it holds
+// is what the host's encoder (ggml's reference quantisation) makes of the rotated rows, to within
+// one quant step where the GPU's float rounding lands on the other side of a half; and attention
+// over it matches float64 over the values it holds.
+TEST_F(KvCacheTest, AQuantisedCacheQuantisesRowsAsTheyAreAppended) {
+  Context& ctx = context();
+  struct Case {
+    DType cache, rows;
+    RopeLayout rope;
+    Variant variant;
+  };
+  std::vector<Case> cases = {{DType::q8_0, DType::f32, RopeLayout::half, Variant::flash2},
+                             {DType::q4_0, DType::f32, RopeLayout::interleaved, Variant::splitkv},
+                             {DType::q8_0, DType::f32, RopeLayout::none, Variant::splitkv}};
+  if (ctx.device().fp16_storage)
+    cases.push_back({DType::q4_0, DType::f16, RopeLayout::half, Variant::flashd});
+  const int64_t heads = 4, kv_heads = 2, d = 64, dv = 32, capacity = 20;
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    std::string name = std::string(dtype_name(c.cache)) + " from " + dtype_name(c.rows) + ", " +
+                       rope_name(c.rope) + ", " + variant_name(c.variant);
+    SCOPED_TRACE(name);
+    HostTensor keys = stored_values(random_tensor({1, kv_heads, capacity, d}, ++seed), c.rows);
+    HostTensor values = stored_values(random_tensor({1, kv_heads, capacity, dv}, ++seed), c.rows);
+    KvCache cache(ctx,
+                  {1, uint32_t(kv_heads), uint32_t(capacity), uint32_t(d), uint32_t(dv), c.cache});
+    AttentionParams params;
+    params.variant = c.variant;
+    params.rope = c.rope;
+    params.causal = true;
+    int64_t length = 0;
+    for (int64_t n : {5, 1, 1, 1, 3}) {
+      Tensor q(ctx, {1, heads, n, d}, c.rows), k(ctx, {1, kv_heads, n, d}, c.rows),
+          v(ctx, {1, kv_heads, n, dv}, c.rows);
+      HostTensor query = stored_values(random_tensor({1, heads, n, d}, ++seed), c.rows);
+      q.write(query);
+      k.write(rows_of(keys, length, length + n));
+      v.write(rows_of(values, length, length + n));
+      AttentionRecording step(ctx, q, cache, k, v, params);
+      step.set_position(static_cast<uint32_t>(length));
+      ReusedFrame(ctx.handles(), [&](VkCommandBuffer cmd) { step.record(cmd); }).submit();
+      length += n;
+      // What the cache holds against the host's quantisation of the same rotated rows.
+      HostTensor held_k = first_rows(cache.keys().download(), length);
+      HostTensor held_v = first_rows(cache.values().download(), length);
+      HostTensor rotated = first_rows(keys, length);
+      if (c.rope != RopeLayout::none)
+        rotated =
+            rope(ctx, Tensor::upload(ctx, rotated, DType::f32), {c.rope, 10000.0, 0}).download();
+      for (auto [held, want] :
+           {std::pair{&held_k, stored_values(rotated, c.cache)},
+            std::pair{&held_v, stored_values(first_rows(values, length), c.cache)}}) {
+        int64_t differ = 0;
+        for (size_t i = 0; i < want.data.size(); ++i) {
+          if (held->data[i] == want.data[i]) continue;
+          ++differ;
+          // One quant step of the block: its scale, from the block's largest value.
+          float amax = 0;
+          for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
+            amax = std::max(amax, std::abs(want.data[j]));
+          EXPECT_LE(std::abs(held->data[i] - want.data[i]), amax / 6.0f) << "value " << i;
+        }
+        EXPECT_LE(differ, int64_t(want.data.size() / 50)) << length << " tokens";
+      }
+      // Attention over what the cache holds: Q rotated at its positions, K and V as held.
+      HostTensor q_rot = query;
+      if (c.rope != RopeLayout::none)
+        q_rot =
+            rope(ctx, Tensor::upload(ctx, query, c.rows), {c.rope, 10000.0, length - n}).download();
+      AttentionParams plain = params;
+      plain.rope = RopeLayout::none;
+      reference::Result ref = reference::direct(q_rot, held_k, held_v, plain);
+      EXPECT_LE(max_error(step.out().download().data, ref.out),
+                2 * tolerance(q_rot, held_k, held_v, plain))
+          << length << " tokens";
+    }
+  }
 }
 
 }  // namespace

@@ -782,12 +782,17 @@ void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
     if (t.shape() != want)
       throw Error(name + " are " + shape_string(t.shape()) + "; appending as many rows as Q has " +
                   "queries to this cache needs " + shape_string(want));
-    if (t.dtype() != cache[i]->dtype())
+    DType stored = cache[i]->dtype();
+    if (stored == DType::bf16)
+      throw Error(
+          "attention: appending to a bf16 KV cache is not supported; a cache that is appended "
+          "to stores f32, f16, q8_0 or q4_0");
+    bool quantised = stored == DType::q8_0 || stored == DType::q4_0;
+    if (quantised ? t.dtype() != DType::f32 && t.dtype() != DType::f16 : t.dtype() != stored)
       throw Error(name + " are " + dtype_name(t.dtype()) + " but the cache stores " +
-                  dtype_name(cache[i]->dtype()) + "; give them in the cache's dtype");
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f16)
-      throw Error(std::string("attention: appending to a ") + dtype_name(t.dtype()) +
-                  " KV cache is not supported; a cache that is appended to stores f32 or f16");
+                  dtype_name(stored) + "; give them " +
+                  (quantised ? "as f32 or f16 (they are quantised as they are appended)"
+                             : "in the cache's dtype"));
   }
   if (!params.key_mask.empty() || !params.mask.data.empty())
     throw Error(

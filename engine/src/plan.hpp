@@ -158,7 +158,7 @@ constexpr uint32_t kRowsHalf = 1, kRowsRotate = 2, kRowsAtPosition = 4, kAnglesA
 /// plan.
 VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first);
 /// Rows of `x` ([.., N, d], dense) rotated by `angles` (kRowsRotate) or copied into `dst`
-/// ([.., N or more, d], same dtype).
+/// ([.., N or more, d]): of x's dtype, or quantised into q8_0 or q4_0.
 void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, VkBuffer angles);
 /// `x` rotated into a new tensor, positions from `first_position`.
 void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);

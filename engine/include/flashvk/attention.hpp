@@ -189,7 +189,8 @@ struct AttentionOutputs {
 };
 
 /// The shape of a KV cache: per sequence of the batch and KV head, `capacity` tokens of K (d
-/// values) and V (dv values, 0 = d), stored as f32 or f16.
+/// values) and V (dv values, 0 = d), stored as f32, f16, or ggml's q8_0 or q4_0 (d and dv
+/// multiples of 32; appended rows are quantised on the device as they go in).
 struct KvCacheShape {
   uint32_t batch = 1, kv_heads = 1, capacity = 0, d = 0, dv = 0;
   DType dtype = DType::f16;
@@ -203,7 +204,7 @@ class KvCache {
   /// Device buffers of its own, uninitialised.
   KvCache(Context& ctx, const KvCacheShape& shape);
   /// A cache over the application's tensors (e.g. Tensor::view of its own buffers): K [B, Hkv,
-  /// capacity, d] and V [B, Hkv, capacity, dv], dense, f32 or f16, alike in dtype.
+  /// capacity, d] and V [B, Hkv, capacity, dv], dense, alike in dtype (f32, f16, q8_0, q4_0).
   KvCache(Tensor keys, Tensor values);
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
@@ -230,8 +231,9 @@ class AttentionRecording {
   AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionParams& params = {}, const AttentionOutputs& outputs = {});
   /// A decode step (or prefill chunk) over `cache`, recorded once and resubmitted: each time it
-  /// runs it first writes k_new [B, Hkv, n, d] and v_new [B, Hkv, n, dv] (the cache's dtype)
-  /// into the cache's rows [p, p + n), where p is the last set_position(), rotating K there
+  /// runs it first writes k_new [B, Hkv, n, d] and v_new [B, Hkv, n, dv] (the cache's dtype;
+  /// f32 or f16 for a q8_0 or q4_0 cache, quantised per block of 32 as they go in, after
+  /// RoPE) into the cache's rows [p, p + n), where p is the last set_position(), rotating K there
   /// (RoPE at positions p.., when params.rope is set), then attends Q [B, H, n, d] (rotated at
   /// the same positions) over the cache's first p + n tokens; query i sits on token p + i.
   /// Masks of a fixed length (key_mask, mask) and query_position are refused; causal, windows,

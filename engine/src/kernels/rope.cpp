@@ -10,7 +10,7 @@ namespace flashvk::detail {
 namespace {
 
 struct RopePush {
-  uint32_t vectors, seq_len, dim, flags, out_rows;
+  uint32_t vectors, seq_len, dim, flags, out_rows, out_values;
 };
 
 }  // namespace
@@ -43,11 +43,21 @@ void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, V
   b[0] = binding(x);
   b[1] = binding(dst);
   if (flags & kRowsRotate) b[2] = angles;
-  RopePush push{static_cast<uint32_t>(numel(shape) / dim), seq_len, dim, flags,
-                static_cast<uint32_t>(dst.shape()[dst.shape().size() - 2])};
-  uint64_t invocations = uint64_t(push.vectors) * (dim / 2 + dim % 2);
-  VkPipeline pipe = plan.impl.pipeline(
-      std::string("rope") + (x.dtype() == DType::f16 ? "_f16" : "_f32"), Spec{64, 1, 1, 1});
+  // Into a block format, one invocation a block of 32 values; else one a pair.
+  bool quantise = dst.dtype() == DType::q8_0 || dst.dtype() == DType::q4_0;
+  RopePush push{static_cast<uint32_t>(numel(shape) / dim),
+                seq_len,
+                dim,
+                flags,
+                static_cast<uint32_t>(dst.shape()[dst.shape().size() - 2]),
+                static_cast<uint32_t>(numel(dst.shape()))};
+  uint64_t invocations = uint64_t(push.vectors) * (quantise ? dim / 32 : dim / 2 + dim % 2);
+  Spec spec{64, 1, 1, 1};
+  spec.k_format = static_cast<uint32_t>(dst.dtype());  // QUANT_OUT's OUT_FORMAT
+  VkPipeline pipe =
+      plan.impl.pipeline(std::string("rope") + (x.dtype() == DType::f16 ? "_f16" : "_f32") +
+                             (quantise ? "_quant" : ""),
+                         spec);
   plan.add(pipe, plan.make_set(b), {static_cast<uint32_t>((invocations + 63) / 64), 1, 1}, &push,
            sizeof(push));
 }
