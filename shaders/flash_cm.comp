@@ -94,12 +94,12 @@ uvec4 k_next[KF], v_next[VF];
 void fetch_tile(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (D / 8u);
-    k_next[i] = e < BC * D / 8u && c < n ? k8[((kv_base + j0 + c) * D) / 8u + e % (D / 8u)]
+    k_next[i] = e < BC * D / 8u && c < n ? k8[(key_row(kv_base, j0 + c) * D) / 8u + e % (D / 8u)]
                                          : uvec4(0u);
   }
   [[unroll]] for (uint i = 0u; i < VF; ++i) {
     uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (DV / 8u);
-    v_next[i] = e < BC * DV / 8u && c < n ? v8[((kv_base + j0 + c) * DV) / 8u + e % (DV / 8u)]
+    v_next[i] = e < BC * DV / 8u && c < n ? v8[(key_row(kv_base, j0 + c) * DV) / 8u + e % (DV / 8u)]
                                           : uvec4(0u);
   }
 }

@@ -72,7 +72,7 @@ void main() {
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
     KV_VEC kx[KB][KE / VEC], vx[KB][VE / VEC];
     [[unroll]] for (uint c = 0; c < KB; ++c) {
-      uint key = kv_base + min(j0 + c, end - 1u);  // past the end: the last key, weight 0
+      uint key = key_row(kv_base, min(j0 + c, end - 1u));  // past the end: the last key, weight 0
       [[unroll]] for (uint u = 0; u < KE / VEC; ++u) kx[c][u] = k_vec[(key * D + sub * KE) / VEC + u];
       [[unroll]] for (uint u = 0; u < VE / VEC; ++u) vx[c][u] = v_vec[(key * DV + sub * VE) / VEC + u];
     }

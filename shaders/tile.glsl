@@ -99,7 +99,7 @@ void load_k_tile(uint kv_base, uint j0, uint n) {
     uint e = gl_LocalInvocationID.x + i * gl_WorkGroupSize.x;
     uint c = e / D;
     float x = 0.0;
-    if (e < BC * D && c < n) x = k_value((kv_base + j0 + c) * D + e % D);
+    if (e < BC * D && c < n) x = k_value(key_row(kv_base, j0 + c) * D + e % D);
     if (e < BC * D) tile_k[e] = x;  // keys past the end are zeros
   }
 }
@@ -110,7 +110,7 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
     uint e = gl_LocalInvocationID.x + i * gl_WorkGroupSize.x;
     uint c = e / DV;
     float x = 0.0;
-    if (e < BC * DV && c < n) x = v_value((kv_base + j0 + c) * DV + e % DV);
+    if (e < BC * DV && c < n) x = v_value(key_row(kv_base, j0 + c) * DV + e % DV);
     if (e < BC * DV) tile_v[e] = x;
   }
 }
@@ -130,7 +130,7 @@ void load_q(uint rr) {
 
 #ifdef REG_TILE
 // Key c of the tile (past its end: the last key). The rows of a subgroup share one K/V head.
-uint tile_key(uint c) { return rows[0].kv_base + tile_j0 + min(c, tile_n - 1u); }
+uint tile_key(uint c) { return key_row(rows[0].kv_base, tile_j0 + min(c, tile_n - 1u)); }
 
 // Every row's scores against the tile's keys, KB keys at a time: their texels, fetched right
 // before the products that use them, then element k from lane (k / 4) % BC. The shuffles have
