@@ -280,7 +280,8 @@ void check_region(const Staging& staging, uint64_t offset, uint64_t bytes, const
   if (offset > staging.bytes() || bytes > staging.bytes() - offset)
     throw Error(std::string("Staging::") + what + ": " + std::to_string(bytes) +
                 " bytes at offset " + std::to_string(offset) + " pass the end of the staging (" +
-                std::to_string(staging.bytes()) + " bytes)");
+                std::to_string(staging.bytes()) + " bytes); make it at least " +
+                std::to_string(offset + bytes) + " bytes");
 }
 
 void check_copyable(const Tensor& t, VkBufferUsageFlags need, const char* what) {

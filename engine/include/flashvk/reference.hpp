@@ -59,7 +59,7 @@ struct Result {
 /// Whole attention by a variant's recurrence (RoPE applied first when asked for).
 Result attention(Variant variant, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                  const AttentionParams& params);
-/// Whole attention by the direct softmax formula.
+/// Whole attention by the direct softmax formula (RoPE applied first when asked for).
 Result direct(const HostTensor& q, const HostTensor& k, const HostTensor& v,
               const AttentionParams& params);
 
