@@ -39,7 +39,8 @@ ImU32 variant_color(Variant v) {
 }
 const ImU32 kReference = IM_COL32(255, 255, 255, 200);
 const ImU32 kCursor = IM_COL32(255, 220, 0, 255);
-const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);  // FLASH-D in the paper's form
+const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);     // FLASH-D in the paper's form
+const ImU32 kSinkShare = IM_COL32(205, 165, 95, 255);  // an attention sink's share
 
 void wrapped_tooltip(const char* text) {
   ImGui::BeginTooltip();
@@ -603,6 +604,20 @@ void draw_plots(const Model& model, UiState& ui) {
   }
   if (ui.literal_flashd)
     w_series.push_back({"FLASH-D paper form (fp32)", kLiteral, model.literal_flashd().w});
+  // An attention sink's share of the denominator after each key: e^(sink - LSE), from the first
+  // traced variant's running LSE (every fused variant keeps one) and from its float64 twin.
+  double sink = reference::row_sink(model.inputs().params, model.head);
+  bool has_sink = std::isfinite(sink);
+  for (const auto& t : model.traces()) {
+    if (!has_sink || !variant_info(t.variant).keeps_lse) continue;
+    std::vector<double> gpu, ref;
+    for (float lse : t.gpu.steps.lse) gpu.push_back(std::exp(sink - double(lse)));
+    for (double lse : t.ref.lse) ref.push_back(std::exp(sink - lse));
+    w_series.push_back(
+        {std::string("sink's share (") + variant_name(t.variant) + ")", kSinkShare, gpu});
+    w_series.push_back({"sink's share (float64)", kReference, ref, true});
+    break;
+  }
   if (!model.traces().empty()) {
     const auto& m = model.traces()[0].gpu.steps.m;
     for (int i = 1; i < int(m.size()); ++i)
@@ -627,9 +642,14 @@ void draw_plots(const Model& model, UiState& ui) {
        l_series, n, model.cursor, ui.log_l, size);
   if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
-  plot("weight w of the new key",
-       "The weight the newest key gets in the normalised output, per variant, with the float64 "
-       "weights in white. FLASH-D's w is this quantity; for the others it is e^(s-m)/l.",
+  plot(has_sink ? "weight w of the new key (tan: the sink's share)" : "weight w of the new key",
+       has_sink ? "The weight the newest key gets in the normalised output, per variant, with the "
+                  "float64 weights in white. Tan: the attention sink's share of the "
+                  "denominator, e^(sink - L) with L the running log-sum-exp; it starts at 1 (the "
+                  "sink is the state's start) and falls as keys add to the denominator."
+                : "The weight the newest key gets in the normalised output, per variant, with "
+                  "the float64 weights in white. FLASH-D's w is this quantity; for the others it "
+                  "is e^(s-m)/l.",
        w_series, n, model.cursor, false, size);
   plot("error vs float64 (log)",
        "Per step, the largest difference between the GPU's state and the same variant's "
