@@ -84,7 +84,7 @@ double line_y(const Image& img, const Box& box, double from, double to) {
 
 TEST(Viewer, EveryPresetRendersAllPanels) {
   for (const char* preset : {"sample", "huge-logits", "falling-rising", "sink", "masked-mid-row",
-                             "fully-masked-row", "empty-split", "fp16-overflow"}) {
+                             "fully-masked-row", "empty-split", "fp16-overflow", "q4-kv"}) {
     std::string out;
     Image img =
         screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
@@ -137,7 +137,45 @@ TEST(Viewer, SummaryReportsExactOutputs) {
 
 const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising",
                                 "sink",        "masked-mid-row", "fully-masked-row",
-                                "empty-split", "fp16-overflow"};
+                                "empty-split", "fp16-overflow",  "q4-kv"};
+
+// Stored inputs (fp16, q4_0 K and V): the kernels are compared with float64 on the values the
+// device holds, so they stay exact; what the storage costs is printed apart, q4_0's far above
+// fp16's, and the numbers are the float64 reference's own (checked here on the host).
+TEST(Viewer, StoredInputsAreExactAgainstTheirStoredValuesAndTheirCostIsShown) {
+  for (const char* preset : {"fp16-overflow", "q4-kv"}) {
+    std::string out;
+    screenshot(std::string("--preset ") + preset + " --variant flash2,flashd", &out);
+    size_t at = 0;
+    int checked = 0;
+    while ((at = out.find("error vs float64 ", at)) != std::string::npos) {
+      at += 17;
+      EXPECT_LT(std::stod(out.substr(at, 8)), 1e-5) << preset << "\n" << out;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 2) << out;
+    size_t cost = out.find("moves the float64 output by ");
+    ASSERT_NE(cost, std::string::npos) << out;
+    double moved = std::stod(out.substr(cost + 28, 8));
+    size_t f16 = out.find("(fp16: ", cost);
+    ASSERT_NE(f16, std::string::npos) << out;
+    double fp16 = std::stod(out.substr(f16 + 7, 8));
+    if (std::string(preset) == "q4-kv") {
+      viewer::Inputs in = viewer::make_preset(preset, FLASHVK_ASSETS);
+      AttentionParams p = in.params;
+      HostTensor k = stored_values(in.k, DType::q4_0), v = stored_values(in.v, DType::q4_0);
+      reference::Result given = reference::direct(in.q, in.k, in.v, p);
+      reference::Result held = reference::direct(in.q, k, v, p);
+      double want = 0;
+      for (size_t c = 0; c < 32; ++c)  // row 7 of the only head: the last row
+        want = std::max(want, std::abs(held.out[7 * 32 + c] - given.out[7 * 32 + c]));
+      EXPECT_NEAR(moved, want, want * 1e-2) << out;
+      EXPECT_GT(moved, 10 * fp16) << out;
+    } else {
+      EXPECT_EQ(moved, fp16) << out;  // fp16 storage: the same number twice
+    }
+  }
+}
 
 // From 1280 x 720 up nothing is cut at the side: the viewer asks ImGui how far each panel's
 // content reached and how wide each plot title is, and names what did not fit.

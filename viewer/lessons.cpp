@@ -284,6 +284,24 @@ void softcap(Lesson& l, const Model& model) {
           "(Output panel).");
 }
 
+void q4_kv(Lesson& l, const Model& model) {
+  l.intro =
+      "K and V are stored as ggml's q4_0: each block of 32 values keeps one fp16 scale d and, "
+      "per value, 4 bits q, standing for d (q - 8): 16 levels. The kernels dequantise a tile "
+      "as they load it and then run the same recurrences, so against float64 on the stored "
+      "values they are as exact as in fp32 (error plot); what 4 bits cost is the distance of "
+      "those values from the inputs, which the Output panel measures beside fp16's.";
+  int first = first_visible(model);
+  add(l, first, "the first key",
+      "The first key's score is already s of the dequantised key: every curve here, the float64 "
+      "one included, sees the stored values.");
+  add_end(l, model,
+          format("Storing K and V in q4_0 moved this row's output by %.2e from float64 on the "
+                 "inputs as given; fp16 would have moved it by %.2e. The kernels' own error is "
+                 "the Output panel's max |o - o_ref|.",
+                 model.storage_cost(), model.fp16_cost()));
+}
+
 void fp16_overflow(Lesson& l, const Model& model) {
   l.intro =
       "fp16 stores numbers up to 65504, so e^s overflows fp16 above s = ln 65504 = 11.09 (red "
@@ -347,6 +365,8 @@ Lesson lesson_for(const Model& model) {
     sink_logit(l, model);
   else if (name == "softcap")
     softcap(l, model);
+  else if (name == "q4-kv")
+    q4_kv(l, model);
   else
     general(l, model);
   std::stable_sort(l.points.begin(), l.points.end(),

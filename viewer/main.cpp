@@ -25,7 +25,7 @@ one frame offscreen through Vulkan, writes it as PNG and prints a summary.
 options:
   --preset NAME       sample, huge-logits, falling-rising, sink, masked-mid-row,
                       fully-masked-row, empty-split, fp16-overflow, sliding-window,
-                      sink-logit, softcap (default sample)
+                      sink-logit, softcap, q4-kv (default sample)
   --q Q.npy --k K.npy --v V.npy   load inputs instead of a preset
   --variant A,B,...   variants to step together (default flash1,flash2,flashd)
   --row R             query row to trace (default: the preset's)
@@ -131,6 +131,11 @@ void print_summary(const Model& model, const std::string& path) {
         variant_name(t.variant), err, unsigned(t.gpu.tiles.size()), t.gpu.tile_size, rescales,
         underflows);
   }
+  const Storage& st = model.inputs().storage;
+  if (st.q != DType::f32 || st.k != DType::f32 || st.v != DType::f32)
+    std::printf("  storage %s: moves the float64 output by %.2e from the inputs as given (fp16: "
+                "%.2e); the errors above are against float64 on the stored values\n",
+                cli::storage_text(st).c_str(), model.storage_cost(), model.fp16_cost());
   Lesson lesson = lesson_for(model);
   std::printf("  lesson: %zu points of interest", lesson.points.size());
   for (const auto& p : lesson.points)

@@ -58,21 +58,64 @@ int Model::last_visible_key() const {
   return std::max(0, steps() - 1);
 }
 
+namespace {
+
+// The row's float64 output on q, k, v as stored in `storage` (max |difference| from `given`).
+double row_cost(const HostTensor& q, const HostTensor& k, const HostTensor& v, const Dims& dims,
+                const AttentionParams& params, uint32_t b, uint32_t h, uint32_t i,
+                const Storage& storage, const reference::Vec& given) {
+  HostTensor sq = stored_values(q, storage.q), sk = stored_values(k, storage.k);
+  reference::Vec out =
+      reference::direct_row(reference::row_scores(sq, sk, dims, params, b, h, i),
+                            reference::value_rows(stored_values(v, storage.v), dims, b, h),
+                            reference::row_sink(params, h))
+          .out;
+  double cost = 0;
+  for (size_t c = 0; c < out.size() && c < given.size(); ++c)
+    cost = std::max(cost, std::abs(out[c] - given[c]));
+  return cost;
+}
+
+}  // namespace
+
 void Model::retrace() {
   last_error.clear();
   batch = std::min(batch, dims_.batch - 1);
   head = std::min(head, dims_.heads - 1);
   row = std::min(row, dims_.nq - 1);
-  scores_ = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row);
+  // The float64 reference sees the values the device holds, so that its comparison isolates the
+  // kernels; what the storage itself costs is measured apart (storage_cost).
+  storage_cost_ = fp16_cost_ = 0;
+  try {
+    q_ = stored_values(in_.q, in_.storage.q);
+    k_ = stored_values(in_.k, in_.storage.k);
+    v_ = stored_values(in_.v, in_.storage.v);
+  } catch (const Error& e) {
+    last_error = e.what();
+    in_.storage = Storage();
+    q_ = in_.q, k_ = in_.k, v_ = in_.v;
+  }
+  scores_ = reference::row_scores(q_, k_, dims_, in_.params, batch, head, row);
   raw_scores_.clear();
   if (in_.params.softcap > 0) {
     AttentionParams raw = in_.params;
     raw.softcap = 0;
-    raw_scores_ = reference::row_scores(in_.q, in_.k, dims_, raw, batch, head, row);
+    raw_scores_ = reference::row_scores(q_, k_, dims_, raw, batch, head, row);
   }
-  std::vector<reference::Vec> values = reference::value_rows(in_.v, dims_, batch, head);
+  std::vector<reference::Vec> values = reference::value_rows(v_, dims_, batch, head);
   double sink = reference::row_sink(in_.params, head);
   direct_ = reference::direct_row(scores_, values, sink);
+  if (in_.storage.q != DType::f32 || in_.storage.k != DType::f32 || in_.storage.v != DType::f32) {
+    reference::Vec given =
+        reference::direct_row(
+            reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row),
+            reference::value_rows(in_.v, dims_, batch, head), sink)
+            .out;
+    for (size_t c = 0; c < given.size(); ++c)
+      storage_cost_ = std::max(storage_cost_, std::abs(direct_.out[c] - given[c]));
+    fp16_cost_ = row_cost(in_.q, in_.k, in_.v, dims_, in_.params, batch, head, row,
+                          Storage(DType::f16), given);
+  }
   fa1_ = reference::flash1_row(scores_, values, sink);
   fa2_ = reference::flash2_row(scores_, values, sink);
   fd_ = reference::flashd_row(scores_, values, sink);
@@ -83,7 +126,7 @@ void Model::retrace() {
     p.variant = v;
     VariantTrace t{v, {}, {}, {}, {}};
     try {
-      t.gpu = trace(ctx_, in_.q, in_.k, in_.v, p, batch, head, row, in_.dtype);
+      t.gpu = trace(ctx_, in_.q, in_.k, in_.v, p, batch, head, row, in_.storage);
     } catch (const Error& e) {
       last_error = std::string(variant_name(v)) + ": " + e.what();
       continue;
@@ -151,7 +194,7 @@ void Model::build_heatmap() {
   heat_p_.assign(nq * nk, 0.0);
   if (nq * nk > 4'000'000) return;  // too large to show; the panel says so
   for (uint32_t i = 0; i < nq; ++i) {
-    reference::Vec s = reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, i);
+    reference::Vec s = reference::row_scores(q_, k_, dims_, in_.params, batch, head, i);
     double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
     for (double x : s) m = std::max(m, x);
     for (double x : s) sum += std::isinf(x) ? 0.0 : std::exp(x - m);

@@ -12,8 +12,8 @@ namespace flashvk::viewer {
 struct Inputs {
   std::string name;
   HostTensor q, k, v;
-  AttentionParams params;  // scale, causal, key mask, splits
-  DType dtype = DType::f32;
+  AttentionParams params;      // scale, causal, key mask, splits
+  Storage storage;             // Q's, K's and V's on the device (fp32, fp16, K and V also q4_0...)
   uint32_t row = 0;            // the row a preset wants shown first
   std::vector<Variant> needs;  // variants its lesson is about: selected on load if they are not
 };
@@ -69,6 +69,10 @@ class Model {
 
   const std::vector<VariantTrace>& traces() const { return traces_; }
   const reference::Vec& scores() const { return scores_; }
+  /// How far storing the inputs moves the row's float64 output from the one on the inputs as
+  /// given (max over components): in the current storage, and in fp16 for comparison. 0 in fp32.
+  double storage_cost() const { return storage_cost_; }
+  double fp16_cost() const { return fp16_cost_; }
   /// With a softcap: the scores before it (scale * q.k, masked keys -inf); else empty.
   const reference::Vec& raw_scores() const { return raw_scores_; }
   const reference::RowTrace& direct() const { return direct_; }
@@ -97,6 +101,8 @@ class Model {
 
   Context& ctx_;
   Inputs in_;
+  HostTensor q_, k_, v_;  // the values the device holds (stored_values): what float64 sees
+  double storage_cost_ = 0, fp16_cost_ = 0;
   Dims dims_;
   std::vector<VariantTrace> traces_;
   reference::Vec scores_, raw_scores_;

@@ -45,6 +45,8 @@ const std::map<std::string, std::string>& descriptions() {
        "an attention sink (gpt-oss): a logit in the denominator only, the state's start"},
       {"softcap", "logit softcapping (Gemma 2): s = c tanh(s / c) squeezes scores above c = 5"},
       {"fp16-overflow", "fp16 inputs with scores up to 16: e^s passes fp16's 65504 above s = 11.1"},
+      {"q4-kv",
+       "K and V in ggml's q4_0 (4 bits a value, a scale per 32): exact kernels, lossy storage"},
   };
   return d;
 }
@@ -55,7 +57,7 @@ const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {
       "sample",         "huge-logits",      "falling-rising", "sink",
       "masked-mid-row", "fully-masked-row", "empty-split",    "fp16-overflow",
-      "sliding-window", "sink-logit",       "softcap"};
+      "sliding-window", "sink-logit",       "softcap",        "q4-kv"};
   return names;
 }
 
@@ -156,6 +158,15 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.params.scale = 1.25f;
     in.params.softcap = 5.0f;
     in.row = 2;
+  } else if (name == "q4-kv") {
+    // d = dv = 32: one q4_0 block a key row, 16 levels between -8 d and 7 d.
+    in.name = name;
+    in.q = gaussian({1, 1, 8, 32}, 51);
+    in.k = gaussian({1, 1, 96, 32}, 52);
+    in.v = gaussian({1, 1, 96, 32}, 53);
+    in.storage = Storage(DType::f32, DType::q4_0, DType::q4_0);
+    in.params.causal = true;
+    in.row = 7;
   } else if (name == "fp16-overflow") {
     // A kernel that forms e^s (or its sum) in fp16 overflows here; flashvk stores fp16 but keeps
     // its state in fp32 relative to the running max.
@@ -163,7 +174,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     for (int j = 0; j < 200; ++j)
       s.push_back(16.0f * std::sin(0.05f * float(j)) * std::sin(0.011f * float(j)));
     in = from_scores(name, s, 4);
-    in.dtype = DType::f16;
+    in.storage = DType::f16;
   } else {
     std::string list;
     for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 
+#include "args.hpp"
 #include "npy.hpp"
 
 namespace flashvk::viewer {
@@ -266,11 +267,12 @@ void load(Model& model, UiState& ui, Inputs in) {
 // The lesson of what is shown, made again when the inputs or the row change; a preset about
 // FLASH-D's literal form turns its curve on.
 void refresh_lesson(const Model& model, UiState& ui) {
-  std::string of = model.inputs().name + "/" + std::to_string(model.batch) + "/" +
-                   std::to_string(model.head) + "/" + std::to_string(model.row) + "/" +
-                   std::to_string(model.steps()) + "/" + std::to_string(int(model.inputs().dtype)) +
-                   std::to_string(model.inputs().params.causal) +
-                   std::to_string(model.traces().size());
+  std::string of =
+      model.inputs().name + "/" + std::to_string(model.batch) + "/" + std::to_string(model.head) +
+      "/" + std::to_string(model.row) + "/" + std::to_string(model.steps()) + "/" +
+      std::to_string(int(model.inputs().storage.q)) +
+      std::to_string(int(model.inputs().storage.k)) + std::to_string(model.inputs().params.causal) +
+      std::to_string(model.traces().size());
   if (of == ui.lesson_of) return;
   bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
   ui.lesson = lesson_for(model);
@@ -436,15 +438,24 @@ void controls_selection(Model& model, UiState& ui) {
     model.mutable_inputs().params.causal = causal, changed = true;
   tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
   ImGui::SameLine();
-  int f16 = model.inputs().dtype == DType::f16;
-  if (ImGui::RadioButton("fp32", f16 == 0))
-    model.mutable_inputs().dtype = DType::f32, changed = true;
+  const Storage& st = model.inputs().storage;
+  if (ImGui::RadioButton("fp32", st.k == DType::f32))
+    model.mutable_inputs().storage = DType::f32, changed = true;
   tip("Q, K and V stored as fp32.");
   ImGui::SameLine();
-  if (ImGui::RadioButton("fp16", f16 == 1))
-    model.mutable_inputs().dtype = DType::f16, changed = true;
+  if (ImGui::RadioButton("fp16", st.k == DType::f16))
+    model.mutable_inputs().storage = DType::f16, changed = true;
   tip("Q, K and V stored as fp16 (the state stays fp32); the float64 reference sees the same "
-      "rounded inputs.");
+      "rounded inputs, and the Output panel says what the rounding costs.");
+  if (d.d % 32 == 0 && d.dv % 32 == 0) {  // ggml's blocks of 32 along the head dimension
+    ImGui::SameLine();
+    if (ImGui::RadioButton("q4_0 K,V", st.k == DType::q4_0))
+      model.mutable_inputs().storage = Storage(DType::f32, DType::q4_0, DType::q4_0),
+      changed = true;
+    tip("K and V stored as ggml's q4_0: 32 values share an fp16 scale d, each value one of 16 "
+        "levels d (q - 8). The float64 reference sees the dequantised values; the Output panel "
+        "says how far they move the output.");
+  }
   if (changed) retrace(model, ui);
 }
 
@@ -624,7 +635,7 @@ void draw_plots(const Model& model, UiState& ui) {
       if (m[size_t(i)] > m[size_t(i - 1)] && std::isfinite(m[size_t(i - 1)])) rescales.push_back(i);
   }
   // In fp16, e^s overflows above ln 65504 = 11.09: the line a max-free fp16 kernel cannot cross.
-  double fp16_exp_limit = model.inputs().dtype == DType::f16 ? std::log(65504.0) : NAN;
+  double fp16_exp_limit = model.inputs().storage.q == DType::f16 ? std::log(65504.0) : NAN;
   plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)"
        : model.raw_scores().empty()  ? "scores s"
                                      : "scores s (orange: before softcap)",
@@ -870,6 +881,17 @@ void draw_output(const Model& model) {
       err = std::max(err, std::abs(double(t.gpu.out[c]) - d.out[c]));
     colored_wrapped(variant_color(t.variant), "%-8s max |o - o_ref| = %.2e  LSE %.6g",
                     variant_name(t.variant), err, t.gpu.lse);
+  }
+  const Storage& st = model.inputs().storage;
+  if (model.storage_cost() > 0 || st.k != DType::f32) {
+    ImGui::Separator();
+    char fp16[96] = ".";
+    if (st.k != DType::f16)
+      std::snprintf(fp16, sizeof fp16, "; fp16 storage would move it by %.2e.", model.fp16_cost());
+    wrapped(
+        "o_ref is float64 on the values stored (%s). Storing them moved the float64 output "
+        "by %.2e from the inputs as given%s",
+        cli::storage_text(st).c_str(), model.storage_cost(), fp16);
   }
   for (const auto& t : model.traces()) {
     if (t.variant != Variant::splitkv) continue;
