@@ -158,9 +158,7 @@ float k_value(uint x) { return float(k_buf[x]); }
 float v_value(uint x) { return float(v_buf[x]); }
 #endif
 
-// The row in K's and V's memory of key j of the K/V head whose first key is row kv_base: every
-// kernel addresses keys through this one definition (a paged cache will look the page up here).
-uint key_row(uint kv_base, uint j) { return kv_base + j; }
+#include "key_row.glsl"
 
 // One query row as seen by one invocation.
 struct Row {

@@ -34,6 +34,7 @@ layout(std430, binding = 1) buffer Out { uint out_words[]; };
 layout(std430, binding = 1) writeonly buffer Out { ELEM x_out[]; };
 #endif
 layout(std430, binding = 2) readonly buffer Table { float cos_sin[]; };  // [positions, d/2, 2]
+#include "key_row.glsl"
 #include "lengths.glsl"
 
 const uint HALF_LAYOUT = 1u;  // pairs (x_i, x_i+d/2)
@@ -102,7 +103,7 @@ void main() {
       signed_max = x[j];
     }
   }
-  uint out_vec = (vec / pc.seq_len) * pc.out_rows + out_row;
+  uint out_vec = key_row((vec / pc.seq_len) * pc.out_rows, out_row);
   uint block = (out_vec * pc.dim) / 32u + blk;  // the block's index in the output tensor
   float d;
   if (OUT_FORMAT == FMT_Q8_0) {
@@ -145,7 +146,7 @@ void main() {
   uint out_row, angle_row;
   rows_of(vec, out_row, angle_row);
   uint base = vec * pc.dim;
-  uint out_base = ((vec / pc.seq_len) * pc.out_rows + out_row) * pc.dim;
+  uint out_base = key_row((vec / pc.seq_len) * pc.out_rows, out_row) * pc.dim;
   if (p == pairs) {  // odd dim: the unpaired last element
     x_out[out_base + pc.dim - 1u] = x_in[base + pc.dim - 1u];
     return;

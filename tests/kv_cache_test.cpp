@@ -201,6 +201,23 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
         KvCache(Tensor(ctx, {1, 2, 8, 16}, DType::f32), Tensor(ctx, {1, 3, 8, 16}, DType::f32));
       },
       "differ");
+  // A refusal leaves nothing behind, even one that comes after the recording made its pools and
+  // buffers (each is tried once first: the pipelines the context keeps are made then).
+  KvCache small(ctx, {1, 2, 4, 16, 16, DType::f32});
+  Tensor q8(ctx, {1, 4, 8, 16}, DType::f32), k8(ctx, {1, 2, 8, 16}, DType::f32),
+      v8(ctx, {1, 2, 8, 16}, DType::f32);
+  AttentionParams bad_base;
+  bad_base.rope = RopeLayout::interleaved;
+  bad_base.rope_base = 0.5;
+  auto refusals = [&] {
+    expect_refused([&] { AttentionRecording(ctx, q8, small, k8, v8); }, "KV cache of 4 tokens");
+    expect_refused([&] { AttentionRecording(ctx, q, cache, k, v, bad_base); }, "rope base");
+  };
+  refusals();
+  EngineStats before = engine_stats();
+  refusals();
+  EXPECT_EQ(engine_stats().objects_live, before.objects_live);
+  EXPECT_EQ(engine_stats().device_bytes, before.device_bytes);
 }
 
 // The decode loop as an app runs it: after the first step, setting the position and submitting

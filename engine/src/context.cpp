@@ -366,8 +366,13 @@ ContextImpl::~ContextImpl() {
     save_pipeline_cache();  // best effort: a destructor cannot report failure
     dummy = Buffer();
     for (auto& [key, pipe] : pipelines) vkDestroyPipeline(device, pipe, nullptr);
-    for (auto& [key, module] : modules) vkDestroyShaderModule(device, module, nullptr);
-    objects_destroyed(pipelines.size() + modules.size());
+    uint64_t made = pipelines.size();
+    for (auto& [key, module] : modules) {
+      if (!module) continue;  // its creation failed
+      vkDestroyShaderModule(device, module, nullptr);
+      ++made;
+    }
+    objects_destroyed(made);
     uint64_t shared = non_null(cache, pipeline_layout, set_layout, fence, pool);
     vkDestroyPipelineCache(device, cache, nullptr);
     vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
@@ -700,8 +705,9 @@ Context Context::adopt(const ExternalDevice& external) {
 
 EngineStats engine_stats() {
   EngineStats stats;
+  uint64_t destroyed = detail::g_destroyed;  // first: a destroy follows its create
   stats.objects_created = detail::g_created;
-  stats.objects_live = stats.objects_created - detail::g_destroyed;
+  stats.objects_live = stats.objects_created - destroyed;
   stats.device_bytes = static_cast<uint64_t>(std::max<int64_t>(detail::g_device_bytes, 0));
   return stats;
 }

@@ -382,9 +382,13 @@ bool texel_viewable(const Tensor& t) {
 
 }  // namespace
 
+// The constructors delegate to Plan(Context&), which creates the pools: once it has returned,
+// a throw from their bodies runs ~Plan, which frees whatever was made so far.
 Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
            const AttentionParams& p, const PlanOptions& opts)
-    : ctx(context), impl(context.impl()), params(p), options(opts) {
+    : Plan(context) {
+  params = p;
+  options = opts;
   if (q.empty() || k.empty() || v.empty()) throw Error("attention: q, k and v must be set");
   if (q.context() != &ctx || k.context() != &ctx || v.context() != &ctx)
     throw Error("attention: q, k and v must live on the context they are used with");
@@ -399,7 +403,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: K and V are prefixes of caches of " + std::to_string(k.row_capacity()) +
                 " and " + std::to_string(v.row_capacity()) + " keys a head; they must be alike");
   dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
-  bool appends = options.append.k != nullptr;
+  appends = options.append.k != nullptr;
   if (appends) check_append(q, k, v);
   bool rotates_k = params.rope != RopeLayout::none && !appends;  // a rotated copy of all of K
   if (rotates_k && dims.kv_rows != dims.nk)
@@ -421,33 +425,32 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
-  create_pools();
   lengths = Buffer(impl, 16, true);
   if (appends)
     set_position(0);
   else
     set_keys(dims.nk);
 
-  push = Push{dims.batch,
-              dims.heads,
-              dims.kv_heads,
-              dims.nq,
-              dims.nk,
-              params.scale.value_or(1.0f / std::sqrt(static_cast<float>(dims.d))),
-              0,
-              1,
-              0,
-              options.trace_bh,
-              options.trace_row,
-              0,
-              -1,
-              -1,
-              0.0f,
-              0,
-              0,
-              0,
-              0,
-              dims.kv_rows};
+  push = Push{.batch = dims.batch,
+              .heads = dims.heads,
+              .kv_heads = dims.kv_heads,
+              .nq = dims.nq,
+              .nk = dims.nk,
+              .scale = params.scale.value_or(1.0f / std::sqrt(static_cast<float>(dims.d))),
+              .flags = 0,
+              .splits = 1,
+              .keys_per_split = 0,
+              .trace_bh = options.trace_bh,
+              .trace_row = options.trace_row,
+              .bh0 = 0,
+              .window_left = -1,
+              .window_right = -1,
+              .softcap = 0.0f,
+              .mask_ranges = 0,
+              .mask_values = 0,
+              .mask_bstride = 0,
+              .mask_hstride = 0,
+              .kv_rows = dims.kv_rows};
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
 
@@ -518,8 +521,7 @@ Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, cons
   return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage());
 }
 
-Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
-    : ctx(context), impl(context.impl()) {
+Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(context) {
   if (x.empty() || x.context() != &ctx) throw Error("rope: x must be a tensor on this context");
   if (x.shape().size() < 2) throw Error("rope: x must have rank 2 or more ([.., N, d])");
   if (x.is_prefix()) throw Error("rope: x must be dense, not a prefix() of a longer tensor");
@@ -530,7 +532,6 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope)
   if (dtype != DType::f32 && dtype != DType::f16)
     throw Error(std::string("rope rotates f32 or f16 tensors; x is ") + dtype_name(dtype) +
                 " (rotate before quantising)");
-  create_pools();
   plan_rope(*this, x, out, rope.position_offset);
 }
 
@@ -556,11 +557,11 @@ void Plan::check_loop_budget(uint64_t keys) const {
 }
 
 void Plan::create_pools() {
-  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kBindings},
-                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 4 * kTexelBindings},
-                                  {VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 4}};
+  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 8 * kBindings},
+                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 8 * kTexelBindings},
+                                  {VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 8}};
   VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-  pool_info.maxSets = 4;
+  pool_info.maxSets = 8;  // at most 4 so far: RoPE's or an append's 3 and attention's 1
   pool_info.poolSizeCount = 3;
   pool_info.pPoolSizes = sizes;
   check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
@@ -732,7 +733,7 @@ void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3>
 }
 
 void Plan::set_keys(uint32_t n) {
-  if (options.append.k)
+  if (appends)
     throw Error(
         "attention: a recording that appends to a KV cache is told its position "
         "(set_position), and attends over the keys up to the appended ones");
@@ -751,7 +752,7 @@ void Plan::set_keys(uint32_t n) {
 }
 
 void Plan::set_position(uint32_t position) {
-  if (!options.append.k)
+  if (!appends)
     throw Error(
         "attention: set_position is for a recording that appends to a KV cache; this one "
         "attends over K and V as given (set_keys)");
@@ -799,6 +800,9 @@ void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
         "attention: a key mask or an additive mask covers a fixed number of keys; a recording "
         "that appends to a KV cache attends over more each step (use causal, a window, or "
         "AttentionRecording over prefix() views)");
+  if (dims.nq > dims.kv_rows)
+    throw Error("attention: appending " + std::to_string(dims.nq) + " rows (Q's queries) to a " +
+                "KV cache of " + std::to_string(dims.kv_rows) + " tokens");
   if (params.query_position)
     throw Error(
         "attention: the queries of a recording that appends to a KV cache sit at the positions "
@@ -819,6 +823,7 @@ void Plan::plan_append(const Tensor& q, const Tensor& k, const Tensor& v) {
   plan_rows(*this, *options.append.k, k, rotate | kRowsAtPosition | kAnglesAtPosition, angles);
   plan_rows(*this, *options.append.v, v, kRowsAtPosition, VK_NULL_HANDLE);
   add_barrier();
+  options.append = {};  // the caller's tensors: bound above, not kept
 }
 
 void Plan::add_barrier() {

@@ -3,6 +3,7 @@
 // scratch buffers and outputs. It can be recorded into any command buffer, ours or the app's.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -105,13 +106,14 @@ class Plan {
   Tensor out, lse;      // the plan's own, or views of the caller's (PlanOptions::outputs)
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
-  Buffer heads;               // [B * H] (ALiBi slope, sink logit), when a modifier needs them
-  std::vector<Buffer> extra;  // RoPE angle tables
+  Buffer heads;  // [B * H] (ALiBi slope, sink logit), when a modifier needs them
+  std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// The most keys the kernels may be asked to attend: Nk, or with dynamic_keys the capacity
   /// (Dims::kv_rows). Chunks, scratch and loop budgets are sized for it.
   uint32_t most_keys = 0;
-  Buffer lengths;  // host-visible: the Nk the kernels read (common.glsl `lengths`)
+  bool appends = false;  // options.append was given: set_position, not set_keys
+  Buffer lengths;        // host-visible: the Nk the kernels read (common.glsl `lengths`)
   uint64_t device_bytes = 0;
   std::array<VkBufferView, kTexelBindings> texel_views{};  // K, V as texels (register tiles)
 

@@ -47,9 +47,14 @@ Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx)
   objects_created();
   allocated_ = req.size;
   device_memory(int64_t(allocated_));
-  check(vkBindBufferMemory(ctx.device, buffer_, memory_, 0), "vkBindBufferMemory");
-  if ((ctx.memory.memoryTypes[type].propertyFlags & mappable) == mappable)
-    check(vkMapMemory(ctx.device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
+  try {
+    check(vkBindBufferMemory(ctx.device, buffer_, memory_, 0), "vkBindBufferMemory");
+    if ((ctx.memory.memoryTypes[type].propertyFlags & mappable) == mappable)
+      check(vkMapMemory(ctx.device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
+  } catch (...) {
+    release();  // a constructor that throws runs no destructor
+    throw;
+  }
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -132,6 +133,10 @@ struct ContextImpl {
   std::map<std::string, VkShaderModule> modules;
   std::mutex message_mutex;
   std::vector<std::string> messages;
+  /// RoPE's cos/sin tables by (base, positions, d, first position), shared by the plans that
+  /// hold them (plan_angles).
+  std::mutex table_mutex;
+  std::map<std::tuple<double, uint32_t, uint32_t, int64_t>, std::weak_ptr<Buffer>> angle_tables;
 
   ContextImpl() = default;
   ContextImpl(const ContextImpl&) = delete;

@@ -53,7 +53,7 @@ struct LimitOverrides {
 };
 
 struct ContextOptions {
-  int device = -1;          ///< device index; -1 picks the default (first discrete, else first)
+  int device = -1;          ///< device index; -1: the first discrete, else integrated, else 0
   bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation with synchronization checks
   LimitOverrides limits;
   /// A file for the driver's compiled pipelines (VkPipelineCache): read when the context is

@@ -2,6 +2,9 @@
 // (rotating K). cos/sin of p * theta_i are tabulated here in float64, one row per position, so
 // long positions keep their angle exactly.
 #include <cmath>
+#include <memory>
+#include <mutex>
+#include <tuple>
 
 #include "../plan.hpp"
 
@@ -18,6 +21,15 @@ struct RopePush {
 VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first) {
   if (!(plan.params.rope_base > 1.0) || !std::isfinite(plan.params.rope_base))
     throw Error("rope base must be a finite number greater than 1");
+  // One table per context for each (base, positions, d, first): the recordings of one cache
+  // (its prompt's, its decode step's) share theirs, kept while a plan holds it.
+  auto key = std::make_tuple(plan.params.rope_base, positions, dim, first);
+  std::lock_guard lock(plan.impl.table_mutex);
+  std::shared_ptr<Buffer> shared = plan.impl.angle_tables[key].lock();
+  if (shared) {
+    plan.tables.push_back(shared);
+    return shared->handle();
+  }
   uint32_t pairs = dim / 2;
   std::vector<float> table(size_t(positions) * pairs * 2);
   for (uint32_t p = 0; p < positions; ++p) {
@@ -28,15 +40,19 @@ VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first
       table[(size_t(p) * pairs + i) * 2 + 1] = static_cast<float>(std::sin(angle));
     }
   }
-  plan.extra.push_back(plan.scratch(std::max<size_t>(table.size(), 1) * 4));
-  plan.extra.back().write(table.data(), table.size() * 4);
-  return plan.extra.back().handle();
+  shared = std::make_shared<Buffer>(plan.scratch(std::max<size_t>(table.size(), 1) * 4));
+  shared->write(table.data(), table.size() * 4);
+  plan.impl.angle_tables[key] = shared;
+  plan.tables.push_back(shared);
+  return shared->handle();
 }
 
 void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, VkBuffer angles) {
   const auto& shape = x.shape();
   uint32_t dim = static_cast<uint32_t>(shape.back());
   uint32_t seq_len = static_cast<uint32_t>(shape[shape.size() - 2]);
+  plan.check_binding(x, "the rows to rotate or append");
+  plan.check_binding(dst, "the rotated rows or the KV cache appended to");
   if (plan.params.rope == RopeLayout::half) flags |= kRowsHalf;
   Bindings b;
   b.fill(plan.impl.dummy.handle());
@@ -66,7 +82,6 @@ void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_posit
   const auto& shape = x.shape();
   uint32_t dim = static_cast<uint32_t>(shape.back());
   uint32_t seq_len = static_cast<uint32_t>(shape[shape.size() - 2]);
-  plan.check_binding(x, "the RoPE input");
   VkBuffer angles = plan_angles(plan, seq_len, dim, first_position);
   rotated = Tensor(plan.ctx, shape, x.dtype());
   plan.device_bytes += rotated.bytes();
