@@ -264,7 +264,7 @@ struct Staging::Memory {
 };
 
 Staging::Staging(Context& ctx, uint64_t bytes)
-    : ctx_(&ctx), memory_(new Memory{detail::Buffer(ctx.impl(), bytes, true)}) {
+    : memory_(new Memory{detail::Buffer(ctx.impl(), bytes, true)}) {
   if (!memory_->buffer.mapped()) throw Error("Staging: the device has no host-visible memory");
 }
 Staging::Staging(Staging&&) noexcept = default;

@@ -164,7 +164,6 @@ class Staging {
 
  private:
   struct Memory;
-  Context* ctx_ = nullptr;
   std::unique_ptr<Memory> memory_;
 };
 
