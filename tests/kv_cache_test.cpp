@@ -17,10 +17,6 @@ struct CacheCase {
   TileLayout layout = TileLayout::automatic;
 };
 
-HostTensor stored(const HostTensor& x, DType dtype) {
-  return dtype == DType::f16 ? round_to_half(x) : x;
-}
-
 // H = 4 query heads on Hkv = 2, d = 32, dv = 16, a cache of 40 tokens: a prompt of 7 appended
 // at once (causal), then 9 decode steps of one token, then a second chunk of 5; after each run
 // the output and LSE against float64 over all the tokens so far.
@@ -44,8 +40,8 @@ TEST_F(KvCacheTest, PromptChunksAndDecodeStepsAppendAndAttendAsTheReferenceDoes)
   uint32_t seed = 300;
   for (const CacheCase& c : cases) {
     SCOPED_TRACE(c.name);
-    HostTensor keys = stored(random_tensor({1, kv_heads, capacity, d}, ++seed), c.dtype);
-    HostTensor values = stored(random_tensor({1, kv_heads, capacity, dv}, ++seed), c.dtype);
+    HostTensor keys = stored_values(random_tensor({1, kv_heads, capacity, d}, ++seed), c.dtype);
+    HostTensor values = stored_values(random_tensor({1, kv_heads, capacity, dv}, ++seed), c.dtype);
     KvCache cache(ctx,
                   {1, uint32_t(kv_heads), uint32_t(capacity), uint32_t(d), uint32_t(dv), c.dtype});
     AttentionParams params;
@@ -80,7 +76,7 @@ TEST_F(KvCacheTest, PromptChunksAndDecodeStepsAppendAndAttendAsTheReferenceDoes)
     order.push_back(second.get());
     int64_t length = 0;
     for (Chunk* chunk : order) {
-      HostTensor q = stored(random_tensor({1, heads, chunk->rows, d}, ++seed), c.dtype);
+      HostTensor q = stored_values(random_tensor({1, heads, chunk->rows, d}, ++seed), c.dtype);
       chunk->q.write(q);
       chunk->k.write(rows_of(keys, length, length + chunk->rows));
       chunk->v.write(rows_of(values, length, length + chunk->rows));
