@@ -46,47 +46,75 @@ void mark_tile_keys(Row r, uint j0, uint n) {
 
 float mask_value(uint rr, uint j) { return tile_mask[rr][j - tile_j0]; }
 
-const uint KT = (D / 4u + BC - 1u) / BC;   // texels of a key row per lane
-const uint VT = (DV / 4u + BC - 1u) / BC;  // texels of a value row per lane
+// A lane fetches G texels (4 values each) of a row at once, as one 16-byte texel: G = 4 for
+// q8_0 and q4_0 (sixteen values of one block, fetched with their block's scale), else 1. Lane l
+// holds the row's texels (l + BC * g) * G .. + G - 1 for g = 0, 1, ..: KT (VT) texels of a key
+// (value) row a lane, of which texel_slot() says where texel t of the row is.
+const uint KG = K_FORMAT == FMT_Q8_0 || K_FORMAT == FMT_Q4_0 ? 4u : 1u;
+const uint VG = V_FORMAT == FMT_Q8_0 || V_FORMAT == FMT_Q4_0 ? 4u : 1u;
+const uint KT = (D / 4u + KG * BC - 1u) / (KG * BC) * KG;
+const uint VT = (DV / 4u + VG * BC - 1u) / (VG * BC) * VG;
+uint texel_lane(uint t, uint g) { return (t / g) % BC; }
+uint texel_slot(uint t, uint g) { return t / (g * BC) * g + t % g; }
+uint slot_texel(uint lane, uint u, uint g) { return (lane + BC * (u / g)) * g + u % g; }
 // Scores are computed for KB keys at a time, so that each query element loaded serves KB
 // products, into ACC partial sums per score, so that the additions form ACC independent chains
 // (one chain per score was bound by the latency of the add; measured at N = 2048: 10-17% faster
 // than one key and one sum; 4 keys or 4 sums were no better).
 const uint KB = 2u, ACC = 2u;
 
-// This lane's texel u of row `key` of a tensor with `width` elements a row (D or DV): texel
-// lane + BC * u, or zeros past the row's end (a constant test when the lanes cover the row
-// exactly). Keys past the tile read the last key's row (their weight is 0).
-// Texel t of a tensor of `count` values in format fmt: its values 4t .. 4t + 3.
-vec4 kv_texel(KV_TEX tex, uint fmt, uint count, uint t) {
-#ifdef KV_QUANT
-  // The words that hold the four values, each fetched once: four (f32), two (f16, bf16) or one
-  // (q8_0, q4_0: a word holds four quants, and the four share their block's scale).
-  uint x0 = 4u * t;
-  uint scale = kv_scaled(fmt) ? texelFetch(tex, int(kv_scale_word(fmt, x0, count))).x : 0u;
-  uint w[4];
-  uint words = fmt == FMT_F32 ? 4u : (fmt == FMT_F16 || fmt == FMT_BF16 ? 2u : 1u);
-  [[unroll]] for (uint i = 0; i < 4u; ++i)
-    if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
-  if (fmt == FMT_Q8_0 || fmt == FMT_Q4_0) {  // the four quants at once, as a vector
-    float d = unpackHalf2x16(scale)[(x0 >> 5u) & 1u];
-    if (fmt == FMT_Q8_0) return d * vec4(ivec4(int(w[0])) << ivec4(24, 16, 8, 0) >> 24);
-    uint nibbles = (x0 & 16u) != 0u ? w[0] >> 4u : w[0];
-    return d * (vec4((uvec4(nibbles) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
-  }
+// G texels fetched at once, decoded by texel(): a q8_0 or q4_0 block's words w with its scale d
+// (q4_0: the nibbles at `shift`), or one texel x of another format.
+struct Fetch {
+  uvec4 w;
+  float d;
+  uint shift;
   vec4 x;
-  [[unroll]] for (uint e = 0; e < 4u; ++e) x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], scale);
-  return x;
-#else
-  return texelFetch(tex, int(t));
-#endif
+};
+
+// Texel g of a fetch.
+vec4 texel(Fetch f, uint fmt, uint g) {
+  if (fmt == FMT_Q8_0) return f.d * vec4(ivec4(int(f.w[g])) << ivec4(24, 16, 8, 0) >> 24);
+  if (fmt == FMT_Q4_0) return f.d * (vec4((uvec4(f.w[g] >> f.shift) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
+  return f.x;
 }
 
-vec4 lane_texel(KV_TEX tex, uint fmt, uint count, uint width, uint key, uint u) {
-  uint t = gl_SubgroupInvocationID + BC * u, texels = width / 4u;
-  if ((texels + BC - 1u) / BC * BC == texels) return kv_texel(tex, fmt, count, key * texels + t);
-  vec4 x = kv_texel(tex, fmt, count, key * texels + min(t, texels - 1u));
-  return t < texels ? x : vec4(0.0);
+// The G texels from texel t (a multiple of G) of a tensor of `count` values in format fmt: its
+// values 4t .. 4t + 4G - 1.
+Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
+  Fetch f;
+  f.w = uvec4(0u), f.d = 0.0, f.shift = 0u, f.x = vec4(0.0);
+#ifdef KV_QUANT
+  uint x0 = 4u * t;
+  if (fmt == FMT_Q8_0 || fmt == FMT_Q4_0) {  // sixteen values of a block and its scale
+    uint s = kv_scale_word(fmt, x0, count);
+    f.d = unpackHalf2x16(texelFetch(tex, int(s >> 2u))[s & 3u])[(x0 >> 5u) & 1u];
+    f.w = texelFetch(tex, int(fmt == FMT_Q8_0 ? x0 >> 4u : x0 >> 5u));
+    f.shift = (x0 & 16u) != 0u ? 4u : 0u;  // q4_0: byte j of a block holds j and j + 16
+    return f;
+  }
+  // The words that hold the four values, each fetched once: four (f32) or two (f16, bf16).
+  uint w[4];
+  uint words = fmt == FMT_F32 ? 4u : 2u;
+  [[unroll]] for (uint i = 0; i < 4u; ++i)
+    if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
+  [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], 0u);
+#else
+  f.x = texelFetch(tex, int(t));
+#endif
+  return f;
+}
+
+// This lane's texels u .. u + G - 1 (u a multiple of G) of row `key` of a tensor with `width`
+// elements a row (D or DV), or zeros past the row's end (a constant test when the lanes cover the
+// row exactly). Keys past the tile read the last key's row (their weight is 0).
+Fetch lane_fetch(KV_TEX tex, uint fmt, uint g, uint count, uint width, uint key, uint u) {
+  uint t = slot_texel(gl_SubgroupInvocationID, u, g), texels = width / 4u;
+  if ((texels + g * BC - 1u) / (g * BC) * (g * BC) == texels)
+    return kv_fetch(tex, fmt, count, key * texels + t);
+  Fetch f = kv_fetch(tex, fmt, count, key * texels + min(t, texels - g));
+  if (t >= texels) f.d = 0.0, f.x = vec4(0.0);
+  return f;
 }
 #else
 
@@ -133,14 +161,18 @@ void load_q(uint rr) {
 uint tile_key(uint c) { return key_row(rows[0].kv_base, tile_j0 + min(c, tile_n - 1u)); }
 
 // Every row's scores against the tile's keys, KB keys at a time: their texels, fetched right
-// before the products that use them, then element k from lane (k / 4) % BC. The shuffles have
-// constant lanes, so llvmpipe makes each a broadcast from a register; the loops are unrolled and
-// take no branch (one would keep them from unrolling; llvmpipe then keeps arrays in memory).
+// before the products that use them, then element k from the lane that holds its texel
+// (texel_lane). The shuffles have constant lanes, so llvmpipe makes each a broadcast from a
+// register; the loops are unrolled and take no branch (one would keep them from unrolling;
+// llvmpipe then keeps arrays in memory).
 void score_tile() {
   [[unroll]] for (uint c0 = 0; c0 < BC; c0 += KB) {
     vec4 kt[KB][KT];
     [[unroll]] for (uint b = 0; b < KB; ++b)
-      [[unroll]] for (uint u = 0; u < KT; ++u) kt[b][u] = lane_texel(k_tex, K_FORMAT, k_count(), D, tile_key(c0 + b), u);
+      [[unroll]] for (uint u = 0; u < KT; u += KG) {
+        Fetch f = lane_fetch(k_tex, K_FORMAT, KG, k_count(), D, tile_key(c0 + b), u);
+        [[unroll]] for (uint g = 0; g < KG; ++g) kt[b][u + g] = texel(f, K_FORMAT, g);
+      }
     float acc[ROWS][KB][ACC];
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
       [[unroll]] for (uint b = 0; b < KB; ++b)
@@ -148,7 +180,7 @@ void score_tile() {
     [[unroll]] for (uint k = 0; k < D; ++k) {
       float x[KB];
       [[unroll]] for (uint b = 0; b < KB; ++b)
-        x[b] = subgroupShuffle(kt[b][k / (4u * BC)][k % 4u], (k / 4u) % BC);
+        x[b] = subgroupShuffle(kt[b][texel_slot(k / 4u, KG)][k % 4u], texel_lane(k / 4u, KG));
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
         float q = q_reg[rr][k];
         [[unroll]] for (uint b = 0; b < KB; ++b)
@@ -201,24 +233,29 @@ void o_hold(uint rr) {  // leave the output as it is
 }
 
 #ifdef REG_TILE
-// A value texel of every key of the tile at a time; each output element is loaded, rescaled,
-// gets every key's term and is stored once per tile (the rows' outputs do not fit in registers).
+// A fetch (G value texels) of every key of the tile at a time; each output element is loaded,
+// rescaled, gets every key's term and is stored once per tile (the rows' outputs do not fit in
+// registers).
 void accumulate_o(uint c0) {
-  [[unroll]] for (uint u = 0; u < VT; ++u) {
-    vec4 vt[BC];
-    [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = lane_texel(v_tex, V_FORMAT, v_count(), DV, tile_key(c), u);
-    [[unroll]] for (uint lane = 0; lane < BC; ++lane)
-      [[unroll]] for (uint i = 0; i < 4u; ++i) {
-        uint e = 4u * (lane + BC * u) + i;
-        if (e >= DV) continue;  // a constant
-        float v[BC];
-        [[unroll]] for (uint c = 0; c < BC; ++c) v[c] = subgroupShuffle(vt[c][i], lane);
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-          float o = o_acc[rr][e] * o_keep[rr];
-          [[unroll]] for (uint c = 0; c < BC; ++c) o = fma(o_coef[rr][c], v[c], o);
-          o_acc[rr][e] = o;
+  [[unroll]] for (uint u0 = 0; u0 < VT; u0 += VG) {
+    Fetch vf[BC];
+    [[unroll]] for (uint c = 0; c < BC; ++c) vf[c] = lane_fetch(v_tex, V_FORMAT, VG, v_count(), DV, tile_key(c), u0);
+    [[unroll]] for (uint g = 0; g < VG; ++g) {
+      vec4 vt[BC];
+      [[unroll]] for (uint c = 0; c < BC; ++c) vt[c] = texel(vf[c], V_FORMAT, g);
+      [[unroll]] for (uint lane = 0; lane < BC; ++lane)
+        [[unroll]] for (uint i = 0; i < 4u; ++i) {
+          uint e = 4u * slot_texel(lane, u0 + g, VG) + i;
+          if (e >= DV) continue;  // a constant
+          float v[BC];
+          [[unroll]] for (uint c = 0; c < BC; ++c) v[c] = subgroupShuffle(vt[c][i], lane);
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+            float o = o_acc[rr][e] * o_keep[rr];
+            [[unroll]] for (uint c = 0; c < BC; ++c) o = fma(o_coef[rr][c], v[c], o);
+            o_acc[rr][e] = o;
+          }
         }
-      }
+    }
   }
 }
 #else

@@ -198,7 +198,7 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
     uint64_t at = align;  // not at 0
     for (Place& p : places) {
       p.offset = at;
-      p.bytes = round_up(storage_bytes(p.dtype, numel(p.shape)), 4);
+      p.bytes = buffer_bytes(p.dtype, numel(p.shape));
       at = round_up(p.offset + p.bytes + 4, align);
     }
     AppBuffer app(h, at + align, kTensorUsage);

@@ -76,6 +76,9 @@ TEST(StorageTest, Q4_0ClampsThePositiveExtremeAndKeepsZeroBlocks) {
 TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
   EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);
+  EXPECT_EQ(buffer_bytes(DType::q4_0, 64), 48u);  // 16-byte texels
+  EXPECT_EQ(buffer_bytes(DType::q8_0, 32), 48u);
+  EXPECT_EQ(buffer_bytes(DType::f16, 3), 8u);  // whole words
   EXPECT_EQ(parse_dtype("q4_0"), DType::q4_0);
   EXPECT_THROW(parse_dtype("q5_1"), Error);
 }
@@ -149,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, StorageVariantTest, ::testing::ValuesIn(al
                          variant_param_name);
 
 // An odd number of q8_0 blocks (34 bytes each) or of halves ends a tensor mid-word: the kernels
-// read K and V as 32-bit words, so tensors are whole words and the last value reads right.
+// read K and V as 32-bit words (register tiles q8_0 and q4_0 as 16-byte texels), so tensors are
+// whole words (16 bytes) and the last value reads right.
 TEST_F(StorageDeviceTest, TensorsEndingMidWordReadTheirLastValue) {
   HostTensor q = random_tensor({1, 1, 3, 32}, 51), k = random_tensor({1, 1, 3, 32}, 52),
              v = random_tensor({1, 1, 3, 32}, 53);
@@ -175,6 +179,34 @@ TEST_F(StorageDeviceTest, TensorsEndingMidWordReadTheirLastValue) {
   HostAttentionResult gpu =
       attention(context(), q3, k3, k3, params, {DType::f32, DType::f16, DType::f16});
   EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q3, ks, ks, params));
+}
+
+// Register tiles fetch a q8_0 or q4_0 block's sixteen values at once, the lanes holding runs of
+// four texels: head dimensions whose rows the lanes cover exactly (d = 128 at 8 lanes), partly
+// (lanes past the row read zeros) or over several runs each, K and V of different widths.
+TEST_F(StorageDeviceTest, RegisterTilesFetchBlocksAtEveryHeadDimension) {
+  const DeviceInfo& info = context().device();
+  if (!info.subgroup_shuffle || !info.texel_buffers) GTEST_SKIP() << "no register tiles here";
+  AttentionParams params;
+  params.tile_layout = TileLayout::registers;
+  params.causal = true;
+  const std::pair<int64_t, int64_t> dims[] = {{32, 32}, {96, 160}, {128, 128}, {256, 64}};
+  int seed = 60;
+  for (auto [d, dv] : dims) {
+    HostTensor q = random_tensor({1, 4, 9, d}, ++seed), k = random_tensor({1, 2, 19, d}, ++seed),
+               v = random_tensor({1, 2, 19, dv}, ++seed);
+    for (Storage storage : {Storage{DType::f32, DType::q8_0, DType::q4_0},
+                            Storage{DType::f32, DType::q4_0, DType::q8_0}}) {
+      HostTensor ks = stored_values(k, storage.k), vs = stored_values(v, storage.v);
+      reference::Result ref = reference::direct(q, ks, vs, params);
+      HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
+      std::string what = storage_name(storage) + " d=" + std::to_string(d) +
+                         " dv=" + std::to_string(dv);
+      EXPECT_EQ(gpu.tile_layout, TileLayout::registers) << what;
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, ks, vs, params)) << what;
+      EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+    }
+  }
 }
 
 // The lanes and matrix-unit kernels read K and V stored as Q is; asked for with other storage

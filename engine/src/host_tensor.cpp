@@ -97,6 +97,11 @@ uint64_t storage_bytes(DType dtype, int64_t numel) {
   return 4 * n;
 }
 
+uint64_t buffer_bytes(DType dtype, int64_t numel) {
+  uint64_t align = dtype == DType::q8_0 || dtype == DType::q4_0 ? 16 : 4;
+  return (storage_bytes(dtype, numel) + align - 1) / align * align;
+}
+
 std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
   int64_t n = static_cast<int64_t>(values.size());
   if (n % dtype_block(dtype))

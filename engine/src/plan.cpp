@@ -13,16 +13,24 @@ namespace flashvk::detail {
 
 namespace {
 
+// The texels of K or V in a storage format of its own (KV_QUANT kernels): q8_0 and q4_0 as four
+// 32-bit words (sixteen quants of a block, or all 32 of a q4_0 block, in one fetch: tile.glsl's
+// kv_texels), other formats a word a texel.
+bool word_quad(DType storage) { return storage == DType::q8_0 || storage == DType::q4_0; }
+VkFormat word_texel_format(DType storage) {
+  return word_quad(storage) ? VK_FORMAT_R32G32B32A32_UINT : VK_FORMAT_R32_UINT;
+}
+uint64_t word_texel_bytes(DType storage) { return word_quad(storage) ? 16 : 4; }
+
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
-// 32-bit words, so d and dv must be multiples of 4 and each of K and V must fit one texel-buffer
-// binding.
+// 32-bit words (q8_0, q4_0: four words a texel), so d and dv must be multiples of 4 and each of K
+// and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
   if (kv.own_kv())
-    texels = std::max(storage_bytes(kv.k, int64_t(keys * dims.d)),
-                      storage_bytes(kv.v, int64_t(keys * dims.dv))) /
-             4;
+    texels = std::max(buffer_bytes(kv.k, int64_t(keys * dims.d)) / word_texel_bytes(kv.k),
+                      buffer_bytes(kv.v, int64_t(keys * dims.dv)) / word_texel_bytes(kv.v));
   return info.texel_buffers && dims.d % 4 == 0 && dims.dv % 4 == 0 &&
          texels <= info.max_texel_buffer_elements;
 }
@@ -577,23 +585,24 @@ void Plan::create_pools() {
 
 // K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
-// K and V in storage formats of their own (Storage::own_kv) as 32-bit words (R32_UINT texels),
+// K and V in storage formats of their own (Storage::own_kv) as 32-bit words (word_texel_format),
 // decoded by the kernels.
 void Plan::make_texel_views() {
   VkFormat format =
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-  if (kv.own_kv()) format = VK_FORMAT_R32_UINT;
+  VkFormat k_format = format, v_format = format;
+  if (kv.own_kv()) k_format = word_texel_format(kv.k), v_format = word_texel_format(kv.v);
   int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   struct View {
     VkBuffer buffer;
     VkFormat format;
     uint64_t offset, bytes;
   };
-  auto words = [](uint64_t bytes) { return (bytes + 3) / 4 * 4; };  // as Tensor allocates
   View views[kTexelBindings] = {
-      {bindings[kK].buffer, format, bindings[kK].offset, words(storage_bytes(kv.k, keys * dims.d))},
-      {bindings[kV].buffer, format, bindings[kV].offset,
-       words(storage_bytes(kv.v, keys * dims.dv))},
+      {bindings[kK].buffer, k_format, bindings[kK].offset,
+       buffer_bytes(kv.k, keys * dims.d)},
+      {bindings[kV].buffer, v_format, bindings[kV].offset,
+       buffer_bytes(kv.v, keys * dims.dv)},
       {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
     views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,

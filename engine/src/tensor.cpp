@@ -180,7 +180,7 @@ uint64_t tensor_bytes(Context& ctx, const std::vector<int64_t>& shape, DType dty
   for (int64_t d : shape)
     if (d < 0) throw Error("negative dimension in shape " + shape_string(shape));
   check_blocks(shape, dtype);
-  return (storage_bytes(dtype, flashvk::numel(shape)) + 3) / 4 * 4;
+  return buffer_bytes(dtype, flashvk::numel(shape));
 }
 
 }  // namespace
@@ -307,7 +307,7 @@ uint64_t Staging::write(const HostTensor& host, DType dtype, uint64_t offset) {
     throw Error("Staging::write of a host tensor of shape " + shape_string(host.shape) +
                 " holding " + std::to_string(host.data.size()) + " values");
   check_blocks(host.shape, dtype);
-  uint64_t size = (storage_bytes(dtype, flashvk::numel(host.shape)) + 3) / 4 * 4;
+  uint64_t size = buffer_bytes(dtype, flashvk::numel(host.shape));
   check_region(*this, offset, size, "write");
   auto* at = static_cast<uint8_t*>(data()) + offset;
   if (dtype == DType::f32) {

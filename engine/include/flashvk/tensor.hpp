@@ -39,6 +39,10 @@ uint32_t dtype_block(DType dtype);
 void check_blocks(const std::vector<int64_t>& shape, DType dtype);
 /// Bytes that `numel` values take in `dtype` storage (a whole number of blocks).
 uint64_t storage_bytes(DType dtype, int64_t numel);
+/// Bytes a Tensor of `numel` values in `dtype` takes in its buffer (Tensor::bytes()):
+/// storage_bytes() rounded up to whole 32-bit words, and for q8_0 and q4_0 to 16 bytes (the
+/// kernels read those blocks as 16-byte texels).
+uint64_t buffer_bytes(DType dtype, int64_t numel);
 /// `values` in `dtype` storage, as uploaded: rounded to nearest even (f16, bf16), or quantised
 /// per block of 32 as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref do.
 std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype);
@@ -113,8 +117,8 @@ class Tensor {
   DType dtype() const { return dtype_; }
   VkBuffer buffer() const;
   uint64_t offset() const;  ///< where the values start in buffer(); 0 but for views
-  /// Bytes the values take from offset(): storage_bytes() rounded up to whole 32-bit words (of
-  /// the whole tensor a prefix() views).
+  /// Bytes the values take from offset(): buffer_bytes() (of the whole tensor a prefix()
+  /// views).
   uint64_t bytes() const;
   bool is_view() const;
   /// Rows from the start of one [N, d] matrix to the next in memory: shape()[-2], but for a
