@@ -200,8 +200,8 @@ TEST_F(StorageDeviceTest, RegisterTilesFetchBlocksAtEveryHeadDimension) {
       HostTensor ks = stored_values(k, storage.k), vs = stored_values(v, storage.v);
       reference::Result ref = reference::direct(q, ks, vs, params);
       HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
-      std::string what = storage_name(storage) + " d=" + std::to_string(d) +
-                         " dv=" + std::to_string(dv);
+      std::string what =
+          storage_name(storage) + " d=" + std::to_string(d) + " dv=" + std::to_string(dv);
       EXPECT_EQ(gpu.tile_layout, TileLayout::registers) << what;
       EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, ks, vs, params)) << what;
       EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
