@@ -71,7 +71,9 @@ layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 // The masks, as 32-bit words: the key mask [B, Nk] (0 = masked) from word 0; with MOD_MASK each
 // mask row's first and last+1 finite key from pc.mask_ranges, and the additive mask's floats
 // from pc.mask_values, mask_stride() a row (Nk rounded up to 4, padded with -inf; mask row of
-// (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride + i, the strides 0 where broadcast).
+// (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride + i, the strides 0 where broadcast), and
+// for the fused kernels a bitmap of the tiles each workgroup sees from pc.mask_tiles
+// (next_seen_tile).
 layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
 layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
 layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
@@ -326,6 +328,23 @@ void workgroup_keys(inout uint lo, inout uint hi) {
   hi = wg_key_hi;
 }
 #endif
+
+// The first tile from key j0 on (a multiple of BC) in which a row of this workgroup has a finite
+// additive-mask entry, or `end` (MOD_MASK; the fused kernels): the host's bitmap has a bit per
+// workgroup and tile of BC keys (plan.cpp set_mask_tiles). The key loops step from one such tile
+// to the next, so fully masked tiles cost nothing: a branch around a tile would not (llvmpipe runs
+// both sides of a branch on a loaded value), and the row ranges only cut a row's ends. Every
+// invocation reads the same words, so a workgroup steps together.
+uint next_seen_tile(uint j0, uint end) {
+  if ((MODS & MOD_MASK) == 0u) return j0;
+  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
+  for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
+    uint bits = mask_buf[base + t / 32u] >> (t % 32u);
+    if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
+  }
+  return end;
+}
 
 // The keys a workgroup (or, for splitkv, its chunk) walks, given the union [lo, hi) of the keys
 // its rows see: begin rounded down to a whole tile of BC keys, so that tiles (and their trace

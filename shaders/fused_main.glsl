@@ -32,7 +32,7 @@ void finish_rows() {
 // llvmpipe runs both sides of a branch on a value it cannot see is uniform, so in a loop over the
 // passes the online softmax's first pass would fetch and add the values under a mask.
 void key_pass(uint pass, uint begin, uint end) {
-  for (uint j0 = begin; j0 < end; j0 += BC) {
+  for (uint j0 = next_seen_tile(begin, end); j0 < end; j0 = next_seen_tile(j0 + BC, end)) {
     uint n = min(BC, end - j0);
     mark_tile_keys(rows[0], j0, n);
     score_tile();
@@ -60,7 +60,7 @@ void main() {
   uint begin, end;
   key_range(begin, end);
   for (uint pass = 0u; pass < PASSES; ++pass) {
-    for (uint j0 = begin; j0 < end; j0 += BC) {
+    for (uint j0 = next_seen_tile(begin, end); j0 < end; j0 = next_seen_tile(j0 + BC, end)) {
       uint n = min(BC, end - j0);
       barrier();  // every invocation is done with the previous tile
       load_k_tile(r.kv_base, j0, n);

@@ -21,4 +21,5 @@ PUSH_FIELD(uint, mask_ranges)     // MOD_MASK: word offsets in mask_buf, and the
 PUSH_FIELD(uint, mask_values)     // batch and head in mask rows (0 where the mask is broadcast)
 PUSH_FIELD(uint, mask_bstride)
 PUSH_FIELD(uint, mask_hstride)
+PUSH_FIELD(uint, mask_tiles)      // MOD_MASK, fused kernels: word offset of the tile bitmap
 PUSH_FIELD(uint, kv_rows)         // keys from one K/V head to the next: Nk, or a cache's capacity

@@ -289,6 +289,48 @@ TEST_P(ClosedFormTest, AdditiveMaskWithEqualScores) {
   }
 }
 
+// Tiles an additive mask hides from every row of a workgroup are skipped, in the middle of the
+// rows' keys too: keys 128..255 are NaN and hidden from all rows, so a kernel that read them
+// would turn the output into NaN. Keys 64..127 are seen by head 2 only, whose rows share
+// workgroups with head 3's and none with heads 0 and 1 (KV head 0): a tile skipped for the wrong
+// workgroup shows against the float64 reference (on the keys made 0).
+TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
+  Variant variant = GetParam();
+  if (!variant_info(variant).fused) GTEST_SKIP() << "naive reads every key of a row's range";
+  const uint32_t heads = 4, nq = 70, nk = 300, d = 32;
+  HostTensor q = random_tensor({1, heads, nq, d}, 21), k = random_tensor({1, 2, nk, d}, 22),
+             v = random_tensor({1, 2, nk, d}, 23);
+  AttentionParams params;
+  params.variant = variant;
+  params.mask = HostTensor({1, heads, nq, nk});
+  const float hidden = -std::numeric_limits<float>::infinity();
+  for (uint32_t h = 0; h < heads; ++h)
+    for (uint32_t i = 0; i < nq; ++i)
+      for (uint32_t j = 0; j < nk; ++j) {
+        bool hide = (j >= 128 && j < 256) || (j >= 64 && j < 128 && h != 2);
+        params.mask.data[(h * nq + i) * nk + j] = hide ? hidden : 0.05f * float((i + j + h) % 7);
+      }
+  HostTensor k_nan = k, v_nan = v;
+  for (uint32_t kv = 0; kv < 2; ++kv)
+    for (uint32_t j = 128; j < 256; ++j)
+      for (uint32_t c = 0; c < d; ++c) {
+        size_t at = (size_t(kv) * nk + j) * d + c;
+        k.data[at] = v.data[at] = 0.0f;
+        k_nan.data[at] = v_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
+      }
+  reference::Result ref = reference::direct(q, k, v, params);
+  std::vector<TileLayout> layouts = {TileLayout::shared};
+  const DeviceInfo& info = context().device();
+  if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
+  for (TileLayout layout : layouts) {
+    params.tile_layout = layout;
+    HostAttentionResult gpu = attention(context(), q, k_nan, v_nan, params);
+    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
+        << tile_layout_name(layout);
+    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
+  }
+}
+
 TEST_F(VulkanTest, BadModifiersAreRefusedWithTheirName) {
   HostTensor q = random_tensor({1, 2, 4, 8}, 1), k = random_tensor({1, 2, 6, 8}, 2);
   auto refused = [&](AttentionParams p, const std::string& word) {

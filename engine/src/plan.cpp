@@ -16,11 +16,15 @@ namespace {
 // The texels of K or V in a storage format of its own (KV_QUANT kernels): q8_0 and q4_0 as four
 // 32-bit words (sixteen quants of a block, or all 32 of a q4_0 block, in one fetch: tile.glsl's
 // kv_texels), other formats a word a texel.
-bool word_quad(DType storage) { return storage == DType::q8_0 || storage == DType::q4_0; }
+bool word_quad(DType storage) {
+  return storage == DType::q8_0 || storage == DType::q4_0;
+}
 VkFormat word_texel_format(DType storage) {
   return word_quad(storage) ? VK_FORMAT_R32G32B32A32_UINT : VK_FORMAT_R32_UINT;
 }
-uint64_t word_texel_bytes(DType storage) { return word_quad(storage) ? 16 : 4; }
+uint64_t word_texel_bytes(DType storage) {
+  return word_quad(storage) ? 16 : 4;
+}
 
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
 // 32-bit words (q8_0, q4_0: four words a texel), so d and dv must be multiples of 4 and each of K
@@ -308,6 +312,49 @@ void set_modifiers(Plan& plan) {
   plan.bindings[kHeads] = plan.heads.handle();
 }
 
+// The fused kernels' tile bitmap (common.glsl next_seen_tile): for each workgroup (x: a block of
+// spec.block() packed rows, y: batch and KV head, as plan_fused and splitkv dispatch) a bit per
+// tile of spec.keys keys, set where a row of the block has a finite mask entry in the tile. Every
+// invocation of a workgroup reads the same bit, so fully masked tiles are skipped together, in
+// the middle of a row's keys too (the ranges cut only the ends).
+namespace {
+
+void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<int64_t>& shape) {
+  const Dims& d = plan.dims;
+  const HostTensor& m = plan.params.mask;
+  uint64_t tiles = (d.nk + plan.spec.keys - 1) / plan.spec.keys, per_row = (tiles + 31) / 32;
+  uint64_t mask_rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
+  std::vector<uint32_t> row_bits(mask_rows * per_row, 0);
+  for (uint64_t r = 0; r < mask_rows; ++r)
+    for (uint32_t j = 0; j < d.nk; ++j)
+      if (m.data[r * d.nk + j] != -std::numeric_limits<float>::infinity()) {
+        uint64_t t = j / plan.spec.keys;
+        row_bits[r * per_row + t / 32] |= 1u << (t % 32);
+      }
+  uint32_t group = d.heads / d.kv_heads, block = plan.spec.block();
+  uint64_t packed = uint64_t(group) * d.nq, blocks = (packed + block - 1) / block;
+  // After the values, in whole 16-byte texels: the values' texel view runs to the end.
+  uint64_t total = (words.size() + uint64_t(d.batch) * d.kv_heads * blocks * per_row + 3) / 4 * 4;
+  if (total * 4 > plan.ctx.device().max_storage_buffer_range)
+    throw Error("mask of shape " + shape_string(m.shape) + " with its tile bitmap needs " +
+                std::to_string(total * 4) + " bytes, more than the device's " +
+                "maxStorageBufferRange (" +
+                std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
+  plan.push.mask_tiles = static_cast<uint32_t>(words.size());
+  words.resize(total, 0);
+  uint32_t* out = words.data() + plan.push.mask_tiles;
+  for (uint32_t b = 0; b < d.batch; ++b)
+    for (uint32_t hkv = 0; hkv < d.kv_heads; ++hkv)
+      for (uint64_t x = 0; x < blocks; ++x, out += per_row)
+        for (uint64_t r = x * block; r < std::min(packed, (x + 1) * block); ++r) {
+          uint64_t h = hkv * group + r / d.nq, i = r % d.nq;
+          uint64_t row = b * plan.push.mask_bstride + h * plan.push.mask_hstride + i;
+          for (uint64_t w = 0; w < per_row; ++w) out[w] |= row_bits[row * per_row + w];
+        }
+}
+
+}  // namespace
+
 // The key mask [B, Nk] and the additive mask, in one buffer of 32-bit words (common.glsl's
 // mask_buf): the key mask from word 0, then per row of the additive mask its first and last+1
 // finite key (so that keys outside are never read), then the additive mask's values.
@@ -366,6 +413,8 @@ void set_masks(Plan& plan) {
       std::memcpy(words.data() + plan.push.mask_values + r * stride, m.data.data() + r * d.nk,
                   d.nk * 4);
     plan.spec.mods |= kModMask;
+    if (variant_info(p.variant).fused && !plan.spec.coopmat && !plan.spec.lanes)
+      set_mask_tiles(plan, words, shape);
   }
   if (words.empty()) return;
   plan.mask = plan.scratch(words.size() * 4);
@@ -458,6 +507,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               .mask_values = 0,
               .mask_bstride = 0,
               .mask_hstride = 0,
+              .mask_tiles = 0,
               .kv_rows = dims.kv_rows};
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
@@ -599,10 +649,8 @@ void Plan::make_texel_views() {
     uint64_t offset, bytes;
   };
   View views[kTexelBindings] = {
-      {bindings[kK].buffer, k_format, bindings[kK].offset,
-       buffer_bytes(kv.k, keys * dims.d)},
-      {bindings[kV].buffer, v_format, bindings[kV].offset,
-       buffer_bytes(kv.v, keys * dims.dv)},
+      {bindings[kK].buffer, k_format, bindings[kK].offset, buffer_bytes(kv.k, keys * dims.d)},
+      {bindings[kV].buffer, v_format, bindings[kV].offset, buffer_bytes(kv.v, keys * dims.dv)},
       {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
     views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
