@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -144,22 +145,30 @@ Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, u
   return dims;
 }
 
-// Query-key pairs inside the causal limit and the sliding window (an additive mask's -inf
-// entries still count).
+// Query-key pairs of all (batch, head) inside the causal limit and the sliding window, less
+// those an additive mask hides (-inf): the pairs attention computes.
 double visible_pairs(const Case& c) {
   AttentionParams p = c.mods;
   p.causal = c.causal;
+  const HostTensor& mask = p.mask;
+  // The mask's [Nq, Nk] matrices, each standing for heads / matrices of the B * H.
+  uint64_t matrices = mask.data.empty() ? 1 : mask.data.size() / (uint64_t(c.dims.nq) * c.dims.nk);
   double pairs = 0;
-  for (uint32_t i = 0; i < c.dims.nq; ++i) {
-    KeyRange keys = window_keys(p, c.dims.nq, c.dims.nk, i);
-    pairs += double(keys.end - keys.begin);
-  }
-  return pairs;
+  for (uint64_t x = 0; x < matrices; ++x)
+    for (uint32_t i = 0; i < c.dims.nq; ++i) {
+      KeyRange keys = window_keys(p, c.dims.nq, c.dims.nk, i);
+      if (mask.data.empty()) {
+        pairs += double(keys.end - keys.begin);
+        continue;
+      }
+      const float* row = mask.data.data() + (x * c.dims.nq + i) * c.dims.nk;
+      for (int64_t j = keys.begin; j < keys.end; ++j)
+        if (row[j] != -std::numeric_limits<float>::infinity()) pairs += 1;
+    }
+  return pairs * c.dims.batch * c.dims.heads / double(matrices);
 }
 
-double case_flops(const Case& c) {
-  return 4.0 * c.dims.batch * c.dims.heads * visible_pairs(c) * c.dims.d;
-}
+double case_flops(const Case& c) { return 4.0 * visible_pairs(c) * c.dims.d; }
 
 // The mask column: full, causal, or the window and the other modifiers.
 std::string mask_text(const Case& c) {
