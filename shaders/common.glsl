@@ -51,14 +51,11 @@ const uint CH = 1u;
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
-// K and V as 16-byte vectors: 8 halves (unpacked by the kernel) or 4 floats.
-#ifdef FP16
-#define KV_VEC uvec4
-#else
-#define KV_VEC vec4
-#endif
-layout(std430, binding = 1) readonly buffer KBuf { KV_VEC k_vec[]; };
-layout(std430, binding = 2) readonly buffer VBuf { KV_VEC v_vec[]; };
+// K and V as 16-byte vectors in their storage formats, decoded by the kernel (splitkv_lanes.comp
+// vec_value: 4 floats, 8 halves or bfloat16s, 16 q8_0 or 32 q4_0 quants, and the block formats'
+// fp16 scales read from the same vectors).
+layout(std430, binding = 1) readonly buffer KBuf { uvec4 k_vec[]; };
+layout(std430, binding = 2) readonly buffer VBuf { uvec4 v_vec[]; };
 #elif defined(KV_QUANT)
 layout(std430, binding = 1) readonly buffer KBuf { uint k_words[]; };
 layout(std430, binding = 2) readonly buffer VBuf { uint v_words[]; };

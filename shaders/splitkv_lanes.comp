@@ -8,8 +8,9 @@
 //   workgroup when they fit) is worked on by every invocation, so K and V are read once per
 //   KV head, not once per query head (grouped-query attention).
 // - A key's head dimension is spread over a cluster of LANES lanes, each loading 16 bytes a row
-//   (8 halves or 4 floats), so one load instruction of the cluster reads a whole row and the
-//   memory sees wide, contiguous requests. The score's partial sums meet by a butterfly of
+//   at a time (4 floats, 8 halves, 16 q8_0 or 32 q4_0 quants and their block's scale), so one
+//   load instruction of the cluster reads a whole row and the memory sees wide, contiguous
+//   requests. The score's partial sums meet by a butterfly of
 //   subgroup shuffles within the cluster.
 // - The workgroup's clusters walk the chunk KB keys at a time, interleaved, with every K and V
 //   load of a step issued before its arithmetic; each cluster keeps its own (m, l, o) and the
@@ -19,26 +20,36 @@
 #define LANE_TILE
 #include "common.glsl"
 
-#ifdef FP16
-const uint VEC = 8u;  // elements per 16-byte load
-#else
-const uint VEC = 4u;
-#endif
+// Values in one 16-byte load of K (V): 4 floats, 8 halves or bfloat16s, 16 q8_0 quants (half a
+// block) or 32 q4_0 quants (a whole block), so that vector x / VEC holds value x.
+const uint KVEC = K_FORMAT == FMT_F32 ? 4u : (K_FORMAT == FMT_Q8_0 ? 16u : (K_FORMAT == FMT_Q4_0 ? 32u : 8u));
+const uint VVEC = V_FORMAT == FMT_F32 ? 4u : (V_FORMAT == FMT_Q8_0 ? 16u : (V_FORMAT == FMT_Q4_0 ? 32u : 8u));
 const uint KE = D / LANES;    // elements of a key row per lane
 const uint VE = DV / LANES;   // elements of a value row (and of the output) per lane
 const uint KB = BC;           // keys a cluster takes per step, their loads all in flight
 const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
 
-void unpack(KV_VEC x, inout float f[VEC]) {
-#ifdef FP16
-  [[unroll]] for (uint i = 0; i < 4u; ++i) {
-    vec2 h = unpackHalf2x16(x[i]);
-    f[2u * i] = h.x;
-    f[2u * i + 1u] = h.y;
-  }
-#else
-  [[unroll]] for (uint i = 0; i < 4u; ++i) f[i] = x[i];
-#endif
+// Value i of a 16-byte vector w in format fmt (i a constant once unrolled); d: its block's scale.
+float vec_value(uvec4 w, uint fmt, uint i, float d) {
+  if (fmt == FMT_F32) return uintBitsToFloat(w[i]);
+  if (fmt == FMT_F16) return unpackHalf2x16(w[i >> 1u])[i & 1u];
+  if (fmt == FMT_BF16) return uintBitsToFloat((i & 1u) != 0u ? w[i >> 1u] & 0xffff0000u : w[i >> 1u] << 16u);
+  if (fmt == FMT_Q8_0) return d * float(bitfieldExtract(int(w[i >> 2u]), int(8u * (i & 3u)), 8));
+  uint j = i & 15u;  // q4_0: byte j of a block holds values j (low nibble) and j + 16 (high)
+  return d * (float((w[j >> 2u] >> (8u * (j & 3u) + (i >= 16u ? 4u : 0u))) & 15u) - 8.0);
+}
+
+// The fp16 scale of the block holding value x of K (V), for q8_0 and q4_0 (common.glsl
+// kv_scale_word: after all the quants); 1 for the other formats.
+float k_scale(uint x) {
+  if (!kv_scaled(K_FORMAT)) return 1.0;
+  uint s = kv_scale_word(K_FORMAT, x, k_count());
+  return unpackHalf2x16(k_vec[s >> 2u][s & 3u])[(x >> 5u) & 1u];
+}
+float v_scale(uint x) {
+  if (!kv_scaled(V_FORMAT)) return 1.0;
+  uint s = kv_scale_word(V_FORMAT, x, v_count());
+  return unpackHalf2x16(v_vec[s >> 2u][s & 3u])[(x >> 5u) & 1u];
 }
 
 float q_reg[ROWS][KE];
@@ -70,21 +81,29 @@ void main() {
   uint kv_base = rows[0].kv_base;  // the rows share one K/V head
 
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
-    KV_VEC kx[KB][KE / VEC], vx[KB][VE / VEC];
+    uvec4 kx[KB][KE / KVEC], vx[KB][VE / VVEC];
+    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (1 unless q8_0, q4_0)
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       uint key = key_row(kv_base, min(j0 + c, end - 1u));  // past the end: the last key, weight 0
-      [[unroll]] for (uint u = 0; u < KE / VEC; ++u) kx[c][u] = k_vec[(key * D + sub * KE) / VEC + u];
-      [[unroll]] for (uint u = 0; u < VE / VEC; ++u) vx[c][u] = v_vec[(key * DV + sub * VE) / VEC + u];
+      [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {
+        uint x = key * D + sub * KE + u * KVEC;
+        kx[c][u] = k_vec[x / KVEC];
+        kd[c][u] = k_scale(x);
+      }
+      [[unroll]] for (uint u = 0; u < VE / VVEC; ++u) {
+        uint x = key * DV + sub * VE + u * VVEC;
+        vx[c][u] = v_vec[x / VVEC];
+        vd[c][u] = v_scale(x);
+      }
     }
     float s[KB][ROWS];
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = 0.0;
-      [[unroll]] for (uint u = 0; u < KE / VEC; ++u) {
-        float k[VEC];
-        unpack(kx[c][u], k);
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-          [[unroll]] for (uint i = 0; i < VEC; ++i) s[c][rr] = fma(q_reg[rr][u * VEC + i], k[i], s[c][rr]);
-      }
+      [[unroll]] for (uint u = 0; u < KE / KVEC; ++u)
+        [[unroll]] for (uint i = 0; i < KVEC; ++i) {
+          float k = vec_value(kx[c][u], K_FORMAT, i, kd[c][u]);
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = fma(q_reg[rr][u * KVEC + i], k, s[c][rr]);
+        }
     }
     [[unroll]] for (uint step = LANES / 2u; step > 0u; step /= 2u)
       [[unroll]] for (uint c = 0; c < KB; ++c)
@@ -107,13 +126,12 @@ void main() {
       m_run[rr] = m_new;
     }
     [[unroll]] for (uint c = 0; c < KB; ++c)
-      [[unroll]] for (uint u = 0; u < VE / VEC; ++u) {
-        float v[VEC];
-        unpack(vx[c][u], v);
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-          [[unroll]] for (uint i = 0; i < VEC; ++i)
-            o_acc[rr][u * VEC + i] = fma(s[c][rr], v[i], o_acc[rr][u * VEC + i]);
-      }
+      [[unroll]] for (uint u = 0; u < VE / VVEC; ++u)
+        [[unroll]] for (uint i = 0; i < VVEC; ++i) {
+          float v = vec_value(vx[c][u], V_FORMAT, i, vd[c][u]);
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+            o_acc[rr][u * VVEC + i] = fma(s[c][rr], v, o_acc[rr][u * VVEC + i]);
+        }
   }
 
   // The clusters' states merge with log-sum-exp, as chunks do in splitkv_merge.comp.

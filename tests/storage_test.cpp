@@ -209,9 +209,61 @@ TEST_F(StorageDeviceTest, RegisterTilesFetchBlocksAtEveryHeadDimension) {
   }
 }
 
-// The lanes and matrix-unit kernels read K and V stored as Q is; asked for with other storage
-// they refuse by name (automatic picks shared or register tiles), as RoPE does for K.
-TEST_F(StorageDeviceTest, LayoutsAndRopeThatNeedQsStorageRefuseByName) {
+// The decoding kernel for GPUs (TileLayout::lanes) reads K and V in every storage format, 16
+// bytes a load (16 q8_0 or 32 q4_0 quants and their block's scale), forced here on every device
+// with subgroup shuffles: GQA decode and a few rows, causal with a key mask, K and V of different
+// formats and widths, against float64 on the stored values; a head dim that is not a whole
+// number of loads is refused by name.
+TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
+  if (!context().device().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles: no lanes";
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.tile_layout = TileLayout::lanes;
+  params.causal = true;
+  const Storage storages[] = {{DType::f32, DType::q8_0, DType::q8_0},
+                              {DType::f32, DType::q4_0, DType::q4_0},
+                              {DType::f32, DType::bf16, DType::q4_0},
+                              {DType::f16, DType::q8_0, DType::f16},
+                              {DType::f16, DType::f32, DType::q8_0}};
+  struct Case {
+    uint32_t heads, kv_heads, nq, nk, d, dv;
+  };
+  // One key a step and two rows a workgroup: llvmpipe takes seconds to build each of these
+  // unrolled pipelines (minutes under sanitizers).
+  params.block_keys = 1;
+  for (Case c : {Case{4, 2, 1, 150, 64, 96}, Case{2, 2, 2, 77, 128, 32}}) {
+    HostTensor q = random_tensor({1, c.heads, c.nq, c.d}, 71 + c.d),
+               k = random_tensor({1, c.kv_heads, c.nk, c.d}, 72 + c.d),
+               v = random_tensor({1, c.kv_heads, c.nk, c.dv}, 73 + c.d);
+    params.key_mask.assign(c.nk, 1);
+    for (uint32_t j = 2; j < c.nk; j += 9) params.key_mask[j] = 0;
+    for (const Storage& storage : storages) {
+      if (storage.q == DType::f16 && !context().device().fp16_storage) continue;
+      if (c.d == 128 && storage.k != DType::q4_0) continue;  // q4_0: a whole row in 4 lanes
+      HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
+                 vs = stored_values(v, storage.v);
+      reference::Result ref = reference::direct(qs, ks, vs, params);
+      HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
+      std::string what =
+          storage_name(storage) + " d=" + std::to_string(c.d) + " dv=" + std::to_string(c.dv);
+      EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
+      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(qs, ks, vs, params)) << what;
+      EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+    }
+  }
+  params.key_mask.clear();
+  HostTensor q = random_tensor({1, 1, 1, 20}, 80), k = random_tensor({1, 1, 9, 20}, 81);
+  try {  // bf16: 8 values a load
+    attention(context(), q, k, k, params, {DType::f32, DType::bf16, DType::bf16});
+    ADD_FAILURE() << "d = 20 in bf16 with lanes was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("d a multiple of 8"), std::string::npos) << e.what();
+  }
+}
+
+// The matrix-unit kernels read K and V stored as Q is; asked for with other storage they refuse
+// by name (automatic picks another layout), as RoPE does for K.
+TEST_F(StorageDeviceTest, MatrixUnitsAndRopeThatNeedQsStorageRefuseByName) {
   HostTensor q = random_tensor({1, 2, 1, 64}, 41), k = random_tensor({1, 2, 40, 64}, 42);
   AttentionParams params;
   params.variant = Variant::splitkv;
@@ -224,8 +276,6 @@ TEST_F(StorageDeviceTest, LayoutsAndRopeThatNeedQsStorageRefuseByName) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  params.tile_layout = TileLayout::lanes;
-  refused("stored as Q is");
   params.tile_layout = TileLayout::cooperative_matrix;
   q8.q = DType::f16;  // the matrix units take fp16 Q: only K's and V's storage is refused
   if (context().device().cooperative_matrix) refused("fp16 Q, K and V");

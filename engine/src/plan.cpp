@@ -132,19 +132,28 @@ bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParam
 }
 
 // TileLayout::lanes (shaders/splitkv_lanes.comp): lanes per key, so that each lane loads 16
-// bytes of a key row (8 halves or 4 floats); the most that divide both d and dv into whole
-// loads, a power of two no larger than the subgroup. 0 when d or dv is not a whole number of
-// loads.
-uint32_t lane_vec(DType dtype) {  // elements of one 16-byte load
-  return dtype == DType::f16 ? 8 : 4;
+// bytes of a key row at a time (4 floats, 8 halves, 16 q8_0 or 32 q4_0 quants); the most that
+// divide both d and dv into whole loads, a power of two no larger than the subgroup. 0 when d or
+// dv is not a whole number of loads.
+uint32_t lane_vec(DType storage) {  // values of one 16-byte load
+  switch (storage) {
+    case DType::f32:
+      return 4;
+    case DType::q8_0:
+      return 16;
+    case DType::q4_0:
+      return 32;
+    default:
+      return 8;
+  }
 }
 
-uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, DType dtype) {
-  uint32_t vec = lane_vec(dtype);
-  if (dims.d % vec || dims.dv % vec) return 0;
+uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
+  uint32_t kvec = lane_vec(kv.k), vvec = lane_vec(kv.v);
+  if (dims.d % kvec || dims.dv % vvec) return 0;
   uint32_t lanes = 1;
-  while (lanes * 2 <= info.subgroup_size && (dims.d / vec) % (lanes * 2) == 0 &&
-         (dims.dv / vec) % (lanes * 2) == 0)
+  while (lanes * 2 <= info.subgroup_size && (dims.d / kvec) % (lanes * 2) == 0 &&
+         (dims.dv / vvec) % (lanes * 2) == 0)
     lanes *= 2;
   return lanes;
 }
@@ -168,27 +177,29 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t sh
 // merge fits the shared memory and each lane holds at most four 16-byte loads of a row (a head
 // dim that splits badly, such as d = 80 in fp16 over 2 lanes, would keep 40 elements a row in
 // every lane, and spill).
-bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params, DType dtype,
+bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                const Storage& kv, uint32_t shared_bytes, bool trace) {
-  uint32_t lanes = lanes_per_key(info, dims, dtype);
+  uint32_t lanes = lanes_per_key(info, dims, kv);
   bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
-                !kv.own_kv() && params.block_rows == 0 && params.block_keys <= kLaneKeys;
+                params.block_rows == 0 && params.block_keys <= kLaneKeys;
   if (params.tile_layout == TileLayout::lanes) {
     if (!usable)
       throw Error(
-          "tile_layout lanes runs splitkv on K and V stored as Q is (f32 or f16), with "
-          "workgroups sized by the engine (block_rows 0), "
+          "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
           "block_keys (keys a cluster of lanes takes a step) at most " +
-          std::to_string(kLaneKeys) +
-          ", on devices with "
-          "subgroup shuffles, d and dv multiples of " +
-          std::to_string(lane_vec(dtype)) + " (16-byte loads); " + info.name +
-          " with this call does not qualify");
+          std::to_string(kLaneKeys) + ", on devices with subgroup shuffles, d a multiple of " +
+          std::to_string(lane_vec(kv.k)) + " and dv a multiple of " +
+          std::to_string(lane_vec(kv.v)) + " (16-byte loads of K stored as " + dtype_name(kv.k) +
+          " and V as " + dtype_name(kv.v) + "); " + info.name + " with this call does not qualify");
     return !trace;  // traces record from the shared-memory kernels
   }
+  // At most four loads and 32 values of a row a lane, lest the registers spill.
+  auto fits_lanes = [&](uint32_t width, DType storage) {
+    return width <= std::min(4 * lane_vec(storage), 32u) * lanes;
+  };
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
   bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
-              std::max(dims.d, dims.dv) <= 4 * lane_vec(dtype) * lanes;
+              fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
   return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
          !trace && info.type != "cpu";
 }
@@ -207,9 +218,9 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
   spec.kv_quant = kv.own_kv();
   spec.k_format = static_cast<uint32_t>(kv.k);
   spec.v_format = static_cast<uint32_t>(kv.v);
-  if (!forced_keys && use_lanes(info, dims, params, dtype, kv, shared_bytes, trace)) {
+  if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.lanes = true;
-    spec.lanes_per_key = lanes_per_key(info, dims, dtype);
+    spec.lanes_per_key = lanes_per_key(info, dims, kv);
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
     spec.group_rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
     spec.rows = lanes_workgroup(spec.lanes_per_key, spec.group_rows, dims.dv, shared_bytes);
