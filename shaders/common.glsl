@@ -38,7 +38,8 @@ const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
 // KV_QUANT builds: K and V in storage formats of their own (DType in tensor.hpp, numbered
-// alike), read as 32-bit words and converted to float by kv_value() as tiles are loaded.
+// alike), read as 32-bit words (register tiles: q8_0 and q4_0 as 16-byte texels) and converted
+// to float as tiles are loaded (kv_value(); tile.glsl texel()).
 layout(constant_id = 8) const uint K_FORMAT = 0u;
 layout(constant_id = 9) const uint V_FORMAT = 0u;
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
@@ -83,7 +84,8 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 // fetch is a branch-free gather of four elements per lane. Texel buffers also reach past
 // maxStorageBufferRange.
 #ifdef KV_QUANT
-// KV_QUANT: 32-bit words (R32_UINT texels) of K and V in their formats (kv_value()).
+// KV_QUANT: K and V in their formats as 32-bit words (R32_UINT texels), q8_0 and q4_0 as four
+// words a texel (R32G32B32A32_UINT; tile.glsl kv_fetch).
 #define KV_TEX usamplerBuffer
 #else
 #define KV_TEX samplerBuffer

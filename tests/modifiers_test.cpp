@@ -291,27 +291,31 @@ TEST_P(ClosedFormTest, AdditiveMaskWithEqualScores) {
 
 // Tiles an additive mask hides from every row of a workgroup are skipped, in the middle of the
 // rows' keys too: keys 128..255 are NaN and hidden from all rows, so a kernel that read them
-// would turn the output into NaN. Keys 64..127 are seen by head 2 only, whose rows share
-// workgroups with head 3's and none with heads 0 and 1 (KV head 0): a tile skipped for the wrong
-// workgroup shows against the float64 reference (on the keys made 0).
+// would turn the output into NaN. Keys 64..127 are seen by one head only (2 in batch 0, 1 in
+// batch 1), whose rows share workgroups with one other head's and none with the other KV head's:
+// a tile skipped for the wrong workgroup or batch shows against the float64 reference (on the
+// keys made 0).
 TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
   Variant variant = GetParam();
   if (!variant_info(variant).fused) GTEST_SKIP() << "naive reads every key of a row's range";
-  const uint32_t heads = 4, nq = 70, nk = 300, d = 32;
-  HostTensor q = random_tensor({1, heads, nq, d}, 21), k = random_tensor({1, 2, nk, d}, 22),
-             v = random_tensor({1, 2, nk, d}, 23);
+  const uint32_t batch = 2, heads = 4, nq = 70, nk = 300, d = 32;
+  HostTensor q = random_tensor({batch, heads, nq, d}, 21), k = random_tensor({batch, 2, nk, d}, 22),
+             v = random_tensor({batch, 2, nk, d}, 23);
   AttentionParams params;
   params.variant = variant;
-  params.mask = HostTensor({1, heads, nq, nk});
+  params.mask = HostTensor({batch, heads, nq, nk});
   const float hidden = -std::numeric_limits<float>::infinity();
-  for (uint32_t h = 0; h < heads; ++h)
-    for (uint32_t i = 0; i < nq; ++i)
-      for (uint32_t j = 0; j < nk; ++j) {
-        bool hide = (j >= 128 && j < 256) || (j >= 64 && j < 128 && h != 2);
-        params.mask.data[(h * nq + i) * nk + j] = hide ? hidden : 0.05f * float((i + j + h) % 7);
-      }
+  for (uint32_t b = 0; b < batch; ++b)
+    for (uint32_t h = 0; h < heads; ++h)
+      for (uint32_t i = 0; i < nq; ++i)
+        for (uint32_t j = 0; j < nk; ++j) {
+          bool seen_64 = h == (b == 0 ? 2u : 1u);
+          bool hide = (j >= 128 && j < 256) || (j >= 64 && j < 128 && !seen_64);
+          params.mask.data[((b * heads + h) * nq + i) * nk + j] =
+              hide ? hidden : 0.05f * float((i + j + h + b) % 7);
+        }
   HostTensor k_nan = k, v_nan = v;
-  for (uint32_t kv = 0; kv < 2; ++kv)
+  for (uint32_t kv = 0; kv < batch * 2; ++kv)
     for (uint32_t j = 128; j < 256; ++j)
       for (uint32_t c = 0; c < d; ++c) {
         size_t at = (size_t(kv) * nk + j) * d + c;

@@ -239,7 +239,7 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
     for (uint32_t j = 2; j < c.nk; j += 9) params.key_mask[j] = 0;
     for (const Storage& storage : storages) {
       if (storage.q == DType::f16 && !context().device().fp16_storage) continue;
-      if (c.d == 128 && storage.k != DType::q4_0) continue;  // q4_0: a whole row in 4 lanes
+      if (c.d == 128 && storage.k != DType::q4_0) continue;  // q4_0 K: a row of 128 in 4 loads
       HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
                  vs = stored_values(v, storage.v);
       reference::Result ref = reference::direct(qs, ks, vs, params);

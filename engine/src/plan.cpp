@@ -15,7 +15,7 @@ namespace {
 
 // The texels of K or V in a storage format of its own (KV_QUANT kernels): q8_0 and q4_0 as four
 // 32-bit words (sixteen quants of a block, or all 32 of a q4_0 block, in one fetch: tile.glsl's
-// kv_texels), other formats a word a texel.
+// kv_fetch), other formats a word a texel.
 bool word_quad(DType storage) {
   return storage == DType::q8_0 || storage == DType::q4_0;
 }
@@ -27,8 +27,8 @@ uint64_t word_texel_bytes(DType storage) {
 }
 
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
-// 32-bit words (q8_0, q4_0: four words a texel), so d and dv must be multiples of 4 and each of K
-// and V must fit one texel-buffer binding.
+// 32-bit words (q8_0, q4_0: four words a texel, kv_fetch), so d and dv must be multiples of 4 and
+// each of K and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
   uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
@@ -344,15 +344,8 @@ void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<
       }
   uint32_t group = d.heads / d.kv_heads, block = plan.spec.block();
   uint64_t packed = uint64_t(group) * d.nq, blocks = (packed + block - 1) / block;
-  // After the values, in whole 16-byte texels: the values' texel view runs to the end.
-  uint64_t total = (words.size() + uint64_t(d.batch) * d.kv_heads * blocks * per_row + 3) / 4 * 4;
-  if (total * 4 > plan.ctx.device().max_storage_buffer_range)
-    throw Error("mask of shape " + shape_string(m.shape) + " with its tile bitmap needs " +
-                std::to_string(total * 4) + " bytes, more than the device's " +
-                "maxStorageBufferRange (" +
-                std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
   plan.push.mask_tiles = static_cast<uint32_t>(words.size());
-  words.resize(total, 0);
+  words.resize(words.size() + uint64_t(d.batch) * d.kv_heads * blocks * per_row, 0);
   uint32_t* out = words.data() + plan.push.mask_tiles;
   for (uint32_t b = 0; b < d.batch; ++b)
     for (uint32_t hkv = 0; hkv < d.kv_heads; ++hkv)
@@ -368,7 +361,8 @@ void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<
 
 // The key mask [B, Nk] and the additive mask, in one buffer of 32-bit words (common.glsl's
 // mask_buf): the key mask from word 0, then per row of the additive mask its first and last+1
-// finite key (so that keys outside are never read), then the additive mask's values.
+// finite key (so that keys outside are never read), the fused kernels' tile bitmap
+// (set_mask_tiles), then the additive mask's values.
 void set_masks(Plan& plan) {
   const AttentionParams& p = plan.params;
   const Dims& d = plan.dims;
@@ -402,11 +396,7 @@ void set_masks(Plan& plan) {
     plan.push.mask_bstride = shape[0] == 1 ? 0 : static_cast<uint32_t>(shape[1]) * d.nq;
     plan.push.mask_hstride = shape[1] == 1 ? 0 : d.nq;
     plan.push.mask_ranges = static_cast<uint32_t>(words.size());
-    // The values start on 256 bytes, the largest minTexelBufferOffsetAlignment there is: register
-    // tiles read them through a texel view from there.
-    plan.push.mask_values = static_cast<uint32_t>((words.size() + 2 * rows + 63) / 64 * 64);
-    total = plan.push.mask_values + rows * stride;
-    words.resize(total, std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity()));
+    words.resize(words.size() + 2 * rows);
     for (uint64_t r = 0; r < rows; ++r) {
       uint32_t first = d.nk, last = 0;  // the row's finite keys: [first, last)
       for (uint32_t j = 0; j < d.nk; ++j) {
@@ -420,12 +410,22 @@ void set_masks(Plan& plan) {
       words[plan.push.mask_ranges + 2 * r] = first;
       words[plan.push.mask_ranges + 2 * r + 1] = last;
     }
+    if (variant_info(p.variant).fused && !plan.spec.coopmat && !plan.spec.lanes)
+      set_mask_tiles(plan, words, shape);
+    // The values last, from 256 bytes on (the largest minTexelBufferOffsetAlignment there is):
+    // register tiles read them through a texel view from there to the end.
+    plan.push.mask_values = static_cast<uint32_t>((words.size() + 63) / 64 * 64);
+    total = plan.push.mask_values + rows * stride;
+    if (total * 4 > plan.ctx.device().max_storage_buffer_range)
+      throw Error("mask of shape " + shape_string(m.shape) + " with its tile bitmap needs " +
+                  std::to_string(total * 4) + " bytes, more than the device's " +
+                  "maxStorageBufferRange (" +
+                  std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
+    words.resize(total, std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity()));
     for (uint64_t r = 0; r < rows; ++r)
       std::memcpy(words.data() + plan.push.mask_values + r * stride, m.data.data() + r * d.nk,
                   d.nk * 4);
     plan.spec.mods |= kModMask;
-    if (variant_info(p.variant).fused && !plan.spec.coopmat && !plan.spec.lanes)
-      set_mask_tiles(plan, words, shape);
   }
   if (words.empty()) return;
   plan.mask = plan.scratch(words.size() * 4);
@@ -612,7 +612,10 @@ uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
   uint64_t chunks = spec.registers || spec.lanes ? 0 : spec.keys;  // shared tiles: once a key
   uint64_t passes = variant_info(params.variant).passes;
-  return passes * tiles * (1 + chunks) + 64;  // tile loop and chunk loop, plus set-up
+  uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
+  // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped.
+  if (push.mask_tiles) iterations += passes * (tiles + tiles / 32 + 2);
+  return iterations;
 }
 
 void Plan::check_loop_budget(uint64_t keys) const {

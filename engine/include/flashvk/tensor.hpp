@@ -28,7 +28,7 @@ struct Storage {
   Storage() = default;
   Storage(DType all) : q(all), k(all), v(all) {}  // NOLINT: implicit, so a DType reads as one
   Storage(DType q_dtype, DType k_dtype, DType v_dtype) : q(q_dtype), k(k_dtype), v(v_dtype) {}
-  /// K or V stored otherwise than Q: the kernels read them as 32-bit words and decode them.
+  /// K or V stored otherwise than Q: the kernels read them in their storage and decode them.
   bool own_kv() const { return k != q || v != q; }
 };
 /// Parses a dtype_name ("q8_0"); throws Error naming the valid ones otherwise.
@@ -89,11 +89,11 @@ class Tensor {
   /// A view of the application's `buffer` from byte `offset`: no copy, and nothing is owned, so
   /// the buffer must outlive the view and any recording that uses it. `offset` must be a
   /// multiple of the device's minStorageBufferOffsetAlignment (DeviceInfo), and the buffer must
-  /// hold bytes() from there (the engine cannot see a VkBuffer's size; the validation layers
-  /// can). `usage`: the flags the buffer was created with, at least STORAGE_BUFFER. Without
-  /// UNIFORM_TEXEL_BUFFER, or at an offset that is not a multiple of
-  /// minTexelBufferOffsetAlignment, K and V are read through shared tiles, not register tiles;
-  /// write() needs TRANSFER_DST and download() TRANSFER_SRC.
+  /// hold bytes() from there, buffer_bytes(dtype, numel): q8_0 and q4_0 padded to whole 16
+  /// bytes (the engine cannot see a VkBuffer's size; the validation layers can). `usage`: the flags
+  /// the buffer was created with, at least STORAGE_BUFFER. Without UNIFORM_TEXEL_BUFFER, or at an
+  /// offset that is not a multiple of minTexelBufferOffsetAlignment, K and V are read through
+  /// shared tiles, not register tiles; write() needs TRANSFER_DST and download() TRANSFER_SRC.
   static Tensor view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
                      DType dtype, VkBufferUsageFlags usage = kTensorUsage);
   /// A view of the first `n` rows of every [.., N, d] matrix (dimension -2), without a copy: a
