@@ -52,9 +52,9 @@ const uint CH = 1u;
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
-// K and V as 16-byte vectors in their storage formats, decoded by the kernel (splitkv_lanes.comp
-// vec_value: 4 floats, 8 halves or bfloat16s, 16 q8_0 or 32 q4_0 quants, and the block formats'
-// fp16 scales read from the same vectors).
+// K and V as 16-byte vectors in their storage formats, decoded by kv_value() (4 floats, 8 halves
+// or bfloat16s, 16 q8_0 or 32 q4_0 quants, and the block formats' fp16 scales read from the
+// same vectors).
 layout(std430, binding = 1) readonly buffer KBuf { uvec4 k_vec[]; };
 layout(std430, binding = 2) readonly buffer VBuf { uvec4 v_vec[]; };
 #elif defined(KV_QUANT)
@@ -115,7 +115,11 @@ uint kv_len() { return lengths.nk; }
 
 // Value x (a flat element index) of a tensor of `count` values in format fmt: kv_word() is the
 // 32-bit word that holds it and kv_scale_word() the word of its block's fp16 scale (q8_0, q4_0:
-// all quants first, then all scales; tensor.cpp), from which kv_value() decodes it.
+// all quants first, then all scales; tensor.cpp), kv_scale() that scale, and kv_value() decodes
+// it. Every layout decodes through these (register tiles' texel() four quants at once). The bits
+// of x that kv_word() and kv_value() look at below the block are those of x's offset in a 16-byte
+// load that starts on a whole number of loads, so a kernel that loads 16 bytes (lanes) passes
+// that offset and indexes its load with kv_word().
 uint kv_word(uint fmt, uint x) {
   if (fmt == FMT_F32) return x;
   if (fmt == FMT_F16 || fmt == FMT_BF16) return x >> 1u;
@@ -129,11 +133,14 @@ uint kv_scale_word(uint fmt, uint x, uint count) {
 
 bool kv_scaled(uint fmt) { return fmt == FMT_Q8_0 || fmt == FMT_Q4_0; }
 
-float kv_value(uint fmt, uint x, uint word, uint scale_word) {
+// The scale of value x's block, from its scale word (two blocks' fp16 scales a word).
+float kv_scale(uint scale_word, uint x) { return unpackHalf2x16(scale_word)[(x >> 5u) & 1u]; }
+
+// d: the block's scale (kv_scale) for q8_0 and q4_0; unused for the other formats.
+float kv_value(uint fmt, uint x, uint word, float d) {
   if (fmt == FMT_F32) return uintBitsToFloat(word);
   if (fmt == FMT_F16) return unpackHalf2x16(word)[x & 1u];
   if (fmt == FMT_BF16) return uintBitsToFloat((x & 1u) != 0u ? word & 0xffff0000u : word << 16u);
-  float d = unpackHalf2x16(scale_word)[(x >> 5u) & 1u];
   uint shift = 8u * (x & 3u);
   if (fmt == FMT_Q8_0) return d * float(bitfieldExtract(int(word), int(shift), 8));
   shift += (x & 16u) != 0u ? 4u : 0u;
@@ -147,12 +154,12 @@ uint v_count() { return pc.batch * pc.kv_heads * pc.kv_rows * DV; }
 
 #if defined(KV_QUANT) && !defined(REG_TILE)
 float k_value(uint x) {
-  uint scale = kv_scaled(K_FORMAT) ? k_words[kv_scale_word(K_FORMAT, x, k_count())] : 0u;
-  return kv_value(K_FORMAT, x, k_words[kv_word(K_FORMAT, x)], scale);
+  float d = kv_scaled(K_FORMAT) ? kv_scale(k_words[kv_scale_word(K_FORMAT, x, k_count())], x) : 0.0;
+  return kv_value(K_FORMAT, x, k_words[kv_word(K_FORMAT, x)], d);
 }
 float v_value(uint x) {
-  uint scale = kv_scaled(V_FORMAT) ? v_words[kv_scale_word(V_FORMAT, x, v_count())] : 0u;
-  return kv_value(V_FORMAT, x, v_words[kv_word(V_FORMAT, x)], scale);
+  float d = kv_scaled(V_FORMAT) ? kv_scale(v_words[kv_scale_word(V_FORMAT, x, v_count())], x) : 0.0;
+  return kv_value(V_FORMAT, x, v_words[kv_word(V_FORMAT, x)], d);
 }
 #elif !defined(REG_TILE) && !defined(LANE_TILE)
 float k_value(uint x) { return float(k_buf[x]); }

@@ -29,27 +29,18 @@ const uint VE = DV / LANES;   // elements of a value row (and of the output) per
 const uint KB = BC;           // keys a cluster takes per step, their loads all in flight
 const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
 
-// Value i of a 16-byte vector w in format fmt (i a constant once unrolled); d: its block's scale.
-float vec_value(uvec4 w, uint fmt, uint i, float d) {
-  if (fmt == FMT_F32) return uintBitsToFloat(w[i]);
-  if (fmt == FMT_F16) return unpackHalf2x16(w[i >> 1u])[i & 1u];
-  if (fmt == FMT_BF16) return uintBitsToFloat((i & 1u) != 0u ? w[i >> 1u] & 0xffff0000u : w[i >> 1u] << 16u);
-  if (fmt == FMT_Q8_0) return d * float(bitfieldExtract(int(w[i >> 2u]), int(8u * (i & 3u)), 8));
-  uint j = i & 15u;  // q4_0: byte j of a block holds values j (low nibble) and j + 16 (high)
-  return d * (float((w[j >> 2u] >> (8u * (j & 3u) + (i >= 16u ? 4u : 0u))) & 15u) - 8.0);
-}
-
-// The fp16 scale of the block holding value x of K (V), for q8_0 and q4_0 (common.glsl
-// kv_scale_word: after all the quants); 1 for the other formats.
+// The scale of the block holding value x of K (V), for q8_0 and q4_0; 0 (unused) for the other
+// formats. Values are decoded by kv_value (common.glsl), from their offset i in the 16-byte load
+// (a whole number of loads from the row's start) and the load's word kv_word(fmt, i).
 float k_scale(uint x) {
-  if (!kv_scaled(K_FORMAT)) return 1.0;
+  if (!kv_scaled(K_FORMAT)) return 0.0;
   uint s = kv_scale_word(K_FORMAT, x, k_count());
-  return unpackHalf2x16(k_vec[s >> 2u][s & 3u])[(x >> 5u) & 1u];
+  return kv_scale(k_vec[s >> 2u][s & 3u], x);
 }
 float v_scale(uint x) {
-  if (!kv_scaled(V_FORMAT)) return 1.0;
+  if (!kv_scaled(V_FORMAT)) return 0.0;
   uint s = kv_scale_word(V_FORMAT, x, v_count());
-  return unpackHalf2x16(v_vec[s >> 2u][s & 3u])[(x >> 5u) & 1u];
+  return kv_scale(v_vec[s >> 2u][s & 3u], x);
 }
 
 float q_reg[ROWS][KE];
@@ -82,7 +73,7 @@ void main() {
 
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
     uvec4 kx[KB][KE / KVEC], vx[KB][VE / VVEC];
-    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (1 unless q8_0, q4_0)
+    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (q8_0, q4_0)
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       uint key = key_row(kv_base, min(j0 + c, end - 1u));  // past the end: the last key, weight 0
       [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {
@@ -101,7 +92,7 @@ void main() {
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = 0.0;
       [[unroll]] for (uint u = 0; u < KE / KVEC; ++u)
         [[unroll]] for (uint i = 0; i < KVEC; ++i) {
-          float k = vec_value(kx[c][u], K_FORMAT, i, kd[c][u]);
+          float k = kv_value(K_FORMAT, i, kx[c][u][kv_word(K_FORMAT, i)], kd[c][u]);
           [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = fma(q_reg[rr][u * KVEC + i], k, s[c][rr]);
         }
     }
@@ -128,7 +119,7 @@ void main() {
     [[unroll]] for (uint c = 0; c < KB; ++c)
       [[unroll]] for (uint u = 0; u < VE / VVEC; ++u)
         [[unroll]] for (uint i = 0; i < VVEC; ++i) {
-          float v = vec_value(vx[c][u], V_FORMAT, i, vd[c][u]);
+          float v = kv_value(V_FORMAT, i, vx[c][u][kv_word(V_FORMAT, i)], vd[c][u]);
           [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
             o_acc[rr][u * VVEC + i] = fma(s[c][rr], v, o_acc[rr][u * VVEC + i]);
         }

@@ -88,7 +88,7 @@ Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
   uint x0 = 4u * t;
   if (fmt == FMT_Q8_0 || fmt == FMT_Q4_0) {  // sixteen values of a block and its scale
     uint s = kv_scale_word(fmt, x0, count);
-    f.d = unpackHalf2x16(texelFetch(tex, int(s >> 2u))[s & 3u])[(x0 >> 5u) & 1u];
+    f.d = kv_scale(texelFetch(tex, int(s >> 2u))[s & 3u], x0);
     f.w = texelFetch(tex, int(fmt == FMT_Q8_0 ? x0 >> 4u : x0 >> 5u));
     f.shift = (x0 & 16u) != 0u ? 4u : 0u;  // q4_0: byte j of a block holds j and j + 16
     return f;
@@ -98,7 +98,7 @@ Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
   uint words = fmt == FMT_F32 ? 4u : 2u;
   [[unroll]] for (uint i = 0; i < 4u; ++i)
     if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
-  [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], 0u);
+  [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], 0.0);
 #else
   f.x = texelFetch(tex, int(t));
 #endif
