@@ -80,8 +80,8 @@ double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   return vmax * u * (4.0 * score_mag + accumulation);
 }
 
-double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v) {
-  if (gpu.tile_layout != TileLayout::cooperative_matrix) return 0.0;
+double weight_rounding(TileLayout layout, const HostTensor& v) {
+  if (layout != TileLayout::cooperative_matrix) return 0.0;
   return std::ldexp(double(max_abs(v)), -10);  // the bound 2^-11 max |v|, with a factor 2
 }
 

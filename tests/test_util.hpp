@@ -40,7 +40,10 @@ double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
 /// What the cooperative-matrix kernels add to that: they round each softmax weight p (at most 1)
 /// to fp16 for the P V product, which moves the output by at most 2^-11 max|v|. 0 for the
 /// other layouts.
-double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v);
+double weight_rounding(TileLayout layout, const HostTensor& v);
+inline double weight_rounding(const HostAttentionResult& gpu, const HostTensor& v) {
+  return weight_rounding(gpu.tile_layout, v);
+}
 
 /// Largest |gpu - ref| over all elements; NaN in gpu counts as infinite.
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref);
