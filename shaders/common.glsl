@@ -136,15 +136,22 @@ bool kv_scaled(uint fmt) { return fmt == FMT_Q8_0 || fmt == FMT_Q4_0; }
 // The scale of value x's block, from its scale word (two blocks' fp16 scales a word).
 float kv_scale(uint scale_word, uint x) { return unpackHalf2x16(scale_word)[(x >> 5u) & 1u]; }
 
+// Of q8_0 and q4_0, value x before its block's scale: q, or q - 8 for q4_0. Exact, and with no
+// int-to-float conversion (GPUs convert at a fraction of their FMA rate): the quant's bits, made
+// unsigned, go into the mantissa of 2^23, which is then subtracted with the offset.
+float kv_quant(uint fmt, uint x, uint word) {
+  uint shift = 8u * (x & 3u);
+  if (fmt == FMT_Q8_0) return uintBitsToFloat(((word >> shift) & 0xffu) ^ 0x4b000080u) - 8388736.0;
+  shift += (x & 16u) != 0u ? 4u : 0u;
+  return uintBitsToFloat(((word >> shift) & 15u) | 0x4b000000u) - 8388616.0;
+}
+
 // d: the block's scale (kv_scale) for q8_0 and q4_0; unused for the other formats.
 float kv_value(uint fmt, uint x, uint word, float d) {
   if (fmt == FMT_F32) return uintBitsToFloat(word);
   if (fmt == FMT_F16) return unpackHalf2x16(word)[x & 1u];
   if (fmt == FMT_BF16) return uintBitsToFloat((x & 1u) != 0u ? word & 0xffff0000u : word << 16u);
-  uint shift = 8u * (x & 3u);
-  if (fmt == FMT_Q8_0) return d * float(bitfieldExtract(int(word), int(shift), 8));
-  shift += (x & 16u) != 0u ? 4u : 0u;
-  return d * float(int((word >> shift) & 15u) - 8);
+  return d * kv_quant(fmt, x, word);
 }
 
 // Values of K and V in memory: K [B, Hkv, kv_rows, D], V [.., DV], of which each head's first Nk

@@ -31,7 +31,9 @@ const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
 
 // The scale of the block holding value x of K (V), for q8_0 and q4_0; 0 (unused) for the other
 // formats. Values are decoded by kv_value (common.glsl), from their offset i in the 16-byte load
-// (a whole number of loads from the row's start) and the load's word kv_word(fmt, i).
+// (a whole number of loads from the row's start) and the load's word kv_word(fmt, i); quants by
+// kv_quant, without the scale, which multiplies a load's sum of products (K) or the weights (V)
+// once per load.
 float k_scale(uint x) {
   if (!kv_scaled(K_FORMAT)) return 0.0;
   uint s = kv_scale_word(K_FORMAT, x, k_count());
@@ -90,11 +92,18 @@ void main() {
     float s[KB][ROWS];
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = 0.0;
-      [[unroll]] for (uint u = 0; u < KE / KVEC; ++u)
+      [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {
+        // A quantised load's products are summed before its block's scale, applied once.
+        float part[ROWS];
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) part[rr] = 0.0;
         [[unroll]] for (uint i = 0; i < KVEC; ++i) {
-          float k = kv_value(K_FORMAT, i, kx[c][u][kv_word(K_FORMAT, i)], kd[c][u]);
-          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = fma(q_reg[rr][u * KVEC + i], k, s[c][rr]);
+          uint word = kx[c][u][kv_word(K_FORMAT, i)];
+          float k = kv_scaled(K_FORMAT) ? kv_quant(K_FORMAT, i, word) : kv_value(K_FORMAT, i, word, 0.0);
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) part[rr] = fma(q_reg[rr][u * KVEC + i], k, part[rr]);
         }
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+          s[c][rr] = kv_scaled(K_FORMAT) ? fma(kd[c][u], part[rr], s[c][rr]) : s[c][rr] + part[rr];
+      }
     }
     [[unroll]] for (uint step = LANES / 2u; step > 0u; step /= 2u)
       [[unroll]] for (uint c = 0; c < KB; ++c)
@@ -117,12 +126,16 @@ void main() {
       m_run[rr] = m_new;
     }
     [[unroll]] for (uint c = 0; c < KB; ++c)
-      [[unroll]] for (uint u = 0; u < VE / VVEC; ++u)
+      [[unroll]] for (uint u = 0; u < VE / VVEC; ++u) {
+        float w[ROWS];  // the weights, times the load's block scale for quantised V
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) w[rr] = kv_scaled(V_FORMAT) ? s[c][rr] * vd[c][u] : s[c][rr];
         [[unroll]] for (uint i = 0; i < VVEC; ++i) {
-          float v = kv_value(V_FORMAT, i, vx[c][u][kv_word(V_FORMAT, i)], vd[c][u]);
+          uint word = vx[c][u][kv_word(V_FORMAT, i)];
+          float v = kv_scaled(V_FORMAT) ? kv_quant(V_FORMAT, i, word) : kv_value(V_FORMAT, i, word, 0.0);
           [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-            o_acc[rr][u * VVEC + i] = fma(s[c][rr], v, o_acc[rr][u * VVEC + i]);
+            o_acc[rr][u * VVEC + i] = fma(w[rr], v, o_acc[rr][u * VVEC + i]);
         }
+      }
   }
 
   // The clusters' states merge with log-sum-exp, as chunks do in splitkv_merge.comp.
