@@ -42,6 +42,8 @@ const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.ma
 // to float as tiles are loaded (kv_value(); tile.glsl texel()).
 layout(constant_id = 8) const uint K_FORMAT = 0u;
 layout(constant_id = 9) const uint V_FORMAT = 0u;
+// A paged KV cache (attention over a PageTable): tokens a page; 0 for K and V as [B, Hkv, rows].
+layout(constant_id = 10) const uint PAGE_SIZE = 0u;
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
@@ -71,7 +73,9 @@ layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 // from pc.mask_values, mask_stride() a row (Nk rounded up to 4, padded with -inf; mask row of
 // (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride + i, the strides 0 where broadcast), and
 // for the fused kernels a bitmap of the tiles each workgroup sees from pc.mask_tiles
-// (next_seen_tile).
+// (next_seen_tile). With PAGE_SIZE, the page table from pc.page_table: indptr [B + 1], then
+// last_page_len [B], then the page numbers (and one more, 0, so that a lookup for a sequence
+// without pages stays in the buffer).
 layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
 layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
 layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
@@ -110,6 +114,26 @@ pc;
 // made for, the key and additive masks' row length.
 #include "lengths.glsl"
 uint kv_len() { return lengths.nk; }
+
+// A paged cache: the keys of batch b (sequence b of the page table), and the row in K's memory
+// of key j of K/V head kv_head = b * Hkv + hkv (key_row.glsl). Pages are [pages, Hkv, PAGE_SIZE]
+// rows; keys past a sequence's end are looked up in its last page (and never weighed).
+uint seq_pages(uint b, out uint first) {
+  first = mask_buf[pc.page_table + b];
+  return mask_buf[pc.page_table + b + 1u] - first;
+}
+uint seq_len(uint b) {
+  if (PAGE_SIZE == 0u) return kv_len();
+  uint first, pages = seq_pages(b, first);
+  return pages == 0u ? 0u : (pages - 1u) * PAGE_SIZE + mask_buf[pc.page_table + pc.batch + 1u + b];
+}
+uint paged_row(uint kv_head, uint j) {
+  uint b = kv_head / pc.kv_heads, first, pages = seq_pages(b, first);
+  uint slot = min(j / PAGE_SIZE, max(pages, 1u) - 1u);
+  uint page = mask_buf[pc.page_table + 2u * pc.batch + 1u + first + slot];
+  return (page * pc.kv_heads + kv_head % pc.kv_heads) * PAGE_SIZE + j % PAGE_SIZE;
+}
+#define PAGED_KEY_ROW
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
@@ -156,8 +180,8 @@ float kv_value(uint fmt, uint x, uint word, float d) {
 
 // Values of K and V in memory: K [B, Hkv, kv_rows, D], V [.., DV], of which each head's first Nk
 // keys are attended.
-uint k_count() { return pc.batch * pc.kv_heads * pc.kv_rows * D; }
-uint v_count() { return pc.batch * pc.kv_heads * pc.kv_rows * DV; }
+uint k_count() { return pc.kv_keys * D; }
+uint v_count() { return pc.kv_keys * DV; }
 
 #if defined(KV_QUANT) && !defined(REG_TILE)
 float k_value(uint x) {
@@ -202,16 +226,17 @@ uint mask_row_of(uint b, uint h, uint i) {
 }
 
 void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
-  int diag = int(i) + int(kv_len()) - int(pc.nq);
+  int nk = int(seq_len(b));  // Nk, or sequence b's own length in a paged cache
+  int diag = int(i) + nk - int(pc.nq);
   int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
-  int hi = pc.window_right < 0 ? int(kv_len()) : diag + pc.window_right + 1;
+  int hi = pc.window_right < 0 ? nk : diag + pc.window_right + 1;
   if ((MODS & MOD_MASK) != 0u) {
     uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
     lo = max(lo, int(mask_buf[at]));
     hi = min(hi, int(mask_buf[at + 1u]));
   }
-  begin = uint(clamp(lo, 0, int(kv_len())));
-  end = uint(clamp(hi, int(begin), int(kv_len())));
+  begin = uint(clamp(lo, 0, nk));
+  end = uint(clamp(hi, int(begin), nk));
 }
 
 Row make_row(uint b, uint h, uint i, bool valid) {
@@ -225,7 +250,7 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   row_keys(b, h, i, r.key_begin, r.key_end);
   r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;
   if (!valid) r.key_begin = r.key_end = 0u;
-  r.diag = int(i) + int(kv_len()) - int(pc.nq);
+  r.diag = int(i) + int(seq_len(b)) - int(pc.nq);
   r.slope = 0.0;
   r.sink = NEG_INF;
   if ((MODS & (MOD_ALIBI | MOD_SINKS)) != 0u) {

@@ -23,3 +23,6 @@ PUSH_FIELD(uint, mask_bstride)
 PUSH_FIELD(uint, mask_hstride)
 PUSH_FIELD(uint, mask_tiles)      // MOD_MASK, fused kernels: word offset of the tile bitmap
 PUSH_FIELD(uint, kv_rows)         // keys from one K/V head to the next: Nk, or a cache's capacity
+                                  // (paged: 1, kv_base is then the K/V head's index)
+PUSH_FIELD(uint, kv_keys)         // key rows in K's memory (B * Hkv * kv_rows; paged: pages * Hkv * page size)
+PUSH_FIELD(uint, page_table)      // paged: word offset of the page table in mask_buf

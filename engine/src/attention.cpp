@@ -181,6 +181,7 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
   dims.nq = static_cast<uint32_t>(qd[2]);
   dims.nk = static_cast<uint32_t>(kd[2]);
   dims.kv_rows = dims.nk;
+  dims.kv_keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
   dims.d = static_cast<uint32_t>(qd[3]);
   dims.dv = static_cast<uint32_t>(vd[3]);
   dims.out_shape = q;
@@ -189,15 +190,108 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
   return dims;
 }
 
-AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const AttentionParams& params) {
-  detail::Plan plan(ctx, q, k, v, params);
+uint32_t PageTable::length(uint32_t b) const {
+  require(b < batch(), "page table: no sequence " + std::to_string(b) + " in a batch of " +
+                           std::to_string(batch()));
+  uint32_t pages = indptr[b + 1] - indptr[b];
+  return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len.at(b);
+}
+
+uint32_t PageTable::add_sequence() {
+  if (indptr.empty()) indptr.push_back(0);
+  indptr.push_back(indptr.back());
+  last_page_len.push_back(0);
+  return batch() - 1;
+}
+
+PageTable::Slot PageTable::grow(uint32_t b, std::vector<uint32_t>& free_pages) {
+  uint32_t length_now = length(b);
+  if (length_now % page_size == 0) {  // no pages yet, or the last one is full
+    require(!free_pages.empty(),
+            "page table: sequence " + std::to_string(b) + " needs a page and none is free");
+    indices.insert(indices.begin() + indptr[b + 1], free_pages.back());
+    free_pages.pop_back();
+    for (size_t s = b + 1; s < indptr.size(); ++s) ++indptr[s];
+    last_page_len[b] = 0;
+  }
+  ++last_page_len[b];
+  return {indices[indptr[b + 1] - 1], last_page_len[b] - 1};
+}
+
+void PageTable::release(uint32_t b, std::vector<uint32_t>& free_pages) {
+  require(b < batch(), "page table: no sequence " + std::to_string(b) + " in a batch of " +
+                           std::to_string(batch()));
+  uint32_t first = indptr[b], pages = indptr[b + 1] - first;
+  free_pages.insert(free_pages.end(), indices.begin() + first, indices.begin() + first + pages);
+  indices.erase(indices.begin() + first, indices.begin() + first + pages);
+  for (size_t s = b + 1; s < indptr.size(); ++s) indptr[s] -= pages;
+  last_page_len[b] = 0;
+}
+
+void PageTable::check(uint64_t pages) const {
+  require(page_size > 0, "page table: page_size must be at least 1");
+  require(!indptr.empty() && indptr[0] == 0, "page table: indptr must start with 0");
+  require(last_page_len.size() == batch(),
+          "page table: last_page_len has " + std::to_string(last_page_len.size()) +
+              " entries for " + std::to_string(batch()) + " sequences (indptr's size - 1)");
+  for (uint32_t b = 0; b < batch(); ++b) {
+    require(indptr[b + 1] >= indptr[b],
+            "page table: indptr decreases at sequence " + std::to_string(b));
+    bool has_pages = indptr[b + 1] > indptr[b];
+    uint32_t last = last_page_len[b];
+    require(has_pages ? last >= 1 && last <= page_size : last == 0,
+            "page table: sequence " + std::to_string(b) + " has last_page_len " +
+                std::to_string(last) + "; it takes 1 .. page_size (" + std::to_string(page_size) +
+                ") with pages, 0 without");
+  }
+  require(indices.size() == indptr.back(),
+          "page table: indices has " + std::to_string(indices.size()) +
+              " entries; indptr's last (" + std::to_string(indptr.back()) + ") says how many");
+  for (size_t i = 0; i < indices.size(); ++i)
+    require(indices[i] < pages, "page table: indices[" + std::to_string(i) +
+                                    "] = " + std::to_string(indices[i]) + " is not one of the " +
+                                    std::to_string(pages) + " pages of K and V");
+}
+
+namespace detail {
+// Q [B, H, Nq, d] against K and V pages [pages, Hkv, page_size, d or dv] and the page table.
+Dims check_paged_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                        const std::vector<int64_t>& v, const PageTable& pages) {
+  require(q.size() == 4, "paged attention: Q is [B, H, Nq, d]; got " + shape_string(q));
+  require(k.size() == 4 && v.size() == 4,
+          "paged attention: K and V are pages [pages, Hkv, page_size, d]; got K " +
+              shape_string(k) + ", V " + shape_string(v));
+  Dims dims = check_shapes({k[0], q[1], q[2], q[3]}, k, v);  // as if B were the pages
+  require(k[2] == pages.page_size, "paged attention: K's pages hold " + std::to_string(k[2]) +
+                                       " tokens; the page table's page_size is " +
+                                       std::to_string(pages.page_size));
+  require(q[0] == pages.batch(), "paged attention: Q's batch (" + std::to_string(q[0]) +
+                                     ") must be the page table's number of sequences (" +
+                                     std::to_string(pages.batch()) + ")");
+  pages.check(static_cast<uint64_t>(k[0]));
+  uint32_t most = 0;
+  for (uint32_t b = 0; b < pages.batch(); ++b) most = std::max(most, pages.length(b));
+  require(most > 0, "paged attention: the page table holds no tokens");
+  dims.batch = static_cast<uint32_t>(q[0]);
+  dims.nk = most;  // the longest sequence; each row sees its own
+  dims.kv_rows = 1;
+  dims.kv_keys = uint64_t(k[0]) * k[1] * k[2];
+  dims.out_shape = q;
+  dims.out_shape.back() = v[3];
+  dims.lse_shape.assign(q.begin(), q.end() - 1);
+  return dims;
+}
+}  // namespace detail
+
+namespace {
+// Submits the plan, waits, and hands over its outputs and what ran.
+AttentionResult run(Context& ctx, detail::Plan& plan) {
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
   AttentionResult result;
   result.gpu_ms = plan.gpu_ms();
   result.device_bytes = plan.device_bytes;
   result.tile_layout = plan.tile_layout();
-  if (variant_info(params.variant).fused) {
+  if (variant_info(plan.params.variant).fused) {
     result.block_rows = plan.spec.block();
     result.block_keys = plan.spec.keys;
   }
@@ -205,6 +299,22 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   result.out = std::move(plan.out);
   result.lse = std::move(plan.lse);
   return result;
+}
+}  // namespace
+
+AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionParams& params) {
+  detail::Plan plan(ctx, q, k, v, params);
+  return run(ctx, plan);
+}
+
+AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
+                          const Tensor& v_pages, const PageTable& pages,
+                          const AttentionParams& params) {
+  detail::PlanOptions options;
+  options.pages = &pages;
+  detail::Plan plan(ctx, q, k_pages, v_pages, params, options);
+  return run(ctx, plan);
 }
 
 std::array<Tensor, 3> upload_qkv(Context& ctx, const HostTensor& q, const HostTensor& k,

@@ -513,7 +513,7 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
-  std::array<uint32_t, 10> values = {spec.rows,
+  std::array<uint32_t, 11> values = {spec.rows,
                                      spec.keys,
                                      spec.d,
                                      spec.dv,
@@ -522,7 +522,8 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
                                      spec.lanes_per_key,
                                      spec.mods,
                                      spec.k_format,
-                                     spec.v_format};
+                                     spec.v_format,
+                                     spec.page_size};
   std::array<VkSpecializationMapEntry, values.size()> entries{};
   for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
   VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),

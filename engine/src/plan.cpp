@@ -30,7 +30,7 @@ uint64_t word_texel_bytes(DType storage) {
 // 32-bit words (q8_0, q4_0: four words a texel, kv_fetch), so d and dv must be multiples of 4 and
 // each of K and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
-  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
+  uint64_t keys = dims.kv_keys;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
   if (kv.own_kv())
     texels = std::max(buffer_bytes(kv.k, int64_t(keys * dims.d)) / word_texel_bytes(kv.k),
@@ -374,6 +374,13 @@ void set_masks(Plan& plan) {
     words.assign(p.key_mask.begin(), p.key_mask.end());
     plan.spec.key_mask = true;
   }
+  if (const PageTable* pages = plan.options.pages) {  // common.glsl seq_pages, paged_row
+    plan.push.page_table = static_cast<uint32_t>(words.size());
+    words.insert(words.end(), pages->indptr.begin(), pages->indptr.end());
+    words.insert(words.end(), pages->last_page_len.begin(), pages->last_page_len.end());
+    words.insert(words.end(), pages->indices.begin(), pages->indices.end());
+    words.push_back(0);  // a sequence without pages looks its keys up here (never weighed)
+  }
   const HostTensor& m = p.mask;
   if (!m.shape.empty() || !m.data.empty()) {
     std::string want = "[Nq, Nk] = [" + std::to_string(d.nq) + ", " + std::to_string(d.nk) +
@@ -465,20 +472,29 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(dtype) +
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
   kv = Storage{dtype, k.dtype(), v.dtype()};
-  dims = check_shapes(q.shape(), k.shape(), v.shape());
   if (q.is_prefix()) throw Error("attention: Q must be dense; prefix() views are for K and V");
-  if (k.row_capacity() != v.row_capacity())
-    throw Error("attention: K and V are prefixes of caches of " + std::to_string(k.row_capacity()) +
-                " and " + std::to_string(v.row_capacity()) + " keys a head; they must be alike");
-  dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
+  if (options.pages) {
+    if (k.is_prefix() || v.is_prefix())
+      throw Error("paged attention: K and V are whole tensors of pages, not prefix() views");
+    dims = check_paged_shapes(q.shape(), k.shape(), v.shape(), *options.pages);
+    check_paged();
+  } else {
+    dims = check_shapes(q.shape(), k.shape(), v.shape());
+    if (k.row_capacity() != v.row_capacity())
+      throw Error("attention: K and V are prefixes of caches of " +
+                  std::to_string(k.row_capacity()) + " and " + std::to_string(v.row_capacity()) +
+                  " keys a head; they must be alike");
+    dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
+    dims.kv_keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
+  }
   appends = options.append.k != nullptr;
   if (appends) check_append(q, k, v);
   bool rotates_k = params.rope != RopeLayout::none && !appends;  // a rotated copy of all of K
   if (rotates_k && dims.kv_rows != dims.nk)
     throw Error("attention: rope rotates a dense K; rotate K before it goes into the cache");
   most_keys = options.dynamic_keys || appends ? dims.kv_rows : dims.nk;
-  uint64_t keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
-  if (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull)
+  uint64_t keys = dims.kv_keys;
+  if (keys > 0xffffffffull || (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull))
     throw Error("K and V stored as " + std::string(dtype_name(kv.k)) + "/" + dtype_name(kv.v) +
                 " are indexed by 32-bit value counts: " + std::to_string(keys) +
                 " keys of d = " + std::to_string(std::max(dims.d, dims.dv)) +
@@ -490,6 +506,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
   bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
   spec = choose_spec(impl, dims, params, dtype, kv, kv_views, options.keys, options.trace);
+  if (options.pages) spec.page_size = options.pages->page_size;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -519,7 +536,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               .mask_bstride = 0,
               .mask_hstride = 0,
               .mask_tiles = 0,
-              .kv_rows = dims.kv_rows};
+              .kv_rows = dims.kv_rows,
+              .kv_keys = static_cast<uint32_t>(dims.kv_keys),
+              .page_table = 0};
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
 
@@ -656,7 +675,7 @@ void Plan::make_texel_views() {
       dtype == DType::f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
   VkFormat k_format = format, v_format = format;
   if (kv.own_kv()) k_format = word_texel_format(kv.k), v_format = word_texel_format(kv.v);
-  int64_t keys = int64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
+  auto keys = static_cast<int64_t>(dims.kv_keys);
   struct View {
     VkBuffer buffer;
     VkFormat format;
@@ -834,6 +853,17 @@ void Plan::set_position(uint32_t position) {
                 std::to_string(dims.kv_rows) + " tokens");
   uint32_t words[4] = {position + dims.nq, position, 0, 0};
   lengths.write(words, sizeof(words));
+}
+
+void Plan::check_paged() const {
+  auto refuse = [](const std::string& what) { throw Error("paged attention: " + what); };
+  if (!variant_info(params.variant).fused)
+    refuse("naive materialises a score matrix of one Nk; use a fused variant");
+  if (params.rope != RopeLayout::none) refuse("rope: rotate K before it goes into its page");
+  if (!params.mask.shape.empty() || !params.mask.data.empty())
+    refuse("an additive mask is [Nq, Nk] of one Nk; the sequences' lengths differ");
+  if (options.append.k || options.dynamic_keys || options.trace)
+    refuse("a one-shot call (attention() with a PageTable)");
 }
 
 void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {

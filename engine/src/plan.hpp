@@ -65,6 +65,8 @@ struct PlanOptions {
   AttentionOutputs outputs;     ///< the caller's O and LSE, if it gives them
   /// Planned for any number of keys up to K's row_capacity() (Plan::set_keys), not just Nk.
   bool dynamic_keys = false;
+  /// K and V are pages of a paged cache, looked up in this table (PAGE_SIZE in common.glsl).
+  const PageTable* pages = nullptr;
   /// New K and V rows appended to K and V (a KV cache) at Plan::set_position before attention.
   struct {
     const Tensor* k = nullptr;
@@ -140,6 +142,7 @@ class Plan {
   void create_pools();
   void make_texel_views();
   void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
+  void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
   void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
@@ -164,6 +167,10 @@ VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first
 void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, VkBuffer angles);
 /// `x` rotated into a new tensor, positions from `first_position`.
 void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);
+/// Q [B, H, Nq, d] against K and V pages [pages, Hkv, page_size, d or dv] and their page table
+/// (attention.cpp): Nk is the longest sequence's length, kv_rows 1.
+Dims check_paged_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                        const std::vector<int64_t>& v, const PageTable& pages);
 uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint32_t keys,
                      uint64_t gpu_groups = 1024);
 

@@ -81,6 +81,7 @@ struct Spec {
   /// K and V storage when either differs from Q's (the KV_QUANT kernels): DType numbers.
   bool kv_quant = false;
   uint32_t k_format = 0, v_format = 0;
+  uint32_t page_size = 0;  // K and V are pages of this many tokens (a PageTable); 0: not paged
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
@@ -90,7 +91,7 @@ struct Spec {
   }
   auto tie() const {
     return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
-                    lanes_per_key, mods, kv_quant, k_format, v_format);
+                    lanes_per_key, mods, kv_quant, k_format, v_format, page_size);
   }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };

@@ -126,8 +126,11 @@ std::vector<float> alibi_slopes(uint32_t heads, float max_bias);
 struct Dims {
   uint32_t batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0, dv = 0;
   /// Keys from one K/V head to the next in memory: Nk, or the capacity of a cache whose first
-  /// Nk keys K and V are (Tensor::prefix).
+  /// Nk keys K and V are (Tensor::prefix); 1 for a paged cache, whose heads are looked up.
   uint32_t kv_rows = 0;
+  /// Key rows in K's (and V's) memory: B * Hkv * kv_rows, or a paged cache's pages * Hkv *
+  /// page size.
+  uint64_t kv_keys = 0;
   std::vector<int64_t> out_shape;  ///< [.., Nq, dv] with the rank of Q
   std::vector<int64_t> lse_shape;  ///< [.., Nq]
 };
@@ -136,6 +139,37 @@ struct Dims {
 /// together; throws Error naming the tensor and dimension otherwise.
 Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                   const std::vector<int64_t>& v);
+
+/// The page table of a paged KV cache, with FlashInfer's meaning: K and V are pages
+/// [pages, Hkv, page_size, d] (and dv), and sequence b of the batch holds the pages
+/// indices[indptr[b]], .., indices[indptr[b + 1] - 1] in order, each full but the last, which
+/// holds last_page_len[b] tokens (1 .. page_size); a sequence without pages has no tokens
+/// (last_page_len 0). Token t of sequence b is row t % page_size of page
+/// indices[indptr[b] + t / page_size].
+struct PageTable {
+  uint32_t page_size = 16;
+  std::vector<uint32_t> indptr = {0};   ///< [B + 1]: 0, then non-decreasing
+  std::vector<uint32_t> indices;        ///< [indptr[B]]: page numbers
+  std::vector<uint32_t> last_page_len;  ///< [B]
+
+  uint32_t batch() const { return indptr.empty() ? 0 : uint32_t(indptr.size() - 1); }
+  uint32_t length(uint32_t b) const;  ///< the tokens of sequence b
+  /// A new sequence, without tokens; returns its index b.
+  uint32_t add_sequence();
+  /// Where one more token of sequence b goes: its last page's next row, or row 0 of a page
+  /// taken from the back of `free_pages` when that page is full (or b has none). Throws when a
+  /// page is needed and none is free.
+  struct Slot {
+    uint32_t page = 0, row = 0;
+  };
+  Slot grow(uint32_t b, std::vector<uint32_t>& free_pages);
+  /// Gives sequence b's pages back to `free_pages`; b stays, with no tokens.
+  void release(uint32_t b, std::vector<uint32_t>& free_pages);
+  /// Throws Error unless the table is well formed for `pages` pages of K and V: indptr from 0
+  /// and non-decreasing, every index below `pages`, last_page_len in 1 .. page_size (0 for a
+  /// sequence without pages).
+  void check(uint64_t pages) const;
+};
 
 struct AttentionResult {
   Tensor out;                 ///< float32 [B, H, Nq, dv] (rank of Q)
@@ -150,6 +184,17 @@ struct AttentionResult {
 
 /// Runs attention on device tensors, submits and waits.
 AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionParams& params = {});
+
+/// Attention over a batch of sequences of different lengths in a paged KV cache, in one
+/// dispatch: Q [B, H, Nq, d] (B = pages.batch()), K pages [pages, Hkv, page_size, d] and V pages
+/// [pages, Hkv, page_size, dv], dense, of any storage type. Each sequence's Nq queries are
+/// bottom-right aligned to its own length (query i sits on key i + length - Nq), for causal
+/// attention and windows alike. Every fused variant and layout; not naive (which
+/// materialises a score matrix of one Nk), RoPE (rotate K before it goes into its page) or an
+/// additive mask.
+AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
+                          const Tensor& v_pages, const PageTable& pages,
                           const AttentionParams& params = {});
 
 struct HostAttentionResult {
