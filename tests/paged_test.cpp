@@ -51,6 +51,16 @@ TEST(PageTableTest, SequencesGrowByTakingFreePagesAndGiveThemBack) {
   bad.indptr = {0, 1, 0};
   bad.last_page_len = {1, 4};
   expect_refused([&] { bad.check(10); }, "indptr decreases at sequence 1");
+  PageTable huge;  // 2^15 + 1 references to one page of 2^16 tokens: 2^31 tokens
+  huge.page_size = 1u << 16;
+  huge.indptr = {0, (1u << 15) + 1};
+  huge.indices.assign((1u << 15) + 1, 0);
+  huge.last_page_len = {1};
+  expect_refused([&] { huge.check(1); }, "sequence 0 holds 2147483649 tokens");
+  PageTable zero;
+  zero.page_size = 0;
+  uint32_t z = zero.add_sequence();
+  expect_refused([&] { zero.grow(z, free_pages); }, "page_size must be at least 1");
 }
 
 // A batch in pages: K and V of every sequence (dense, for the reference) and the pages
@@ -199,13 +209,29 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
                            std::string("modifiers, ") + tile_layout_name(gpu.tile_layout));
   }
 
-  // q8_0 K and q4_0 V under fp16 Q.
+  // fp16 (on devices with matrix units also the cooperative-matrix kernel), and q8_0 K and
+  // q4_0 V under fp16 Q (splitkv also with the decoding kernel).
   if (!info.fp16_storage) return;
-  const Storage quant{DType::f16, DType::q8_0, DType::q4_0};
   AttentionParams plain;
   plain.variant = variant;
   plain.causal = true;
-  for (TileLayout layout : {TileLayout::automatic, TileLayout::shared}) {
+  const Storage f16{DType::f16};
+  std::vector<TileLayout> f16_layouts = {TileLayout::automatic};
+  if (info.cooperative_matrix) f16_layouts.push_back(TileLayout::cooperative_matrix);
+  for (TileLayout layout : f16_layouts) {
+    plain.tile_layout = layout;
+    HostAttentionResult gpu = paged_attention(context(), q3, p, plain, f16);
+    if (layout != TileLayout::automatic) {
+      EXPECT_EQ(gpu.tile_layout, layout);
+    }
+    expect_sequences_match(q3, p, f16, plain, gpu,
+                           std::string("f16, ") + tile_layout_name(gpu.tile_layout));
+  }
+  const Storage quant{DType::f16, DType::q8_0, DType::q4_0};
+  std::vector<TileLayout> quant_layouts = {TileLayout::automatic, TileLayout::shared};
+  if (variant == Variant::splitkv && info.subgroup_shuffle)
+    quant_layouts.push_back(TileLayout::lanes);
+  for (TileLayout layout : quant_layouts) {
     plain.tile_layout = layout;
     HostAttentionResult gpu = paged_attention(context(), q3, p, plain, quant);
     expect_sequences_match(q3, p, quant, plain, gpu,
@@ -240,6 +266,9 @@ TEST_F(VulkanTest, PagedAttentionRefusesWhatDoesNotFitByName) {
   params = {};
   params.mask = HostTensor({1, 9});
   expect_refused([&] { attention(ctx, q, k, v, p.table, params); }, "an additive mask");
+  params = {};
+  params.key_mask.assign(2 * 9, 1);
+  expect_refused([&] { attention(ctx, q, k, v, p.table, params); }, "a key mask");
   PageTable other = p.table;
   other.page_size = 8;
   expect_refused([&] { attention(ctx, q, k, v, other, {}); },

@@ -193,8 +193,11 @@ Dims check_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
 uint32_t PageTable::length(uint32_t b) const {
   require(b < batch(), "page table: no sequence " + std::to_string(b) + " in a batch of " +
                            std::to_string(batch()));
-  uint32_t pages = indptr[b + 1] - indptr[b];
-  return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len.at(b);
+  uint64_t pages = indptr[b + 1] - indptr[b];
+  uint64_t n = pages == 0 ? 0 : (pages - 1) * page_size + last_page_len.at(b);
+  require(n < (uint64_t(1) << 31), "page table: sequence " + std::to_string(b) + " holds " +
+                                       std::to_string(n) + " tokens; at most 2^31 - 1");
+  return static_cast<uint32_t>(n);
 }
 
 uint32_t PageTable::add_sequence() {
@@ -205,6 +208,7 @@ uint32_t PageTable::add_sequence() {
 }
 
 PageTable::Slot PageTable::grow(uint32_t b, std::vector<uint32_t>& free_pages) {
+  require(page_size > 0, "page table: page_size must be at least 1");
   uint32_t length_now = length(b);
   if (length_now % page_size == 0) {  // no pages yet, or the last one is full
     require(!free_pages.empty(),
@@ -244,6 +248,8 @@ void PageTable::check(uint64_t pages) const {
                 std::to_string(last) + "; it takes 1 .. page_size (" + std::to_string(page_size) +
                 ") with pages, 0 without");
   }
+  require(indices.size() < (size_t(1) << 31), "page table: more than 2^31 indices");
+  for (uint32_t b = 0; b < batch(); ++b) length(b);  // each below 2^31 tokens
   require(indices.size() == indptr.back(),
           "page table: indices has " + std::to_string(indices.size()) +
               " entries; indptr's last (" + std::to_string(indptr.back()) + ") says how many");
@@ -261,7 +267,21 @@ Dims check_paged_shapes(const std::vector<int64_t>& q, const std::vector<int64_t
   require(k.size() == 4 && v.size() == 4,
           "paged attention: K and V are pages [pages, Hkv, page_size, d]; got K " +
               shape_string(k) + ", V " + shape_string(v));
-  Dims dims = check_shapes({k[0], q[1], q[2], q[3]}, k, v);  // as if B were the pages
+  // Q against one sequence's K and V ([1, Hkv, page_size, d]): heads, head dims; the errors name
+  // the shapes as given.
+  Dims dims;
+  try {
+    dims = check_shapes({1, q[1], q[2], q[3]}, {1, k[1], k[2], k[3]}, {1, v[1], v[2], v[3]});
+  } catch (const Error& e) {
+    throw Error(std::string("paged attention: ") + e.what() + " (Q " + shape_string(q) +
+                ", K pages " + shape_string(k) + ", V pages " + shape_string(v) + ")");
+  }
+  require(k[0] == v[0], "paged attention: K and V must have the same number of pages: K " +
+                            shape_string(k) + ", V " + shape_string(v));
+  const int64_t limit = int64_t(1) << 31;
+  require(q[0] * q[1] * q[2] < limit && k[0] * k[1] * k[2] < limit,
+          "paged attention: too many rows: B * H * Nq and pages * Hkv * page_size must stay "
+          "below 2^31");
   require(k[2] == pages.page_size, "paged attention: K's pages hold " + std::to_string(k[2]) +
                                        " tokens; the page table's page_size is " +
                                        std::to_string(pages.page_size));

@@ -862,6 +862,8 @@ void Plan::check_paged() const {
   if (params.rope != RopeLayout::none) refuse("rope: rotate K before it goes into its page");
   if (!params.mask.shape.empty() || !params.mask.data.empty())
     refuse("an additive mask is [Nq, Nk] of one Nk; the sequences' lengths differ");
+  if (!params.key_mask.empty())
+    refuse("a key mask is [B, Nk] of one Nk; each sequence's length says which keys it has");
   if (options.append.k || options.dynamic_keys || options.trace)
     refuse("a one-shot call (attention() with a PageTable)");
 }
