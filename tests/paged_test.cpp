@@ -150,12 +150,12 @@ HostTensor unused_rows_finite(HostTensor x, DType storage) {
   return x;
 }
 
-HostAttentionResult paged_attention(Context& ctx, const HostTensor& q, const PagedBatch& p,
-                                    const AttentionParams& params, const Storage& storage) {
+HostAttentionResult run_paged(Context& ctx, const HostTensor& q, const PagedBatch& p,
+                              const AttentionParams& params, const Storage& storage) {
   Tensor tq = Tensor::upload(ctx, q, storage.q);
   Tensor tk = Tensor::upload(ctx, unused_rows_finite(p.k_pages, storage.k), storage.k);
   Tensor tv = Tensor::upload(ctx, unused_rows_finite(p.v_pages, storage.v), storage.v);
-  AttentionResult r = attention(ctx, tq, tk, tv, p.table, params);
+  AttentionResult r = paged_attention(ctx, tq, tk, tv, p.table, params);
   HostAttentionResult host;
   host.out = r.out.download();
   host.lse = r.lse.download();
@@ -187,7 +187,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
     decode_layouts.push_back(TileLayout::lanes);
   for (TileLayout layout : decode_layouts) {
     params.tile_layout = layout;
-    HostAttentionResult gpu = paged_attention(context(), q1, p, params, Storage{});
+    HostAttentionResult gpu = run_paged(context(), q1, p, params, Storage{});
     if (layout != TileLayout::automatic) {
       EXPECT_EQ(gpu.tile_layout, layout);
     }
@@ -204,7 +204,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   params.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
   for (TileLayout layout : layouts) {
     params.tile_layout = layout;
-    HostAttentionResult gpu = paged_attention(context(), q3, p, params, Storage{});
+    HostAttentionResult gpu = run_paged(context(), q3, p, params, Storage{});
     expect_sequences_match(q3, p, Storage{}, params, gpu,
                            std::string("modifiers, ") + tile_layout_name(gpu.tile_layout));
   }
@@ -220,7 +220,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   if (info.cooperative_matrix) f16_layouts.push_back(TileLayout::cooperative_matrix);
   for (TileLayout layout : f16_layouts) {
     plain.tile_layout = layout;
-    HostAttentionResult gpu = paged_attention(context(), q3, p, plain, f16);
+    HostAttentionResult gpu = run_paged(context(), q3, p, plain, f16);
     if (layout != TileLayout::automatic) {
       EXPECT_EQ(gpu.tile_layout, layout);
     }
@@ -233,7 +233,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
     quant_layouts.push_back(TileLayout::lanes);
   for (TileLayout layout : quant_layouts) {
     plain.tile_layout = layout;
-    HostAttentionResult gpu = paged_attention(context(), q3, p, plain, quant);
+    HostAttentionResult gpu = run_paged(context(), q3, p, plain, quant);
     expect_sequences_match(q3, p, quant, plain, gpu,
                            std::string("q8_0/q4_0, ") + tile_layout_name(gpu.tile_layout));
   }
@@ -258,32 +258,33 @@ TEST_F(VulkanTest, PagedAttentionRefusesWhatDoesNotFitByName) {
   Tensor v = Tensor::upload(ctx, p.v_pages, DType::f32);
   AttentionParams params;
   params.variant = Variant::naive;
-  expect_refused([&] { attention(ctx, q, k, v, p.table, params); }, "naive materialises");
+  expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); }, "naive materialises");
   params = {};
   params.rope = RopeLayout::interleaved;
-  expect_refused([&] { attention(ctx, q, k, v, p.table, params); },
+  expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); },
                  "rotate K before it goes into its page");
   params = {};
   params.mask = HostTensor({1, 9});
-  expect_refused([&] { attention(ctx, q, k, v, p.table, params); }, "an additive mask");
+  expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); }, "an additive mask");
   params = {};
   params.key_mask.assign(2 * 9, 1);
-  expect_refused([&] { attention(ctx, q, k, v, p.table, params); }, "a key mask");
+  expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); }, "a key mask");
   PageTable other = p.table;
   other.page_size = 8;
-  expect_refused([&] { attention(ctx, q, k, v, other, {}); },
+  expect_refused([&] { paged_attention(ctx, q, k, v, other, {}); },
                  "K's pages hold 4 tokens; the page table's page_size is 8");
   Tensor q3 = Tensor::upload(ctx, random_tensor({3, 2, 1, 8}, 811), DType::f32);
-  expect_refused([&] { attention(ctx, q3, k, v, p.table, {}); },
+  expect_refused([&] { paged_attention(ctx, q3, k, v, p.table, {}); },
                  "Q's batch (3) must be the page table's number of sequences (2)");
   other = p.table;
   other.indices[0] = 6;
-  expect_refused([&] { attention(ctx, q, k, v, other, {}); }, "is not one of the 6 pages");
+  expect_refused([&] { paged_attention(ctx, q, k, v, other, {}); }, "is not one of the 6 pages");
   PageTable empty;
   empty.page_size = 4;
   empty.add_sequence();
   empty.add_sequence();
-  expect_refused([&] { attention(ctx, q, k, v, empty, {}); }, "the page table holds no tokens");
+  expect_refused([&] { paged_attention(ctx, q, k, v, empty, {}); },
+                 "the page table holds no tokens");
 }
 
 }  // namespace

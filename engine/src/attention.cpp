@@ -328,9 +328,9 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
   return run(ctx, plan);
 }
 
-AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
-                          const Tensor& v_pages, const PageTable& pages,
-                          const AttentionParams& params) {
+AttentionResult paged_attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
+                                const Tensor& v_pages, const PageTable& pages,
+                                const AttentionParams& params) {
   detail::PlanOptions options;
   options.pages = &pages;
   detail::Plan plan(ctx, q, k_pages, v_pages, params, options);

@@ -865,7 +865,7 @@ void Plan::check_paged() const {
   if (!params.key_mask.empty())
     refuse("a key mask is [B, Nk] of one Nk; each sequence's length says which keys it has");
   if (options.append.k || options.dynamic_keys || options.trace)
-    refuse("a one-shot call (attention() with a PageTable)");
+    refuse("paged_attention() is a one-shot call");
 }
 
 void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {

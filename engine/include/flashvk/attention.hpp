@@ -193,9 +193,9 @@ AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k, const 
 /// attention and windows alike. Every fused variant and layout; not naive (which
 /// materialises a score matrix of one Nk), RoPE (rotate K before it goes into its page) or an
 /// additive mask.
-AttentionResult attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
-                          const Tensor& v_pages, const PageTable& pages,
-                          const AttentionParams& params = {});
+AttentionResult paged_attention(Context& ctx, const Tensor& q, const Tensor& k_pages,
+                                const Tensor& v_pages, const PageTable& pages,
+                                const AttentionParams& params = {});
 
 struct HostAttentionResult {
   HostTensor out;
