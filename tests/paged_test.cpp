@@ -178,65 +178,49 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
   if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
 
-  // Decoding: one query a sequence, fp32; splitkv also with the decoding kernel (lanes).
-  HostTensor q1 = random_tensor({5, heads, 1, d}, 710);
+  // Each layout runs (the asked-for one, unless automatic) and each sequence matches.
+  auto check = [&](const char* what, const HostTensor& q, AttentionParams params,
+                   const Storage& storage, const std::vector<TileLayout>& in) {
+    for (TileLayout layout : in) {
+      params.tile_layout = layout;
+      HostAttentionResult gpu = run_paged(context(), q, p, params, storage);
+      if (layout != TileLayout::automatic) {
+        EXPECT_EQ(gpu.tile_layout, layout);
+      }
+      expect_sequences_match(q, p, storage, params, gpu,
+                             std::string(what) + ", " + tile_layout_name(gpu.tile_layout));
+    }
+  };
+  std::vector<TileLayout> with_lanes = layouts;  // splitkv: also the decoding kernel
+  if (variant == Variant::splitkv && info.subgroup_shuffle) with_lanes.push_back(TileLayout::lanes);
   AttentionParams params;
   params.variant = variant;
-  std::vector<TileLayout> decode_layouts = layouts;
-  if (variant == Variant::splitkv && info.subgroup_shuffle)
-    decode_layouts.push_back(TileLayout::lanes);
-  for (TileLayout layout : decode_layouts) {
-    params.tile_layout = layout;
-    HostAttentionResult gpu = run_paged(context(), q1, p, params, Storage{});
-    if (layout != TileLayout::automatic) {
-      EXPECT_EQ(gpu.tile_layout, layout);
-    }
-    expect_sequences_match(q1, p, Storage{}, params, gpu,
-                           std::string("decode, ") + tile_layout_name(gpu.tile_layout));
-  }
+
+  // Decoding: one query a sequence, fp32.
+  HostTensor q1 = random_tensor({5, heads, 1, d}, 710);
+  check("decode", q1, params, Storage{}, with_lanes);
 
   // Three queries a sequence, bottom-right aligned to its own length, with the modifiers.
   HostTensor q3 = random_tensor({5, heads, 3, d}, 720);
-  params.causal = true;
-  params.window_left = 20;
-  params.softcap = 8.0f;
-  params.alibi_max_bias = 4.0f;
-  params.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
-  for (TileLayout layout : layouts) {
-    params.tile_layout = layout;
-    HostAttentionResult gpu = run_paged(context(), q3, p, params, Storage{});
-    expect_sequences_match(q3, p, Storage{}, params, gpu,
-                           std::string("modifiers, ") + tile_layout_name(gpu.tile_layout));
-  }
+  AttentionParams mods = params;
+  mods.causal = true;
+  mods.window_left = 20;
+  mods.softcap = 8.0f;
+  mods.alibi_max_bias = 4.0f;
+  mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  check("modifiers", q3, mods, Storage{}, layouts);
 
   // fp16 (on devices with matrix units also the cooperative-matrix kernel), and q8_0 K and
-  // q4_0 V under fp16 Q (splitkv also with the decoding kernel).
+  // q4_0 V under fp16 Q.
   if (!info.fp16_storage) return;
-  AttentionParams plain;
-  plain.variant = variant;
-  plain.causal = true;
-  const Storage f16{DType::f16};
+  params.causal = true;
   std::vector<TileLayout> f16_layouts = {TileLayout::automatic};
   if (info.cooperative_matrix) f16_layouts.push_back(TileLayout::cooperative_matrix);
-  for (TileLayout layout : f16_layouts) {
-    plain.tile_layout = layout;
-    HostAttentionResult gpu = run_paged(context(), q3, p, plain, f16);
-    if (layout != TileLayout::automatic) {
-      EXPECT_EQ(gpu.tile_layout, layout);
-    }
-    expect_sequences_match(q3, p, f16, plain, gpu,
-                           std::string("f16, ") + tile_layout_name(gpu.tile_layout));
-  }
-  const Storage quant{DType::f16, DType::q8_0, DType::q4_0};
+  check("f16", q3, params, Storage{DType::f16}, f16_layouts);
   std::vector<TileLayout> quant_layouts = {TileLayout::automatic, TileLayout::shared};
   if (variant == Variant::splitkv && info.subgroup_shuffle)
     quant_layouts.push_back(TileLayout::lanes);
-  for (TileLayout layout : quant_layouts) {
-    plain.tile_layout = layout;
-    HostAttentionResult gpu = run_paged(context(), q3, p, plain, quant);
-    expect_sequences_match(q3, p, quant, plain, gpu,
-                           std::string("q8_0/q4_0, ") + tile_layout_name(gpu.tile_layout));
-  }
+  check("q8_0/q4_0", q3, params, Storage{DType::f16, DType::q8_0, DType::q4_0}, quant_layouts);
 }
 
 std::vector<Variant> fused_variants() {
