@@ -228,7 +228,8 @@ TileLayout parse_layout(const std::string& text) {
   if (text == "registers") return TileLayout::registers;
   if (text == "coopmat") return TileLayout::cooperative_matrix;
   if (text == "lanes") return TileLayout::lanes;
-  throw UsageError{"--layout must be auto, shared, registers, coopmat or lanes, got '" + text +
+  if (text == "blocks") return TileLayout::blocks;
+  throw UsageError{"--layout must be auto, shared, registers, coopmat, lanes or blocks, got '" + text +
                    "'"};
 }
 

@@ -9,7 +9,7 @@
 // about correctness on llvmpipe: it stops every loop of an invocation once all its loops together
 // have run 65535 iterations (LP_MAX_TGSI_LOOP_ITERATIONS), so only the loops over keys iterate.
 #extension GL_EXT_control_flow_attributes : require
-#if defined(REG_TILE) || defined(LANE_TILE)
+#if defined(REG_TILE) || defined(LANE_TILE) || defined(BLOCK_SHUFFLE)
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
@@ -28,7 +28,8 @@ layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (regi
 // A key mask is bound. A constant, not a push-constant flag: llvmpipe runs a branch on a value it
 // cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
 layout(constant_id = 5) const bool KEY_MASK = false;
-// Lanes that share one key's head dimension (LANE_TILE: splitkv_lanes.comp).
+// Lanes that share one key's head dimension (LANE_TILE: splitkv_lanes.comp), or the invocations
+// that share a group of query rows (BLOCK_TILE: tile.glsl).
 layout(constant_id = 6) const uint LANES = 1;
 // The score modifiers compiled in (bits MOD_*), a constant for the same reason as KEY_MASK: a call
 // without them runs none of their code.
@@ -44,11 +45,17 @@ layout(constant_id = 8) const uint K_FORMAT = 0u;
 layout(constant_id = 9) const uint V_FORMAT = 0u;
 // A paged KV cache (attention over a PageTable): tokens a page; 0 for K and V as [B, Hkv, rows].
 layout(constant_id = 10) const uint PAGE_SIZE = 0u;
+// BLOCK_TILE: the K/V tile's shared memory in 16-byte vectors, and where the V tile starts in it:
+// 0 when V takes K's place once the scores are done (a smaller footprint, for long head dims).
+layout(constant_id = 11) const uint KV_VEC4 = 1u;
+layout(constant_id = 12) const uint V_AT = 0u;
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
-#ifndef REG_TILE
+#if defined(BLOCK_TILE)
+const uint CH = BC / LANES;  // the keys of a tile each invocation of a row group scores
+#elif !defined(REG_TILE)
 const uint CH = 1u;
 #endif
 
@@ -267,11 +274,21 @@ Row make_row(uint b, uint h, uint i, bool valid) {
 // workgroups (grouped-query attention), so every K/V tile serves them all. Workgroup y = b * Hkv
 // + kv head; x = block of packed rows (head in group, query), ROWS per invocation (one with
 // shared tiles).
+// The packed index of this invocation's row rr: ROWS consecutive rows an invocation, or with
+// BLOCK_TILE those of its row group (LANES invocations share them).
+uint row_slot(uint rr) {
+#ifdef BLOCK_TILE
+  return (gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x) / LANES * ROWS + rr;
+#else
+  return gl_GlobalInvocationID.x * ROWS + rr;
+#endif
+}
+
 Row packed_row(uint rr) {
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads;
   uint hkv = gl_WorkGroupID.y % pc.kv_heads;
-  uint r = gl_GlobalInvocationID.x * ROWS + rr;
+  uint r = row_slot(rr);
   bool valid = r < group * pc.nq;
   uint hg = valid ? r / pc.nq : 0u;
   uint i = valid ? r % pc.nq : 0u;

@@ -15,7 +15,7 @@ float l_tile[ROWS];  // the current tile's part of l_run, for its share in trace
 void state_init(uint rr) {
   m_run[rr] = start_max(rr);
   l_run[rr] = start_sum(rr);
-  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { l_tile[rr] = 0.0; }
@@ -32,6 +32,7 @@ void chunk_update(uint pass, uint c0, uint rr) {
     p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
     l_chunk += p[ci];
   }
+  l_chunk = row_sum(l_chunk);
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) o_coef[rr][ci] = p[ci];
   float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   l_run[rr] = l_run[rr] * alpha + l_chunk;
@@ -48,7 +49,7 @@ void tile_end(uint pass, uint j0, uint rr) {
   trace_put(t, 2u, l);
   trace_put(t, 3u, l_tile[rr] / l);  // the tile's share of the denominator
   trace_put(t, 4u, m + log(l));
-  [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+  [[unroll]] for (uint e = 0; e < OW; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
 void state_finish(uint rr) {

@@ -24,7 +24,7 @@ float t_tile[ROWS];   // log-sum-exp of the current tile's scores, for its weigh
 
 void state_init(uint rr) {
   lse_run[rr] = start_max(rr);  // L = ln e^sink, or -inf
-  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { t_tile[rr] = NEG_INF; }
@@ -44,6 +44,7 @@ void chunk_update(uint pass, uint c0, uint rr) {
     p[ci] = sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_chunk);
     l_chunk += p[ci];
   }
+  l_chunk = row_sum(l_chunk);
 #ifdef TRACE
   if (seen) {
     float t = m_chunk + log(l_chunk);
@@ -65,7 +66,7 @@ void tile_end(uint pass, uint j0, uint rr) {
   // The tile's weight in the output: e^(t_tile - L_end), which is sigma(t_tile - L_start).
   trace_put(t, 3u, tt == NEG_INF ? 0.0 : exp(tt - lse));
   trace_put(t, 4u, lse);
-  [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+  [[unroll]] for (uint e = 0; e < OW; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
 void state_finish(uint rr) {

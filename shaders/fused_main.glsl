@@ -52,6 +52,40 @@ void main() {
   if (PASSES > 1u) key_pass(1u, begin, end);
   finish_rows();
 }
+#elif defined(BLOCK_TILE)
+// Register blocks: the workgroup's queries once, then per tile K (and V) into shared memory, each
+// invocation's block of scores, every row's recurrence (its max and sums reduced over the row
+// group), the coefficients into P, and each invocation's block of the outputs. Every invocation
+// runs every step, rows outside the problem on zeros: the barriers and reductions need them all.
+void main() {
+  load_q_tile();
+  start_rows();
+  uint begin, end;
+  key_range(begin, end);  // its barriers also complete the queries in shared memory
+  uint kv_base = rows[0].kv_base;  // the same for every row of the workgroup
+  for (uint pass = 0u; pass < PASSES; ++pass) {
+    for (uint j0 = next_seen_tile(begin, end); j0 < end; j0 = next_seen_tile(j0 + BC, end)) {
+      uint n = min(BC, end - j0);
+      barrier();  // every invocation is done with the previous tile
+      load_k_tile(kv_base, j0, n);
+      if (pass_needs_v(pass) && !SHARE_KV) load_v_tile(kv_base, j0, n);
+      barrier();  // the tile is complete in shared memory
+      block_scores(j0, n);
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+        tile_begin(pass, rr);
+        chunk_update(pass, 0u, rr);
+      }
+      if (pass_needs_v(pass)) {
+        if (SHARE_KV) barrier();  // every invocation is done with K: V takes its place
+        store_p();
+        if (SHARE_KV) load_v_tile(kv_base, j0, n);
+        barrier();  // P and V are complete
+        accumulate_o(0u);
+      }
+    }
+  }
+  finish_rows();
+}
 #else
 // Shared tiles: one row per invocation (ROWS = 1).
 void main() {

@@ -16,18 +16,19 @@ float w_tile[ROWS];  // pass 2: the weight the tile's keys add to the output
 void state_init(uint rr) {
   m_run[rr] = start_max(rr);
   l_run[rr] = start_sum(rr);
-  [[unroll]] for (uint e = 0; e < DV; ++e) o_acc[rr][e] = 0.0;
+  [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { w_tile[rr] = 0.0; }
 
 void first_pass(uint rr) {
   float m_new = max(m_run[rr], chunk_max(rr));
-  if (m_new == NEG_INF) return;
-  float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
     l_chunk += sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
+  l_chunk = row_sum(l_chunk);  // before the branch: with register blocks every invocation sums
+  if (m_new == NEG_INF) return;
+  float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
   l_run[rr] = l_run[rr] * alpha + l_chunk;
   m_run[rr] = m_new;
 }
@@ -61,7 +62,7 @@ void tile_end(uint pass, uint j0, uint rr) {
     trace_put(t, 4u, m + log(l));
   } else {
     trace_put(t, 3u, w_tile[rr]);
-    [[unroll]] for (uint e = 0; e < DV; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
+    [[unroll]] for (uint e = 0; e < OW; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
   }
 }
 

@@ -2,9 +2,10 @@
 // are indexed only by unrolled (constant) indices: llvmpipe keeps a private array indexed at run
 // time in memory and gathers from it.
 //
-// Two layouts, chosen by the host (Spec::registers). In both, an invocation owns ROWS query rows
-// (their queries, scores, state and whole output rows) and a tile's keys are a chunk: CH keys
-// whose scores it holds at once.
+// Three layouts, chosen by the host (Spec::registers, Spec::blocks). In the first two, an
+// invocation owns ROWS query rows (their queries, scores, state and whole output rows) and a
+// tile's keys are a chunk: CH keys whose scores it holds at once; in the third, LANES invocations
+// share ROWS rows.
 // - shared memory (default on GPUs): ROWS = 1; every invocation of the workgroup helps load BC
 //   keys into shared memory, then each reads all of them, CH keys at a time.
 // - registers (REG_TILE, default on CPU drivers): a tile is one key per subgroup lane, and every
@@ -13,6 +14,15 @@
 //   the lane that holds it with a constant-index subgroupShuffle, so one fetched texel serves
 //   BC lanes x ROWS rows. No barriers and no shared memory, which on llvmpipe is a per-lane
 //   gather.
+// - register blocks (BLOCK_TILE, default on GPUs without cooperative matrices): the workgroup's
+//   BR query rows and a tile's BC keys in shared memory, the queries and keys transposed. A row
+//   group of LANES neighbouring invocations shares ROWS = 4 rows; each of them scores its
+//   CH = BC / LANES keys of the tile against them (a 4 x CH block of S), and then updates its
+//   OW = DV / LANES columns of their outputs (a 4 x OW block of O) from the tile's P and V. Every
+//   shared-memory read is a 16-byte vector serving 4 rows (queries, P) or 4 keys or columns (K,
+//   V): per multiply-add about 0.1-0.25 reads, where the shared layout makes one. A row's max and
+//   sum over the tile are reduced over its row group with subgroup shuffles (BLOCK_SHUFFLE), or
+//   through shared memory where a device has no subgroup operations.
 
 #ifdef REG_TILE
 const uint CH = BC;  // the whole tile: one key per lane
@@ -116,6 +126,98 @@ Fetch lane_fetch(KV_TEX tex, uint fmt, uint g, uint count, uint width, uint key,
   if (t >= texels) f.d = 0.0, f.x = vec4(0.0);
   return f;
 }
+#elif defined(BLOCK_TILE)
+const uint WG = gl_WorkGroupSize.x;
+const uint BR = WG / LANES * ROWS;  // query rows of the workgroup
+const uint OW = DV / LANES;         // output columns of each invocation (a multiple of 4)
+// Queries [D][BR], then per tile K [D][BC] and V [BC][DV] (from V_AT: after K, or in its place
+// once the scores are done) and the coefficients of P [BC][BR], all as 16-byte vectors.
+shared vec4 q_sh[D * BR / 4u];
+shared vec4 kv_sh[KV_VEC4];
+shared vec4 p_sh[BC * BR / 4u];
+const bool SHARE_KV = V_AT == 0u;
+
+uint group_lane() { return gl_LocalInvocationID.x % LANES; }  // which keys and columns
+uint row_group() { return gl_LocalInvocationID.x / LANES; }   // which 4 rows
+
+// The workgroup's queries, transposed (rows past the problem are zeros). Neighbouring
+// invocations take neighbouring rows, so that the shared-memory writes do not collide.
+void load_q_tile() {
+  uint group = pc.heads / pc.kv_heads, rows = group * pc.nq;
+  uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
+  const uint steps = (BR * D + WG - 1u) / WG;
+  [[unroll]] for (uint s = 0; s < steps; ++s) {
+    uint e = gl_LocalInvocationID.x + s * WG;
+    uint lr = e % BR, k = e / BR, r = gl_WorkGroupID.x * BR + lr;
+    float x = 0.0;
+    if (e < BR * D && r < rows) {
+      uint bh = b * pc.heads + hkv * group + r / pc.nq;
+      x = float(q_buf[(bh * pc.nq + r % pc.nq) * D + k]);
+    }
+    if (e < BR * D) q_sh[k * (BR / 4u) + lr / 4u][lr % 4u] = x;
+  }
+}
+
+// Keys j0 .. j0 + n - 1 as K^T: an invocation reads four elements of a key row and writes them
+// down a column, neighbouring invocations neighbouring keys. Zeros past the keys.
+void load_k_tile(uint kv_base, uint j0, uint n) {
+  const uint steps = (BC * D / 4u + WG - 1u) / WG;
+  [[unroll]] for (uint s = 0; s < steps; ++s) {
+    uint e = gl_LocalInvocationID.x + s * WG;
+    uint c = e % BC, k = 4u * (e / BC);
+    vec4 x = vec4(0.0);
+    if (e < BC * D / 4u && c < n) {
+      uint at = key_row(kv_base, j0 + c) * D + k;
+      x = vec4(k_value(at), k_value(at + 1u), k_value(at + 2u), k_value(at + 3u));
+    }
+    if (e < BC * D / 4u)
+      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = x[i];
+  }
+}
+
+void load_v_tile(uint kv_base, uint j0, uint n) {
+  const uint steps = (BC * DV / 4u + WG - 1u) / WG;
+  [[unroll]] for (uint s = 0; s < steps; ++s) {
+    uint e = gl_LocalInvocationID.x + s * WG;
+    uint c = e / (DV / 4u), k = 4u * (e % (DV / 4u));
+    vec4 x = vec4(0.0);
+    if (e < BC * DV / 4u && c < n) {
+      uint at = key_row(kv_base, j0 + c) * DV + k;
+      x = vec4(v_value(at), v_value(at + 1u), v_value(at + 2u), v_value(at + 3u));
+    }
+    if (e < BC * DV / 4u) kv_sh[V_AT + e] = x;
+  }
+}
+
+// A row's max and sum over the tile: over the LANES invocations of its row group.
+#ifdef BLOCK_SHUFFLE
+float row_max(float x) {
+  [[unroll]] for (uint s = 1u; s < LANES; s *= 2u) x = max(x, subgroupShuffleXor(x, s));
+  return x;
+}
+float row_sum(float x) {
+  [[unroll]] for (uint s = 1u; s < LANES; s *= 2u) x += subgroupShuffleXor(x, s);
+  return x;
+}
+#else
+// Without subgroup operations (Vulkan's minimum): through shared memory, every invocation of the
+// workgroup at every call (the recurrences call these outside any branch).
+shared float reduce_sh[WG];
+float row_reduce(float x, bool take_max) {
+  reduce_sh[gl_LocalInvocationID.x] = x;
+  barrier();
+  uint first = row_group() * LANES;
+  float r = reduce_sh[first];
+  [[unroll]] for (uint t = 1u; t < LANES; ++t) {
+    float y = reduce_sh[first + t];
+    r = take_max ? max(r, y) : r + y;
+  }
+  barrier();  // read before the next call writes
+  return r;
+}
+float row_max(float x) { return row_reduce(x, true); }
+float row_sum(float x) { return row_reduce(x, false); }
+#endif
 #else
 
 shared float tile_k[BC * D];
@@ -145,8 +247,11 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
 #endif
 
 // The queries and scores of this invocation's ROWS query rows (rows[] in common.glsl).
+float sc[ROWS][CH];  // scaled scores of the current chunk, -inf where masked
+#ifdef BLOCK_TILE
+void load_q(uint rr) {}  // the workgroup's queries are in q_sh (load_q_tile)
+#else
 float q_reg[ROWS][D];  // queries, kept in registers
-float sc[ROWS][CH];    // scaled scores of the current chunk, -inf where masked
 
 void load_q(uint rr) {
   Row r = rows[rr];
@@ -155,6 +260,7 @@ void load_q(uint rr) {
   if (r.valid)
     [[unroll]] for (uint k = 0; k < D; ++k) q_reg[rr][k] = float(q_buf[base + k]);
 }
+#endif
 
 #ifdef REG_TILE
 // Key c of the tile (past its end: the last key). The rows of a subgroup share one K/V head.
@@ -201,6 +307,34 @@ void score_tile() {
     }
   }
 }
+#elif defined(BLOCK_TILE)
+// The row group's 4 rows against this invocation's CH keys of the tile (of n keys from j0): per
+// head-dim element, one vector of 4 queries and CH / 4 vectors of keys for 4 x CH multiply-adds.
+void block_scores(uint j0, uint n) {
+  uint tr = row_group(), c0 = group_lane() * CH;
+  float acc[ROWS][CH];
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[rr][ci] = 0.0;
+  [[unroll]] for (uint k = 0; k < D; ++k) {
+    vec4 q = q_sh[k * (BR / 4u) + tr];
+    float kk[CH];
+    if (CH % 4u == 0u) {
+      [[unroll]] for (uint v = 0; v < CH / 4u; ++v) {
+        vec4 x = kv_sh[k * (BC / 4u) + c0 / 4u + v];
+        [[unroll]] for (uint i = 0; i < 4u; ++i) kk[4u * v + i] = x[i];
+      }
+    } else {
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci) kk[ci] = kv_sh[(k * BC + c0 + ci) / 4u][(c0 + ci) % 4u];
+    }
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[rr][ci] = fma(q[rr], kk[ci], acc[rr][ci]);
+  }
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+      uint c = c0 + ci, j = j0 + c;
+      sc[rr][ci] = row_score(rr, j, c < n && key_visible(rr, j), acc[rr][ci] * pc.scale);
+    }
+}
 #else
 // Scores of keys j0+c0 .. j0+c0+CH-1 (tile offsets c0..c0+CH-1 of a tile holding n keys).
 void chunk_scores(uint j0, uint c0, uint n) {
@@ -214,16 +348,24 @@ void chunk_scores(uint j0, uint c0, uint n) {
 
 #endif
 
+#ifndef BLOCK_TILE
+const uint OW = DV;  // output columns of each invocation: whole rows
+float row_max(float x) { return x; }  // an invocation holds its rows' whole chunks
+float row_sum(float x) { return x; }
+#endif
+
+// The max of row rr's scores in the chunk; and row_sum(), which every recurrence applies to its
+// chunk's sum of e^(s - m): over every invocation that holds part of the row's chunk.
 float chunk_max(uint rr) {
   float m = NEG_INF;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) m = max(m, sc[rr][ci]);
-  return m;
+  return row_max(m);
 }
 
 // Every recurrence updates its output the same way, o <- o * o_keep + sum_c o_coef[c] v_c; the
 // recurrence sets the two, and the caller applies them (accumulate_o) outside any branch a row
 // took on its own, as register tiles need every lane at each shuffle.
-float o_acc[ROWS][DV];
+float o_acc[ROWS][OW];
 float o_keep[ROWS];
 float o_coef[ROWS][CH];
 
@@ -258,6 +400,33 @@ void accumulate_o(uint c0) {
     }
   }
 }
+#elif defined(BLOCK_TILE)
+// This invocation's coefficients of the tile's keys into P, a vector of 4 rows a key.
+void store_p() {
+  uint tr = row_group(), c0 = group_lane() * CH;
+  [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+    vec4 p = vec4(0.0);
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) p[rr] = o_coef[rr][ci];  // ROWS = 4
+    p_sh[(c0 + ci) * (BR / 4u) + tr] = p;
+  }
+}
+
+// The row group's 4 rows, this invocation's OW columns: per key one vector of P and OW / 4 of V
+// for 4 x OW multiply-adds.
+void accumulate_o(uint c0) {
+  uint tr = row_group(), col = group_lane() * (OW / 4u);
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] *= o_keep[rr];
+  [[unroll]] for (uint c = 0; c < BC; ++c) {
+    vec4 p = p_sh[c * (BR / 4u) + tr];
+    [[unroll]] for (uint v = 0; v < OW / 4u; ++v) {
+      vec4 x = kv_sh[V_AT + c * (DV / 4u) + col + v];
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+        [[unroll]] for (uint i = 0; i < 4u; ++i)
+          o_acc[rr][4u * v + i] = fma(p[rr], x[i], o_acc[rr][4u * v + i]);
+    }
+  }
+}
 #else
 void accumulate_o(uint c0) {
   [[unroll]] for (uint k = 0; k < DV; ++k) o_acc[0][k] *= o_keep[0];
@@ -269,13 +438,21 @@ void accumulate_o(uint c0) {
 
 // Writes row rr's output, times mul, to dst[base .. base + DV): the dimensions this invocation
 // holds.
+#ifdef BLOCK_TILE
+uint first_column() { return group_lane() * OW; }
+#else
+uint first_column() { return 0u; }
+#endif
+
 void store_o(uint base, uint rr, float mul) {
-  [[unroll]] for (uint e = 0; e < DV; ++e) o_buf[base + e] = o_acc[rr][e] * mul;
+  base += first_column();
+  [[unroll]] for (uint e = 0; e < OW; ++e) o_buf[base + e] = o_acc[rr][e] * mul;
 }
 
 #ifdef SPLIT_KV
 void store_partial(uint base, uint rr, float mul) {
-  [[unroll]] for (uint e = 0; e < DV; ++e) scratch1[base + e] = o_acc[rr][e] * mul;
+  base += first_column();
+  [[unroll]] for (uint e = 0; e < OW; ++e) scratch1[base + e] = o_acc[rr][e] * mul;
 }
 #endif
 

@@ -26,7 +26,8 @@ using Case = std::tuple<Variant, DType, Shape>;
 
 class AttentionTest : public VulkanTest, public ::testing::WithParamInterface<Case> {};
 
-void expect_matches_reference(Variant variant, DType dtype, const Shape& s, TileLayout layout) {
+void expect_matches_reference(Variant variant, DType dtype, const Shape& s, TileLayout layout,
+                              Context& ctx = context()) {
   uint32_t seed = s.nq * 131 + s.nk * 7 + s.d;
   HostTensor q = random_tensor({s.b, s.h, s.nq, s.d}, seed);
   HostTensor k = random_tensor({s.b, s.hkv, s.nk, s.d}, seed + 1);
@@ -40,7 +41,7 @@ void expect_matches_reference(Variant variant, DType dtype, const Shape& s, Tile
   params.variant = variant;
   params.causal = s.causal;
   params.tile_layout = layout;
-  HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
+  HostAttentionResult gpu = attention(ctx, q, k, v, params, dtype);
   reference::Result ref = reference::direct(q, k, v, params);
   double tol = tolerance(q, k, v, params) + weight_rounding(gpu, v);
   EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << "tolerance " << tol;
@@ -71,6 +72,28 @@ TEST_P(OtherTileLayoutTest, MatchesFloat64Reference) {
   expect_matches_reference(variant, dtype, s, cpu ? TileLayout::shared : TileLayout::registers);
 }
 
+// Register blocks (TileLayout::blocks, the default on GPUs without cooperative matrices), forced
+// on every device, lavapipe included: with the device's limits (rows reduced with subgroup
+// shuffles where it has them), and with Vulkan's guaranteed minimums, where the tiles shrink to
+// 16 KiB and the rows are reduced through shared memory. d and dv not multiples of 4 are refused.
+class BlocksLayoutTest : public AttentionTest {};
+
+TEST_P(BlocksLayoutTest, MatchesFloat64ReferenceAtTheDevicesAndTheMinimumLimits) {
+  auto [variant, dtype, s] = GetParam();
+  for (Context* ctx : {&context(), &minimum_context()}) {
+    SCOPED_TRACE(ctx == &context() ? "device limits" : "Vulkan's minimum limits");
+    if (s.d % 4 != 0 || s.dv % 4 != 0) {
+      AttentionParams params;
+      params.variant = variant;
+      params.tile_layout = TileLayout::blocks;
+      HostTensor q({s.b, s.h, s.nq, s.d}), k({s.b, s.hkv, s.nk, s.d}), v({s.b, s.hkv, s.nk, s.dv});
+      expect_refused([&] { attention(*ctx, q, k, v, params, dtype); }, "tile_layout blocks needs");
+      continue;
+    }
+    expect_matches_reference(variant, dtype, s, TileLayout::blocks, *ctx);
+  }
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   auto [variant, dtype, s] = info.param;
   return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
@@ -82,6 +105,26 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, AttentionTest,
                                             ::testing::ValuesIn(kShapes)),
                          case_name);
 
+// Every shape but d = 256, whose unrolled register blocks take llvmpipe up to two minutes a
+// pipeline to compile: BlocksTakeLongHeadDims runs it once.
+std::vector<Shape> block_shapes() {
+  std::vector<Shape> shapes;
+  for (const Shape& s : kShapes)
+    if (s.d < 256) shapes.push_back(s);
+  return shapes;
+}
+
+INSTANTIATE_TEST_SUITE_P(FusedVariants, BlocksLayoutTest,
+                         ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
+                                                              Variant::flash2, Variant::flashd,
+                                                              Variant::splitkv),
+                                            ::testing::Values(DType::f32, DType::f16),
+                                            ::testing::ValuesIn(block_shapes())),
+                         case_name);
+
+TEST_F(VulkanTest, BlocksTakeLongHeadDims) {
+  expect_matches_reference(Variant::flash2, DType::f32, kShapes[6], TileLayout::blocks);
+}
 INSTANTIATE_TEST_SUITE_P(FusedVariants, OtherTileLayoutTest,
                          ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
                                                               Variant::flash2, Variant::flashd,

@@ -381,7 +381,7 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
 TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   Outcome bad = run_cli("bench --nq 8 --d 16 --layout sideways");
   EXPECT_EQ(bad.status, 2) << bad.output;
-  EXPECT_NE(bad.output.find("--layout must be auto, shared, registers, coopmat or lanes"),
+  EXPECT_NE(bad.output.find("--layout must be auto, shared, registers, coopmat, lanes or blocks"),
             std::string::npos)
       << bad.output;
   Outcome o = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat");

@@ -10,16 +10,34 @@ namespace flashvk::test {
 
 namespace {
 
-std::unique_ptr<Context>& shared_context() {
-  static std::unique_ptr<Context> ctx;
-  return ctx;
+// The default device as it is (0), and with Vulkan's guaranteed minimum limits (1).
+std::unique_ptr<Context>& shared_context(int which = 0) {
+  static std::unique_ptr<Context> ctx[2];
+  return ctx[which];
+}
+
+Context& make_shared_context(int which) {
+  static std::mutex mutex;  // threads of the concurrency tests may ask first
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Context>& ctx = shared_context(which);
+  if (!ctx) {
+    const char* env = std::getenv("FLASHVK_VALIDATION");
+    ContextOptions options;
+    options.validation = !(env && std::string(env) == "0");
+    if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
+    ctx = std::make_unique<Context>(Context::create(options));
+  }
+  return *ctx;
 }
 
 // Destroys the shared context when the tests end rather than in a static destructor at exit,
 // where the validation layer's own statics may already be gone.
 class SharedContextEnvironment : public ::testing::Environment {
  public:
-  void TearDown() override { shared_context().reset(); }
+  void TearDown() override {
+    shared_context(1).reset();
+    shared_context(0).reset();
+  }
 };
 
 [[maybe_unused]] ::testing::Environment* const environment =
@@ -28,21 +46,19 @@ class SharedContextEnvironment : public ::testing::Environment {
 }  // namespace
 
 Context& context() {
-  static std::mutex mutex;  // threads of the concurrency tests may ask first
-  std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<Context>& ctx = shared_context();
-  if (!ctx) {
-    const char* env = std::getenv("FLASHVK_VALIDATION");
-    ContextOptions options;
-    options.validation = !(env && std::string(env) == "0");
-    ctx = std::make_unique<Context>(Context::create(options));
-  }
-  return *ctx;
+  return make_shared_context(0);
+}
+
+Context& minimum_context() {
+  return make_shared_context(1);
 }
 
 void expect_no_validation_messages() {
   for (const std::string& m : context().take_validation_messages())
     ADD_FAILURE() << "validation layer: " << m;
+  if (shared_context(1))
+    for (const std::string& m : shared_context(1)->take_validation_messages())
+      ADD_FAILURE() << "validation layer (Vulkan's minimum limits): " << m;
 }
 
 HostTensor random_tensor(std::vector<int64_t> shape, uint32_t seed, float scale) {

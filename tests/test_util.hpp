@@ -16,6 +16,10 @@ namespace flashvk::test {
 
 /// The context every test shares (validation layers on unless FLASHVK_VALIDATION=0).
 Context& context();
+/// The same device with Vulkan's guaranteed minimum limits for compute
+/// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
+/// operations), as the smallest device an app may meet.
+Context& minimum_context();
 
 /// Fails the current test if the validation layers said anything since the last call.
 void expect_no_validation_messages();

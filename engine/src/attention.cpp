@@ -87,6 +87,8 @@ const char* tile_layout_name(TileLayout layout) {
       return "cooperative_matrix";
     case TileLayout::lanes:
       return "lanes";
+    case TileLayout::blocks:
+      return "blocks";
   }
   return "unknown";
 }

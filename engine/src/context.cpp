@@ -72,6 +72,9 @@ void apply_overrides(DeviceInfo& info, const LimitOverrides& o) {
   lower(info.max_storage_buffer_range, o.max_storage_buffer_range);
   lower(info.max_allocation, o.max_allocation);
   for (uint32_t& count : info.max_workgroup_count) lower(count, o.max_workgroup_count);
+  lower(info.max_shared_memory, o.max_shared_memory);
+  lower(info.max_workgroup_invocations, o.max_workgroup_invocations);
+  if (o.no_subgroup_operations) info.subgroup_shuffle = false;
 }
 
 namespace {
@@ -513,7 +516,7 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
-  std::array<uint32_t, 11> values = {spec.rows,
+  std::array<uint32_t, 13> values = {spec.rows,
                                      spec.keys,
                                      spec.d,
                                      spec.dv,
@@ -523,7 +526,9 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
                                      spec.mods,
                                      spec.k_format,
                                      spec.v_format,
-                                     spec.page_size};
+                                     spec.page_size,
+                                     spec.kv_vec4,
+                                     spec.v_at};
   std::array<VkSpecializationMapEntry, values.size()> entries{};
   for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
   VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),

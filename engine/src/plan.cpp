@@ -204,6 +204,88 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
          !trace && info.type != "cpu";
 }
 
+// TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
+// rows, each taking dv / lanes output columns (a multiple of 4): 8 where dv allows, so that a
+// row's reductions are three shuffles. The shared memory holds the queries [d][Br], K [d][Bc] and
+// V [Bc][dv] (or V in K's place once the scores are done), P [Bc][Br], the workgroup's key range
+// and, without subgroup operations, a float per invocation for the row reductions.
+uint32_t block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
+  for (uint32_t lanes : {8u, 4u, 2u, 1u})
+    if (dims.dv % (4 * lanes) == 0 && (!shuffle || lanes <= info.subgroup_size)) return lanes;
+  return 0;
+}
+
+uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
+                     uint32_t invocations, bool shuffle) {
+  uint64_t kv = share_kv ? std::max(dims.d, dims.dv) : dims.d + dims.dv;
+  return 4 * (uint64_t(dims.d) * br + kv * bc + uint64_t(bc) * br) + (shuffle ? 0 : 4 * invocations) +
+         8;
+}
+
+// The register blocks' tiles: the Br x Bc that fits with the longest short side (each K/V
+// element read from memory serves Br rows, each query Bc keys), then with K and V apart (one
+// barrier less a tile), then more rows; block_rows and block_keys fix Br and Bc. False when none
+// fits (or the shape cannot have blocks).
+bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
+                 uint32_t shared_bytes, Spec& spec) {
+  bool shuffle = info.subgroup_shuffle;
+  uint32_t lanes = block_lanes(info, dims, shuffle);
+  if (lanes == 0 || dims.d % 4 != 0) return false;
+  uint32_t max_invocations = std::min(info.max_workgroup_invocations, 1024u);
+  uint64_t best_score = 0;
+  for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
+    if (params.block_rows && br != params.block_rows) continue;
+    uint32_t invocations = br / 4 * lanes;
+    if (invocations > max_invocations) continue;
+    for (uint32_t bc : {64u, 32u, 16u, 8u, 4u}) {
+      if (params.block_keys && bc != params.block_keys) continue;
+      if (bc % lanes != 0) continue;
+      for (bool share : {false, true}) {
+        if (block_bytes(dims, br, bc, share, invocations, shuffle) > shared_bytes) continue;
+        uint64_t score = uint64_t(std::min(br, bc)) * 1000 + (share ? 0 : 100) + br;
+        if (score <= best_score) continue;
+        best_score = score;
+        spec.rows = invocations;
+        spec.keys = bc;
+        spec.group_rows = 4;
+        spec.lanes_per_key = lanes;
+        spec.block_shuffle = shuffle;
+        spec.v_at = share ? 0 : dims.d * bc / 4;
+        spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
+      }
+    }
+  }
+  spec.blocks = best_score > 0;
+  return spec.blocks;
+}
+
+// Register blocks where they are asked for, or by default on GPUs (where the cooperative-matrix
+// kernel, chosen before, does not run), unless block_rows or block_keys ask for shared tiles.
+bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
+                uint32_t shared_bytes, bool trace, Spec& spec) {
+  bool fused = variant_info(params.variant).fused;
+  if (params.tile_layout == TileLayout::blocks) {
+    if (!fused) throw Error("tile_layout blocks applies to the fused variants, not naive");
+    if (params.block_rows && params.block_rows % 4 != 0)
+      throw Error("with tile_layout blocks, block_rows (query rows of a workgroup) must be a "
+                  "multiple of 4 from 4 to 64");
+    if (!size_blocks(info, dims, params, shared_bytes, spec))
+      throw Error(
+          "tile_layout blocks needs d a multiple of 4 and dv of 16 (or 4, 8 with fewer "
+          "invocations a row group), block_rows and block_keys among 4, 8, 16, 32, 64 (or 0), "
+          "and its tiles within the shared memory (" +
+          std::to_string(shared_bytes) + " bytes) and " +
+          std::to_string(info.max_workgroup_invocations) + " invocations; d=" +
+          std::to_string(dims.d) + ", dv=" + std::to_string(dims.dv) + " on " + info.name +
+          " does not fit");
+    if (trace) spec.blocks = false;  // traces record from the shared-memory kernels
+    return spec.blocks;
+  }
+  return params.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
+         params.block_rows == 0 && params.block_keys == 0 &&
+         size_blocks(info, dims, params, shared_bytes, spec);
+}
+
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
@@ -237,6 +319,10 @@ Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParam
     spec.rows = 128;  // four subgroups of 32, 16 query rows each
     spec.keys = coopmat_keys(shared_bytes, dims.d, dims.dv);
     return spec;
+  }
+  if (!forced_keys) {
+    Spec blocks = spec;
+    if (use_blocks(info, dims, params, shared_bytes, trace, blocks)) return blocks;
   }
   spec.rows = params.block_rows ? params.block_rows : 64;
   uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
@@ -629,7 +715,7 @@ Plan::Plan(Context& context) : ctx(context), impl(context.impl()) {
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
-  uint64_t chunks = spec.registers || spec.lanes ? 0 : spec.keys;  // shared tiles: once a key
+  uint64_t chunks = spec.registers || spec.lanes || spec.blocks ? 0 : spec.keys;  // shared: a key
   uint64_t passes = variant_info(params.variant).passes;
   uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
   // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped.
@@ -722,12 +808,13 @@ std::string Plan::shader(const char* family) const {
   if (spec.lanes) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
-         (spec.registers ? "_reg" : "");
+         (spec.registers ? "_reg" : "") + (spec.blocks ? (spec.block_shuffle ? "_blk" : "_blk_nosg") : "");
 }
 
 TileLayout Plan::tile_layout() const {
   if (spec.coopmat) return TileLayout::cooperative_matrix;
   if (spec.lanes) return TileLayout::lanes;
+  if (spec.blocks) return TileLayout::blocks;
   return spec.registers ? TileLayout::registers : TileLayout::shared;
 }
 

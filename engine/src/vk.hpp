@@ -82,16 +82,25 @@ struct Spec {
   bool kv_quant = false;
   uint32_t k_format = 0, v_format = 0;
   uint32_t page_size = 0;  // K and V are pages of this many tokens (a PageTable); 0: not paged
+  /// Fused kernels: TileLayout::blocks. `rows` invocations, `lanes_per_key` of them sharing
+  /// `group_rows` (4) query rows; the K/V tile's shared memory in 16-byte vectors, with V from
+  /// `v_at` (0: in K's place once the scores are done); rows reduced by subgroup shuffles or,
+  /// without subgroup operations, through shared memory.
+  bool blocks = false;
+  bool block_shuffle = false;
+  uint32_t kv_vec4 = 1, v_at = 0;
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
   uint32_t block() const {
     if (coopmat) return rows / 2;
     if (lanes) return group_rows;
+    if (blocks) return rows / lanes_per_key * group_rows;
     return registers ? rows * group_rows : rows;
   }
   auto tie() const {
     return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
-                    lanes_per_key, mods, kv_quant, k_format, v_format, page_size);
+                    lanes_per_key, mods, kv_quant, k_format, v_format, page_size, blocks,
+                    block_shuffle, kv_vec4, v_at);
   }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };

@@ -50,6 +50,12 @@ struct LimitOverrides {
   uint64_t max_storage_buffer_range = 0;
   uint64_t max_allocation = 0;
   uint32_t max_workgroup_count = 0;  ///< applied to x, y and z
+  uint32_t max_shared_memory = 0;          ///< bytes per workgroup
+  uint32_t max_workgroup_invocations = 0;  ///< per workgroup
+  bool no_subgroup_operations = false;     ///< as a device without subgroup shuffles
+  /// Vulkan's guaranteed minimums for compute: 16 KiB of shared memory, 128 invocations a
+  /// workgroup, no subgroup operations (a small phone GPU, at worst).
+  static LimitOverrides vulkan_minimums() { return {0, 0, 0, 16384, 128, true}; }
 };
 
 struct ContextOptions {
