@@ -64,24 +64,40 @@ void main() {
   key_range(begin, end);  // its barriers also complete the queries in shared memory
   uint kv_base = rows[0].kv_base;  // the same for every row of the workgroup
   for (uint pass = 0u; pass < PASSES; ++pass) {
-    for (uint j0 = next_seen_tile(begin, end); j0 < end; j0 = next_seen_tile(j0 + BC, end)) {
+    bool with_v = pass_needs_v(pass);
+    uint j0 = next_seen_tile(begin, end);
+    if (j0 < end) {
+      fetch_k_tile(kv_base, j0, min(BC, end - j0));
+      if (with_v) fetch_v_tile(kv_base, j0, min(BC, end - j0));
+    }
+    while (j0 < end) {
       uint n = min(BC, end - j0);
+      uint next = next_seen_tile(j0 + BC, end);
+      uint next_n = next < end ? min(BC, end - next) : 0u;
       barrier();  // every invocation is done with the previous tile
-      load_k_tile(kv_base, j0, n);
-      if (pass_needs_v(pass) && !SHARE_KV) load_v_tile(kv_base, j0, n);
+      store_k_tile();
+      if (with_v && !SHARE_KV) store_v_tile();
       barrier();  // the tile is complete in shared memory
+      if (next_n > 0u) {  // the next tile's loads, in flight during this one's products
+        fetch_k_tile(kv_base, next, next_n);
+        if (with_v && !SHARE_KV) fetch_v_tile(kv_base, next, next_n);
+      }
       block_scores(j0, n);
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
         tile_begin(pass, rr);
         chunk_update(pass, 0u, rr);
       }
-      if (pass_needs_v(pass)) {
+      if (with_v) {
         if (SHARE_KV) barrier();  // every invocation is done with K: V takes its place
         store_p();
-        if (SHARE_KV) load_v_tile(kv_base, j0, n);
+        if (SHARE_KV) {
+          store_v_tile();
+          if (next_n > 0u) fetch_v_tile(kv_base, next, next_n);
+        }
         barrier();  // P and V are complete
         accumulate_o(0u);
       }
+      j0 = next;
     }
   }
   finish_rows();

@@ -158,11 +158,18 @@ void load_q_tile() {
   }
 }
 
-// Keys j0 .. j0 + n - 1 as K^T: an invocation reads four elements of a key row and writes them
-// down a column, neighbouring invocations neighbouring keys. Zeros past the keys.
-void load_k_tile(uint kv_base, uint j0, uint n) {
-  const uint steps = (BC * D / 4u + WG - 1u) / WG;
-  [[unroll]] for (uint s = 0; s < steps; ++s) {
+// A tile's K and V as each invocation fetches them, 16-byte vectors: the next tile is fetched
+// into registers while the current one is worked on, so that its loads are in flight during the
+// products instead of before them.
+const uint KF = (BC * D / 4u + WG - 1u) / WG;
+const uint VF = (BC * DV / 4u + WG - 1u) / WG;
+vec4 k_next[KF], v_next[VF];
+
+// Keys j0 .. j0 + n - 1 for K^T: an invocation reads four elements of a key row, which
+// store_k_tile() writes down a column, neighbouring invocations neighbouring keys. Zeros past
+// the keys.
+void fetch_k_tile(uint kv_base, uint j0, uint n) {
+  [[unroll]] for (uint s = 0; s < KF; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
     uint c = e % BC, k = 4u * (e / BC);
     vec4 x = vec4(0.0);
@@ -170,14 +177,21 @@ void load_k_tile(uint kv_base, uint j0, uint n) {
       uint at = key_row(kv_base, j0 + c) * D + k;
       x = vec4(k_value(at), k_value(at + 1u), k_value(at + 2u), k_value(at + 3u));
     }
-    if (e < BC * D / 4u)
-      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = x[i];
+    k_next[s] = x;
   }
 }
 
-void load_v_tile(uint kv_base, uint j0, uint n) {
-  const uint steps = (BC * DV / 4u + WG - 1u) / WG;
-  [[unroll]] for (uint s = 0; s < steps; ++s) {
+void store_k_tile() {
+  [[unroll]] for (uint s = 0; s < KF; ++s) {
+    uint e = gl_LocalInvocationID.x + s * WG;
+    uint c = e % BC, k = 4u * (e / BC);
+    if (e < BC * D / 4u)
+      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = k_next[s][i];
+  }
+}
+
+void fetch_v_tile(uint kv_base, uint j0, uint n) {
+  [[unroll]] for (uint s = 0; s < VF; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
     uint c = e / (DV / 4u), k = 4u * (e % (DV / 4u));
     vec4 x = vec4(0.0);
@@ -185,7 +199,14 @@ void load_v_tile(uint kv_base, uint j0, uint n) {
       uint at = key_row(kv_base, j0 + c) * DV + k;
       x = vec4(v_value(at), v_value(at + 1u), v_value(at + 2u), v_value(at + 3u));
     }
-    if (e < BC * DV / 4u) kv_sh[V_AT + e] = x;
+    v_next[s] = x;
+  }
+}
+
+void store_v_tile() {
+  [[unroll]] for (uint s = 0; s < VF; ++s) {
+    uint e = gl_LocalInvocationID.x + s * WG;
+    if (e < BC * DV / 4u) kv_sh[V_AT + e] = v_next[s];
   }
 }
 
