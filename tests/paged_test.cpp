@@ -175,7 +175,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   const std::vector<uint32_t> lengths = {37, 1, 0, 70, 16};
   const int64_t heads = 4, kv_heads = 2, d = 32, dv = 32;
   PagedBatch p = make_paged(lengths, 16, kv_heads, d, dv, 14, 700);
-  std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
+  std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared, TileLayout::blocks};
   if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
 
   // Each layout runs (the asked-for one, unless automatic) and each sequence matches.
