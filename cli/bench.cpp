@@ -53,11 +53,12 @@ options:
   --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
                       shape (default 1, 8, H, 1024, Nq, 64, d)
   --causal            causal mask
-MODIFIERS  --layout auto|shared|registers|coopmat|lanes
+MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; lanes: splitkv's
                       decoding kernel, a key's head dimension over a few lanes, with
-                      --variant splitkv; the last column,
+                      --variant splitkv; blocks: GPUs without matrix units, 4-row blocks
+                      of S and O per invocation from vector reads; the last column,
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register

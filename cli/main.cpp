@@ -43,9 +43,10 @@ options:
   --scale S           score scale (default 1/sqrt(d))
   --causal            bottom-right causal mask: query i sees keys j <= i + Nk - Nq
   --splits N          splitkv: number of key chunks (default: from the device)
-  --layout auto|shared|registers|coopmat|lanes
+  --layout auto|shared|registers|coopmat|lanes|blocks
                       where the fused kernels keep K/V tiles (default auto: see
-                      docs/engine.md; lanes: splitkv's decoding kernel for GPUs); the line
+                      docs/engine.md; lanes: splitkv's decoding kernel for GPUs; blocks:
+                      GPUs without matrix units); the line
                       printed at the end names what ran
   --block-rows N --block-keys N
                       invocations per workgroup and keys per tile (default: the engine's;

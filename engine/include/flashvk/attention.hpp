@@ -28,8 +28,8 @@ enum class RopeLayout { none, interleaved, half };
 /// `blocks`: register blocks for GPUs without matrix units (phones, integrated GPUs, fp32 on
 /// any GPU): the workgroup's queries and each K/V tile in shared memory, each invocation
 /// computing a 4-row block of the scores and of the output from 16-byte vector reads, rows reduced
-/// with subgroup shuffles where the device has them and through shared memory where not; d a
-/// multiple of 4, dv of 16. `automatic` picks it on GPUs where cooperative matrices do not run.
+/// with subgroup shuffles where the device has them and through shared memory where not; d and
+/// dv multiples of 4. `automatic` picks it on GPUs where cooperative matrices do not run.
 enum class TileLayout { automatic, shared, registers, cooperative_matrix, lanes, blocks };
 const char* tile_layout_name(TileLayout layout);
 
