@@ -8,348 +8,9 @@
 #include <utility>
 
 #include "flashvk/context.hpp"
+#include "tiling.hpp"
 
 namespace flashvk::detail {
-
-namespace {
-
-// The texels of K or V in a storage format of its own (KV_QUANT kernels): q8_0 and q4_0 as four
-// 32-bit words (sixteen quants of a block, or all 32 of a q4_0 block, in one fetch: tile.glsl's
-// kv_fetch), other formats a word a texel.
-bool word_quad(DType storage) {
-  return storage == DType::q8_0 || storage == DType::q4_0;
-}
-VkFormat word_texel_format(DType storage) {
-  return word_quad(storage) ? VK_FORMAT_R32G32B32A32_UINT : VK_FORMAT_R32_UINT;
-}
-uint64_t word_texel_bytes(DType storage) {
-  return word_quad(storage) ? 16 : 4;
-}
-
-// Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
-// 32-bit words (q8_0, q4_0: four words a texel, kv_fetch), so d and dv must be multiples of 4 and
-// each of K and V must fit one texel-buffer binding.
-bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
-  uint64_t keys = dims.kv_keys;
-  uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
-  if (kv.own_kv())
-    texels = std::max(buffer_bytes(kv.k, int64_t(keys * dims.d)) / word_texel_bytes(kv.k),
-                      buffer_bytes(kv.v, int64_t(keys * dims.dv)) / word_texel_bytes(kv.v));
-  return info.texel_buffers && dims.d % 4 == 0 && dims.dv % 4 == 0 &&
-         texels <= info.max_texel_buffer_elements;
-}
-
-// RGBA texels of the additive mask's values: its rows padded to 4 keys.
-uint64_t mask_texels(const AttentionParams& params, const Dims& dims) {
-  if (params.mask.data.empty() || dims.nk == 0) return 0;
-  return params.mask.data.size() / dims.nk * ((dims.nk + 3) / 4);
-}
-
-// Query rows each invocation of a register tile works on: every key element broadcast from the
-// lane that fetched it serves all of them, so more rows mean fewer broadcasts and fetches per
-// multiply-add, but each lane keeps rows x (d + dv) values of queries and outputs, and the
-// kernels unroll rows x head dim x keys. 4 rows at d = 64 and 128 measured fastest on llvmpipe
-// (a standalone flash2 of this layout at d = 128: 67% of the FMA peak, 57% with 6, 59% with 2); at
-// most 512 / d, so that the queries and outputs stay within a core's 32 KiB level-1 data cache.
-// Fewer when a KV head has few rows (decoding), so that they spread over the lanes instead of
-// leaving lanes idle; and then no more invocations per workgroup than the rows need.
-void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, bool auto_rows) {
-  uint32_t most = std::clamp(512u / std::max(dims.d, dims.dv), 1u, 4u);
-  uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  spec.group_rows = static_cast<uint32_t>(std::clamp<uint64_t>(rows / info.subgroup_size, 1, most));
-  if (!auto_rows) return;
-  uint64_t lanes = (rows + spec.group_rows - 1) / spec.group_rows;
-  uint64_t subgroups = (lanes + info.subgroup_size - 1) / info.subgroup_size;
-  spec.rows = static_cast<uint32_t>(std::min<uint64_t>(spec.rows, subgroups * info.subgroup_size));
-}
-
-// Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
-// `kv_views`: K's and V's buffers can have texel views (usage, offset alignment).
-bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                   const Storage& kv, bool kv_views, uint32_t rows, bool trace) {
-  bool fused = variant_info(params.variant).fused;
-  bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0 && kv_views && texels_fit(info, dims, kv) &&
-                mask_texels(params, dims) <= info.max_texel_buffer_elements;
-  if (params.tile_layout == TileLayout::registers) {
-    if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
-    if (!usable)
-      throw Error(
-          "tile_layout registers needs subgroup shuffle and arithmetic operations in "
-          "compute shaders, block_rows a multiple of the subgroup size (" +
-          std::to_string(info.subgroup_size) +
-          "), RGBA uniform texel buffers holding all of K and V (views: buffers with "
-          "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT at offsets that are multiples of "
-          "minTexelBufferOffsetAlignment, " +
-          std::to_string(info.min_texel_offset_alignment) + "), and d and dv multiples of 4; " +
-          info.name + " with this shape does not qualify");
-    if (params.block_keys && params.block_keys != info.subgroup_size)
-      throw Error(
-          "with tile_layout registers a tile is one key per subgroup lane, so block_keys "
-          "must be 0 or the subgroup size (" +
-          std::to_string(info.subgroup_size) + ")");
-    return !trace;  // traces record from the shared-memory kernels
-  }
-  return params.tile_layout == TileLayout::automatic && fused && usable && !trace &&
-         info.type == "cpu" && params.block_keys == 0;
-}
-
-// Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K/V tile and four subgroups' scratch (S in fp32, P in fp16) fit the shared
-// memory, and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every
-// row is padded by 16 bytes, as in the shader.
-uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
-  for (uint32_t keys : {64u, 32u, 16u}) {
-    uint32_t kv = 2 * keys * (d + 8 + dv + 8);
-    uint32_t scratch = 4 * 16 * (4 * (std::max(keys, 16u) + 4) + 2 * (keys + 8));
-    if (kv + scratch + 64 <= shared_bytes && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
-  }
-  return 0;
-}
-
-// The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
-bool use_coopmat(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, const Storage& kv, uint32_t shared_bytes, bool trace) {
-  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
-              dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
-              params.block_rows == 0 && params.block_keys == 0 &&
-              coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
-  if (params.tile_layout == TileLayout::cooperative_matrix) {
-    if (!impl.coopmat_enabled)
-      throw Error(
-          "tile_layout cooperative_matrix needs VK_NV_cooperative_matrix (16x16x16 fp16 "
-          "products into fp32, a subgroup of 32), shaderFloat16 and vulkanMemoryModel "
-          "with device scope enabled; " +
-          impl.info.name + " does not have them");
-    if (!fits)
-      throw Error(
-          "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "Q, K and V with d and dv multiples of 16 up to 128, tile sizes chosen by the "
-          "engine (block_rows and block_keys 0) and shared memory for the tiles");
-    return !trace;  // traces record from the shared-memory kernels
-  }
-  return params.tile_layout == TileLayout::automatic && impl.coopmat_enabled && fits && !trace;
-}
-
-// TileLayout::lanes (shaders/splitkv_lanes.comp): lanes per key, so that each lane loads 16
-// bytes of a key row at a time (4 floats, 8 halves, 16 q8_0 or 32 q4_0 quants); the most that
-// divide both d and dv into whole loads, a power of two no larger than the subgroup. 0 when d or
-// dv is not a whole number of loads.
-uint32_t lane_vec(DType storage) {  // values of one 16-byte load
-  switch (storage) {
-    case DType::f32:
-      return 4;
-    case DType::q8_0:
-      return 16;
-    case DType::q4_0:
-      return 32;
-    default:
-      return 8;
-  }
-}
-
-uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
-  uint32_t kvec = lane_vec(kv.k), vvec = lane_vec(kv.v);
-  if (dims.d % kvec || dims.dv % vvec) return 0;
-  uint32_t lanes = 1;
-  while (lanes * 2 <= info.subgroup_size && (dims.d / kvec) % (lanes * 2) == 0 &&
-         (dims.dv / vvec) % (lanes * 2) == 0)
-    lanes *= 2;
-  return lanes;
-}
-
-constexpr uint32_t kLaneRows = 8;  // query rows of a lanes workgroup at most
-// Keys a cluster of lanes takes a step, all their loads in flight together: 8 read 5-8% faster
-// than 4 on an H100. Also the most a caller may ask for: the step is unrolled over keys and rows,
-// and NVIDIA's compiler took 213 s for one pipeline of 16 keys by 8 rows (4 s for 8 keys).
-constexpr uint32_t kLaneKeys = 8;
-
-// Invocations of a lanes workgroup: 64, or fewer where its clusters' merge would not fit the
-// shared memory; never fewer than one cluster.
-uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t shared_bytes) {
-  uint32_t size = std::max(64u, lanes);
-  while (size > lanes && (size / lanes) * rows * (dv + 2) * 4 > shared_bytes) size /= 2;
-  return size;
-}
-
-// The lanes layout where it is asked for, or by default for splitkv on GPUs when a KV head has
-// few query rows (decoding), which all go to one workgroup; by default only where one cluster's
-// merge fits the shared memory and each lane holds at most four 16-byte loads of a row (a head
-// dim that splits badly, such as d = 80 in fp16 over 2 lanes, would keep 40 elements a row in
-// every lane, and spill).
-bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-               const Storage& kv, uint32_t shared_bytes, bool trace) {
-  uint32_t lanes = lanes_per_key(info, dims, kv);
-  bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
-                params.block_rows == 0 && params.block_keys <= kLaneKeys;
-  if (params.tile_layout == TileLayout::lanes) {
-    if (!usable)
-      throw Error(
-          "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
-          "block_keys (keys a cluster of lanes takes a step) at most " +
-          std::to_string(kLaneKeys) + ", on devices with subgroup shuffles, d a multiple of " +
-          std::to_string(lane_vec(kv.k)) + " and dv a multiple of " +
-          std::to_string(lane_vec(kv.v)) + " (16-byte loads of K stored as " + dtype_name(kv.k) +
-          " and V as " + dtype_name(kv.v) + "); " + info.name + " with this call does not qualify");
-    return !trace;  // traces record from the shared-memory kernels
-  }
-  // At most four loads and 32 values of a row a lane, lest the registers spill.
-  auto fits_lanes = [&](uint32_t width, DType storage) {
-    return width <= std::min(4 * lane_vec(storage), 32u) * lanes;
-  };
-  uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
-              fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
-  return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
-         !trace && info.type != "cpu";
-}
-
-// TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
-// rows, each taking dv / lanes output columns (a multiple of 4): 8 where dv allows, so that a
-// row's reductions are three shuffles. The shared memory holds the queries [d][Br], K [d][Bc] and
-// V [Bc][dv] (or V in K's place once the scores are done), P [Bc][Br], the workgroup's key range
-// and, without subgroup operations, a float per invocation for the row reductions.
-uint32_t block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
-  for (uint32_t lanes : {8u, 4u, 2u, 1u})
-    if (dims.dv % (4 * lanes) == 0 && (!shuffle || lanes <= info.subgroup_size)) return lanes;
-  return 0;
-}
-
-uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
-                     uint32_t invocations, bool shuffle) {
-  uint64_t kv = share_kv ? std::max(dims.d, dims.dv) : dims.d + dims.dv;
-  return 4 * (uint64_t(dims.d) * br + kv * bc + uint64_t(bc) * br) + (shuffle ? 0 : 4 * invocations) +
-         8;
-}
-
-// The register blocks' tiles: the most rows that fit, then the most keys, then K and V apart (one
-// barrier less a tile); block_rows and block_keys fix Br and Bc. False when none fits (or the
-// shape cannot have blocks). Rows first: on an H100 (fp32, B=1 H=8 N=4096) 64 x 32 took 2.8 ms
-// at d=64 against 6.8-7.4 for 32 x 32 and 32 x 64, and 64 x 16 took 8.0 ms at d=128 against 15.0
-// for 32 x 32 (fewer, larger workgroups: one wave over the SMs, each K/V tile serving more rows).
-bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                 uint32_t shared_bytes, Spec& spec) {
-  bool shuffle = info.subgroup_shuffle;
-  uint32_t lanes = block_lanes(info, dims, shuffle);
-  if (lanes == 0 || dims.d % 4 != 0) return false;
-  uint32_t max_invocations = std::min(info.max_workgroup_invocations, 1024u);
-  uint64_t best_score = 0;
-  for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
-    if (params.block_rows && br != params.block_rows) continue;
-    uint32_t invocations = br / 4 * lanes;
-    if (invocations > max_invocations) continue;
-    for (uint32_t bc : {64u, 32u, 16u, 8u, 4u}) {
-      if (params.block_keys && bc != params.block_keys) continue;
-      if (bc % lanes != 0) continue;
-      for (bool share : {false, true}) {
-        if (block_bytes(dims, br, bc, share, invocations, shuffle) > shared_bytes) continue;
-        uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
-        if (score <= best_score) continue;
-        best_score = score;
-        spec.rows = invocations;
-        spec.keys = bc;
-        spec.group_rows = 4;
-        spec.lanes_per_key = lanes;
-        spec.block_shuffle = shuffle;
-        spec.v_at = share ? 0 : dims.d * bc / 4;
-        spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
-      }
-    }
-  }
-  spec.blocks = best_score > 0;
-  return spec.blocks;
-}
-
-// Register blocks where they are asked for, or by default on GPUs (where the cooperative-matrix
-// kernel, chosen before, does not run), unless block_rows or block_keys ask for shared tiles.
-bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
-                uint32_t shared_bytes, bool trace, Spec& spec) {
-  bool fused = variant_info(params.variant).fused;
-  if (params.tile_layout == TileLayout::blocks) {
-    if (!fused) throw Error("tile_layout blocks applies to the fused variants, not naive");
-    if (params.block_rows && params.block_rows % 4 != 0)
-      throw Error("with tile_layout blocks, block_rows (query rows of a workgroup) must be a "
-                  "multiple of 4 from 4 to 64");
-    if (!size_blocks(info, dims, params, shared_bytes, spec))
-      throw Error(
-          "tile_layout blocks needs d a multiple of 4 and dv of 16 (or 4, 8 with fewer "
-          "invocations a row group), block_rows and block_keys among 4, 8, 16, 32, 64 (or 0), "
-          "and its tiles within the shared memory (" +
-          std::to_string(shared_bytes) + " bytes) and " +
-          std::to_string(info.max_workgroup_invocations) + " invocations; d=" +
-          std::to_string(dims.d) + ", dv=" + std::to_string(dims.dv) + " on " + info.name +
-          " does not fit");
-    if (trace) spec.blocks = false;  // traces record from the shared-memory kernels
-    return spec.blocks;
-  }
-  return params.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
-         params.block_rows == 0 && params.block_keys == 0 &&
-         size_blocks(info, dims, params, shared_bytes, spec);
-}
-
-// Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
-// tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
-// 128 invocations); a device with more shared memory gets longer tiles.
-Spec choose_spec(const ContextImpl& impl, const Dims& dims, const AttentionParams& params,
-                 DType dtype, const Storage& kv, bool kv_views, uint32_t forced_keys, bool trace) {
-  const DeviceInfo& info = impl.info;
-  Spec spec;
-  spec.d = dims.d;
-  spec.dv = dims.dv;
-  uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
-  uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
-  spec.kv_quant = kv.own_kv();
-  spec.k_format = static_cast<uint32_t>(kv.k);
-  spec.v_format = static_cast<uint32_t>(kv.v);
-  if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
-    spec.lanes = true;
-    spec.lanes_per_key = lanes_per_key(info, dims, kv);
-    uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
-    spec.group_rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
-    spec.rows = lanes_workgroup(spec.lanes_per_key, spec.group_rows, dims.dv, shared_bytes);
-    spec.keys = params.block_keys ? params.block_keys : kLaneKeys;  // keys a cluster takes a step
-    if ((spec.rows / spec.lanes_per_key) * spec.group_rows * (dims.dv + 2) * 4 > shared_bytes)
-      throw Error("tile_layout lanes needs " + std::to_string(spec.group_rows * (dims.dv + 2) * 4) +
-                  " bytes of shared memory for one cluster's output; this device or "
-                  "max_shared_memory allows " +
-                  std::to_string(shared_bytes));
-    return spec;
-  }
-  if (!forced_keys && use_coopmat(impl, dims, params, dtype, kv, shared_bytes, trace)) {
-    spec.coopmat = true;
-    spec.rows = 128;  // four subgroups of 32, 16 query rows each
-    spec.keys = coopmat_keys(shared_bytes, dims.d, dims.dv);
-    return spec;
-  }
-  if (!forced_keys) {
-    Spec blocks = spec;
-    if (use_blocks(info, dims, params, shared_bytes, trace, blocks)) return blocks;
-  }
-  spec.rows = params.block_rows ? params.block_rows : 64;
-  uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
-  if (spec.rows > max_rows)
-    throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
-                "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  if (use_registers(info, dims, params, kv, kv_views, spec.rows, trace)) {
-    spec.registers = true;
-    spec.keys = info.subgroup_size;
-    size_register_tiles(spec, info, dims, params.block_rows == 0);
-    return spec;
-  }
-  uint32_t budget = shared_bytes - 64u;
-  uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
-  uint32_t keys = forced_keys ? forced_keys : params.block_keys;
-  if (keys == 0) keys = std::min(64u, max_keys);
-  if (keys > max_keys)
-    throw Error("block_keys " + std::to_string(keys) + " with d=" + std::to_string(dims.d) +
-                ", dv=" + std::to_string(dims.dv) + " needs " +
-                std::to_string(4u * keys * (dims.d + dims.dv)) + " bytes of shared memory; the " +
-                "device's maxComputeSharedMemorySize is " + std::to_string(info.max_shared_memory));
-  spec.keys = keys;
-  return spec;
-}
-
-}  // namespace
 
 // The score modifiers, checked and handed to the kernels: the window (causal folded in) and the
 // softcap as push constants, which of them are compiled in as Spec::mods, and per (batch, head)
@@ -592,7 +253,15 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 " (the CLI: --rope needs --kv-dtype equal to --dtype)");
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
   bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
-  spec = choose_spec(impl, dims, params, dtype, kv, kv_views, options.keys, options.trace);
+  spec = choose_tiling({.info = impl.info,
+                        .coopmat_enabled = impl.coopmat_enabled,
+                        .dims = dims,
+                        .params = params,
+                        .dtype = dtype,
+                        .kv = kv,
+                        .kv_views = kv_views,
+                        .forced_keys = options.keys,
+                        .trace = options.trace});
   if (options.pages) spec.page_size = options.pages->page_size;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
@@ -710,8 +379,23 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(con
   plan_rope(*this, x, out, rope.position_offset);
 }
 
-Plan::Plan(Context& context) : ctx(context), impl(context.impl()) {
-  create_pools();
+Plan::Plan(Context& context) : ctx(context), impl(context.impl()), dispatches_(impl) {}
+
+VkDescriptorSet Plan::make_set(const Bindings& buffers) {
+  return dispatches_.make_set(buffers, lengths.handle(), texel_views);
+}
+
+void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
+               const void* push_data, uint32_t push_bytes) {
+  if (!push_data) {
+    push_data = &push;
+    push_bytes = sizeof(Push);
+  }
+  dispatches_.add(pipeline, set, groups, push_data, push_bytes);
+}
+
+void Plan::add_barrier() {
+  dispatches_.add_barrier();
 }
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
@@ -734,24 +418,6 @@ void Plan::check_loop_budget(uint64_t keys) const {
               "which splits the keys to fit, or fewer keys");
 }
 
-void Plan::create_pools() {
-  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 8 * kBindings},
-                                  {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 8 * kTexelBindings},
-                                  {VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 8}};
-  VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-  pool_info.maxSets = 8;  // at most 4 so far: RoPE's or an append's 3 and attention's 1
-  pool_info.poolSizeCount = 3;
-  pool_info.pPoolSizes = sizes;
-  check(vkCreateDescriptorPool(impl.device, &pool_info, nullptr, &pool_), "vkCreateDescriptorPool");
-  objects_created();
-  if (impl.timestamp_bits > 0 && ctx.device().timestamps) {
-    VkQueryPoolCreateInfo query_info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
-    query_info.queryType = VK_QUERY_TYPE_TIMESTAMP;
-    query_info.queryCount = 2;
-    check(vkCreateQueryPool(impl.device, &query_info, nullptr, &queries_), "vkCreateQueryPool");
-    objects_created();
-  }
-}
 
 // K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
@@ -787,18 +453,10 @@ void Plan::make_texel_views() {
 }
 
 Plan::~Plan() {
-  uint64_t destroyed = sets_;  // freed with their pool
+  uint64_t destroyed = 0;
   for (VkBufferView view : texel_views) {
     if (!view) continue;
     vkDestroyBufferView(impl.device, view, nullptr);
-    ++destroyed;
-  }
-  if (queries_) {
-    vkDestroyQueryPool(impl.device, queries_, nullptr);
-    ++destroyed;
-  }
-  if (pool_) {
-    vkDestroyDescriptorPool(impl.device, pool_, nullptr);
     ++destroyed;
   }
   objects_destroyed(destroyed);
@@ -840,75 +498,8 @@ Buffer Plan::scratch(uint64_t bytes) {
   return Buffer(impl, bytes);
 }
 
-VkDescriptorSet Plan::make_set(const Bindings& buffers) {
-  VkDescriptorSetAllocateInfo alloc{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-  alloc.descriptorPool = pool_;
-  alloc.descriptorSetCount = 1;
-  alloc.pSetLayouts = &impl.set_layout;
-  VkDescriptorSet set = VK_NULL_HANDLE;
-  check(vkAllocateDescriptorSets(impl.device, &alloc, &set), "vkAllocateDescriptorSets");
-  objects_created();
-  ++sets_;
-  std::array<VkDescriptorBufferInfo, kBindings> infos{};
-  std::array<VkWriteDescriptorSet, kBindings> writes{};
-  for (uint32_t i = 0; i < kBindings; ++i) {
-    infos[i] = {buffers[i].buffer, buffers[i].offset, buffers[i].bytes};
-    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-    writes[i].dstSet = set;
-    writes[i].dstBinding = i;
-    writes[i].descriptorCount = 1;
-    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    writes[i].pBufferInfo = &infos[i];
-  }
-  vkUpdateDescriptorSets(impl.device, kBindings, writes.data(), 0, nullptr);
-  VkDescriptorBufferInfo length_info{lengths.handle() ? lengths.handle() : impl.dummy.handle(), 0,
-                                     16};
-  VkWriteDescriptorSet length_write{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-  length_write.dstSet = set;
-  length_write.dstBinding = kLengthsBinding;
-  length_write.descriptorCount = 1;
-  length_write.descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
-  length_write.pBufferInfo = &length_info;
-  vkUpdateDescriptorSets(impl.device, 1, &length_write, 0, nullptr);
-  if (!texel_views[0]) return set;
-  std::array<VkWriteDescriptorSet, kTexelBindings> texel_writes{};
-  for (uint32_t i = 0; i < kTexelBindings; ++i) {
-    texel_writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-    texel_writes[i].dstSet = set;
-    texel_writes[i].dstBinding = kBindings + i;
-    texel_writes[i].descriptorCount = 1;
-    texel_writes[i].descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
-    texel_writes[i].pTexelBufferView = &texel_views[i];
-  }
-  vkUpdateDescriptorSets(impl.device, kTexelBindings, texel_writes.data(), 0, nullptr);
-  return set;
-}
 
-void Plan::check_groups(std::array<uint32_t, 3> groups) const {
-  const char* axis[] = {"x", "y", "z"};
-  for (int i = 0; i < 3; ++i)
-    if (groups[i] > ctx.device().max_workgroup_count[i])
-      throw Error(std::string("attention needs ") + std::to_string(groups[i]) +
-                  " workgroups along " + axis[i] + ", more than the device's " +
-                  "maxComputeWorkGroupCount[" + std::to_string(i) + "] (" +
-                  std::to_string(ctx.device().max_workgroup_count[i]) + ")");
-}
 
-void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
-               const void* push_data, uint32_t push_bytes) {
-  check_groups(groups);
-  Dispatch d;
-  d.pipeline = pipeline;
-  d.set = set;
-  d.groups = groups;
-  if (!push_data) {
-    push_data = &push;
-    push_bytes = sizeof(Push);
-  }
-  std::memcpy(d.push.data(), push_data, push_bytes);
-  d.push_bytes = push_bytes;
-  steps_.push_back(d);
-}
 
 void Plan::set_keys(uint32_t n) {
   if (appends)
@@ -1017,46 +608,7 @@ void Plan::plan_append(const Tensor& q, const Tensor& k, const Tensor& v) {
   options.append = {};  // the caller's tensors: bound above, not kept
 }
 
-void Plan::add_barrier() {
-  steps_.push_back(Dispatch{});
-}
 
-void Plan::record(VkCommandBuffer cmd) {
-  if (queries_) {
-    vkCmdResetQueryPool(cmd, queries_, 0, 2);
-    vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, 0);
-  }
-  for (const Dispatch& d : steps_) {
-    if (!d.pipeline) {
-      compute_barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                      VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-      continue;
-    }
-    vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline);
-    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, impl.pipeline_layout, 0, 1, &d.set,
-                            0, nullptr);
-    vkCmdPushConstants(cmd, impl.pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d.push_bytes,
-                       d.push.data());
-    vkCmdDispatch(cmd, d.groups[0], d.groups[1], d.groups[2]);
-  }
-  if (queries_) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
-  // Outputs become visible to whatever comes next: shaders, copies or the host.
-  compute_barrier(cmd,
-                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
-                      VK_PIPELINE_STAGE_HOST_BIT,
-                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                      VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
-}
 
-double Plan::gpu_ms() const {
-  if (!queries_) return 0.0;
-  uint64_t stamps[2] = {0, 0};
-  VkResult r = vkGetQueryPoolResults(impl.device, queries_, 0, 2, sizeof(stamps), stamps,
-                                     sizeof(uint64_t), VK_QUERY_RESULT_64_BIT);
-  if (r != VK_SUCCESS) return 0.0;
-  uint64_t valid = impl.timestamp_bits >= 64 ? ~0ull : ((1ull << impl.timestamp_bits) - 1);
-  uint64_t ticks = (stamps[1] - stamps[0]) & valid;
-  return double(ticks) * ctx.device().timestamp_period_ns * 1e-6;
-}
 
 }  // namespace flashvk::detail

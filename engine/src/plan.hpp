@@ -1,12 +1,18 @@
 #pragma once
 // A Plan is one attention call turned into a list of dispatches with their descriptor sets,
 // scratch buffers and outputs. It can be recorded into any command buffer, ours or the app's.
+// Three parts, each in its own file: the tiling policy chooses the layout and tiles from the
+// device (tiling.hpp, choose_tiling), the Plan checks the call and builds the kernels' inputs
+// once, in its constructor (this file; the kernel families in kernels/ add their dispatches
+// to it there), and the DispatchList records them (dispatch_list.hpp). After construction a
+// plan changes only the lengths its kernels read when they run (set_keys, set_position).
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dispatch_list.hpp"
 #include "flashvk/attention.hpp"
 #include "vk.hpp"
 
@@ -33,27 +39,8 @@ constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
 
 /// Binding slots of shaders/common.glsl.
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
-/// One storage-buffer binding: a buffer, where its data starts and how many bytes a kernel may
-/// see (VK_WHOLE_SIZE: to the buffer's end). A bare VkBuffer binds all of it.
-struct Range {
-  VkBuffer buffer = VK_NULL_HANDLE;
-  VkDeviceSize offset = 0, bytes = VK_WHOLE_SIZE;
-  Range() = default;
-  Range(VkBuffer whole) : buffer(whole) {}  // NOLINT: implicit, a buffer binds whole
-  Range(VkBuffer b, VkDeviceSize first, VkDeviceSize size)
-      : buffer(b), offset(first), bytes(size) {}
-};
 /// Where tensor `t`'s values are.
 Range binding(const Tensor& t);
-using Bindings = std::array<Range, kBindings>;
-
-struct Dispatch {
-  VkPipeline pipeline = VK_NULL_HANDLE;
-  VkDescriptorSet set = VK_NULL_HANDLE;
-  std::array<uint32_t, 32> push{};
-  uint32_t push_bytes = 0;
-  std::array<uint32_t, 3> groups{1, 1, 1};
-};
 
 /// Tracing asks for a trace build of the kernels and a fixed tiling; recordings may write into
 /// the caller's outputs.
@@ -86,15 +73,15 @@ class Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan();
 
-  void record(VkCommandBuffer cmd);
-  double gpu_ms() const;  ///< after the recorded work has finished
+  void record(VkCommandBuffer cmd) const { dispatches_.record(cmd); }
+  double gpu_ms() const { return dispatches_.gpu_ms(); }  ///< after the recorded work has finished
   /// The number of keys the recorded kernels attend over when they next run (dynamic_keys).
   void set_keys(uint32_t n);
   /// Where the appended rows go when the recorded work next runs (options.append): rows
   /// [position, position + Nq), attention over position + Nq keys.
   void set_position(uint32_t position);
 
-  // Read by the kernel families.
+  // Set by the constructor and the kernel families it calls; read-only after it.
   Context& ctx;
   ContextImpl& impl;
   AttentionParams params;
@@ -117,7 +104,7 @@ class Plan {
   bool appends = false;  // options.append was given: set_position, not set_keys
   Buffer lengths;        // host-visible: the Nk the kernels read (common.glsl `lengths`)
   uint64_t device_bytes = 0;
-  std::array<VkBufferView, kTexelBindings> texel_views{};  // K, V as texels (register tiles)
+  TexelViews texel_views{};  // K, V as texels (register tiles)
 
   std::string shader(const char* family) const;
   TileLayout tile_layout() const;
@@ -131,7 +118,6 @@ class Plan {
   Tensor output(const Tensor* given, const std::vector<int64_t>& shape, const char* name);
   /// Throws when tensor `name` is larger than one storage-buffer binding may be.
   void check_binding(const Tensor& t, const char* name) const;
-  void check_groups(std::array<uint32_t, 3> groups) const;
   /// Loop iterations one invocation runs over `keys` keys (llvmpipe caps them; see below).
   uint64_t loop_iterations(uint64_t keys) const;
   /// Throws on llvmpipe when one invocation would loop past its cap of 65535 iterations.
@@ -139,15 +125,11 @@ class Plan {
   static constexpr uint64_t kLoopBudget = 60000;
 
  private:
-  void create_pools();
   void make_texel_views();
   void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
   void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
   void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
-  VkDescriptorPool pool_ = VK_NULL_HANDLE;
-  VkQueryPool queries_ = VK_NULL_HANDLE;
-  uint64_t sets_ = 0;            // descriptor sets allocated from pool_
-  std::vector<Dispatch> steps_;  // a null pipeline marks a barrier
+  DispatchList dispatches_;
 };
 
 // Kernel families, one host file each, next to their shaders.

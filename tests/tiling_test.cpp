@@ -1,0 +1,188 @@
+// The tiling policy (engine/src/tiling.hpp) on devices the tests do not run on: an NVIDIA GPU
+// with matrix units, a phone GPU, Vulkan's guaranteed minimums and a CPU driver. The layout each
+// gets is the one docs/engine.md ("Tile layouts", `automatic`) promises, and every tiling it
+// picks fits the device's shared memory and invocations, computed here from the tile's parts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "tiling.hpp"
+
+namespace flashvk {
+namespace {
+
+using detail::Spec;
+
+DeviceInfo device(const char* name, const char* type, uint32_t shared, uint32_t invocations,
+                  uint32_t subgroup, bool shuffle, bool coopmat) {
+  DeviceInfo info;
+  info.name = name;
+  info.type = type;
+  info.max_shared_memory = shared;
+  info.max_workgroup_invocations = invocations;
+  for (uint32_t& n : info.max_workgroup_count) n = 65535;
+  info.subgroup_size = subgroup;
+  info.subgroup_shuffle = shuffle;
+  info.max_storage_buffer_range = 1u << 30;
+  info.max_texel_buffer_elements = 1u << 27;
+  info.min_storage_offset_alignment = info.min_texel_offset_alignment = 64;
+  info.texel_buffers = true;
+  info.fp16_storage = true;
+  info.cooperative_matrix = coopmat;
+  return info;
+}
+
+const DeviceInfo kH100 = device("H100-like", "discrete", 227 * 1024, 1024, 32, true, true);
+const DeviceInfo kPhone = device("phone-like", "integrated", 32 * 1024, 512, 16, true, false);
+const DeviceInfo kMinimum = device("Vulkan minimums", "integrated", 16384, 128, 1, false, false);
+const DeviceInfo kCpu = device("llvmpipe-like", "cpu", 32 * 1024, 1024, 8, true, false);
+
+Dims dims(uint32_t heads, uint32_t kv_heads, uint32_t nq, uint32_t nk, uint32_t d, uint32_t dv) {
+  Dims x = check_shapes({1, heads, nq, d}, {1, kv_heads, nk, d}, {1, kv_heads, nk, dv});
+  x.kv_rows = x.nk;
+  x.kv_keys = uint64_t(x.batch) * x.kv_heads * x.kv_rows;
+  return x;
+}
+
+Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dtype,
+            TileLayout layout = TileLayout::automatic) {
+  AttentionParams params;
+  params.variant = variant;
+  params.tile_layout = layout;
+  return detail::choose_tiling({.info = info,
+                                .coopmat_enabled = info.cooperative_matrix,
+                                .dims = shape,
+                                .params = params,
+                                .dtype = dtype,
+                                .kv = Storage(dtype)});
+}
+
+TileLayout layout_of(const Spec& s) {
+  if (s.coopmat) return TileLayout::cooperative_matrix;
+  if (s.lanes) return TileLayout::lanes;
+  if (s.blocks) return TileLayout::blocks;
+  return s.registers ? TileLayout::registers : TileLayout::shared;
+}
+
+// Shared memory a register-block workgroup uses, from its tiles: the queries [d][Br] and P
+// [Bc][Br] in fp32, the K/V tile (kv_vec4 16-byte vectors), without subgroup operations a float
+// per invocation for the row reductions, and the workgroup's key range.
+uint64_t block_footprint(const Spec& s, uint32_t d) {
+  uint64_t br = s.block(), bc = s.keys;
+  return 4 * (d * br + bc * br) + 16ull * s.kv_vec4 + (s.block_shuffle ? 0 : 4ull * s.rows) + 8;
+}
+
+TEST(TilingTest, GpuWithMatrixUnits) {
+  Dims prefill64 = dims(8, 8, 4096, 4096, 64, 64), prefill128 = dims(8, 8, 4096, 4096, 128, 128);
+  // fp16 prefill on the matrix units: 64 keys a tile at d = 64, 32 at d = 128 (48 KiB).
+  Spec cm = tiling(kH100, prefill64, Variant::flash2, DType::f16);
+  EXPECT_EQ(layout_of(cm), TileLayout::cooperative_matrix);
+  EXPECT_EQ(cm.rows, 128u);
+  EXPECT_EQ(cm.keys, 64u);
+  EXPECT_EQ(tiling(kH100, prefill128, Variant::flashd, DType::f16).keys, 32u);
+  // fp32 prefill: register blocks, the most rows, then the most keys within 48 KiB: 64 x 32 at
+  // d = 64; at d = 128, 64 x 16 with V in K's place (64 x 8 with both would fit too).
+  Spec b64 = tiling(kH100, prefill64, Variant::flash2, DType::f32);
+  EXPECT_EQ(layout_of(b64), TileLayout::blocks);
+  EXPECT_EQ(b64.block(), 64u);
+  EXPECT_EQ(b64.keys, 32u);
+  EXPECT_NE(b64.v_at, 0u);  // K and V apart
+  Spec b128 = tiling(kH100, prefill128, Variant::flash2, DType::f32);
+  EXPECT_EQ(b128.block(), 64u);
+  EXPECT_EQ(b128.keys, 16u);
+  EXPECT_EQ(b128.v_at, 0u);  // V in K's place
+  EXPECT_LE(block_footprint(b128, 128), 48u * 1024);
+  // Decoding (GQA: 4 query heads a KV head): the lanes kernel, all 4 rows in one workgroup.
+  Spec decode = tiling(kH100, dims(32, 8, 1, 65536, 128, 128), Variant::splitkv, DType::f16);
+  EXPECT_EQ(layout_of(decode), TileLayout::lanes);
+  EXPECT_EQ(decode.block(), 4u);
+  EXPECT_EQ(decode.lanes_per_key, 16u);  // 128 halves: 16 loads of 16 bytes
+}
+
+TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {
+  Spec s = tiling(kPhone, dims(8, 2, 1000, 1000, 64, 64), Variant::flashd, DType::f16);
+  EXPECT_EQ(layout_of(s), TileLayout::blocks);
+  EXPECT_TRUE(s.block_shuffle);
+  EXPECT_LE(s.rows, kPhone.max_workgroup_invocations);
+  EXPECT_LE(block_footprint(s, 64), kPhone.max_shared_memory);
+  EXPECT_EQ(layout_of(tiling(kPhone, dims(32, 8, 1, 4096, 128, 128), Variant::splitkv, DType::f16)),
+            TileLayout::lanes);
+  // The matrix layout asked for where there is none: refused by name.
+  try {
+    tiling(kPhone, dims(8, 8, 64, 64, 64, 64), Variant::flash2, DType::f16,
+           TileLayout::cooperative_matrix);
+    ADD_FAILURE() << "cooperative_matrix without matrix units was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("VK_NV_cooperative_matrix"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TilingTest, VulkanMinimumsRunRegisterBlocksThroughSharedMemory) {
+  for (Variant v :
+       {Variant::online, Variant::flash1, Variant::flash2, Variant::flashd, Variant::splitkv})
+    for (uint32_t d : {64u, 128u, 256u}) {
+      SCOPED_TRACE(std::string(variant_name(v)) + " d=" + std::to_string(d));
+      Spec s = tiling(kMinimum, dims(8, 8, 1, 4096, d, d), v, DType::f32);
+      EXPECT_EQ(layout_of(s), TileLayout::blocks);
+      EXPECT_FALSE(s.block_shuffle);
+      EXPECT_LE(s.rows, 128u);
+      EXPECT_LE(block_footprint(s, d), 16384u);
+    }
+  // No subgroup shuffles: lanes refused by name.
+  try {
+    tiling(kMinimum, dims(32, 8, 1, 4096, 128, 128), Variant::splitkv, DType::f16,
+           TileLayout::lanes);
+    ADD_FAILURE() << "lanes without subgroup shuffles was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("subgroup shuffles"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TilingTest, CpuDriverTakesRegisterTiles) {
+  Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
+  EXPECT_EQ(layout_of(s), TileLayout::registers);
+  EXPECT_EQ(s.keys, 8u);        // a key per lane
+  EXPECT_EQ(s.group_rows, 4u);  // 512 / d rows an invocation, at most 4
+  EXPECT_EQ(layout_of(tiling(kCpu, dims(32, 8, 1, 16384, 128, 128), Variant::splitkv, DType::f16)),
+            TileLayout::registers);  // lanes is a GPU layout
+}
+
+// Every register-block tiling the policy picks, over head dims, shared memory sizes, workgroup
+// limits and with or without subgroup operations, fits the device; and none is refused that a
+// smallest tile (4 rows x 4 keys) would fit.
+TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
+  int checked = 0;
+  for (uint32_t shared : {16384u, 32768u, 49152u})
+    for (uint32_t invocations : {128u, 256u, 1024u})
+      for (bool shuffle : {false, true})
+        for (uint32_t d = 4; d <= 256; d += 12)
+          for (uint32_t dv : {d, 4u, 16u, 256u}) {
+            DeviceInfo info = device("sweep", "integrated", shared, invocations, shuffle ? 32 : 1,
+                                     shuffle, false);
+            SCOPED_TRACE(std::to_string(shared) + " bytes, " + std::to_string(invocations) +
+                         " invocations, shuffle " + std::to_string(shuffle) +
+                         ", d=" + std::to_string(d) + " dv=" + std::to_string(dv));
+            Dims shape = dims(4, 2, 100, 100, d, dv);
+            uint64_t smallest = 4 * (d * 4 + std::max(d, dv) * 4 + 16) + 8 + (shuffle ? 0 : 32);
+            try {
+              Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks);
+              ASSERT_TRUE(s.blocks);
+              EXPECT_LE(s.rows, invocations);
+              EXPECT_EQ(s.block() % 4, 0u);
+              EXPECT_EQ(s.keys % s.lanes_per_key, 0u);
+              EXPECT_EQ(dv % (4 * s.lanes_per_key), 0u);  // whole float4s of output a lane
+              uint64_t kv = s.v_at == 0 ? std::max(d, dv) : d + dv;
+              EXPECT_EQ(16ull * s.kv_vec4, 4ull * kv * s.keys);
+              EXPECT_LE(block_footprint(s, d), shared);
+              ++checked;
+            } catch (const Error& e) {
+              EXPECT_GT(smallest, shared) << "refused although 4 x 4 fits: " << e.what();
+            }
+          }
+  EXPECT_GT(checked, 500);
+}
+
+}  // namespace
+}  // namespace flashvk
