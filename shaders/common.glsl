@@ -2,7 +2,8 @@
 // the mapping from invocations to (batch, head, query row).
 //
 // Storage: Q/K/V are ELEM (fp32, or fp16 when compiled with -DFP16); O, LSE and scratch are fp32.
-// Layout: Q [B, H, Nq, D], K [B, Hkv, Nk, D], V [B, Hkv, Nk, DV], O [B, H, Nq, DV], LSE [B, H, Nq].
+// Layout: Q [B, H, Nq, D], K [B, Hkv, Nk, D], V [B, Hkv, Nk, DV], O [B, H, Nq, DV], LSE [B, H, Nq],
+// Q, K, V and O with rows anywhere their strides put them (q_at, key_row, o_at).
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
 // [[unroll]] on every loop whose trip count is a specialization constant. Besides speed, this is
@@ -185,8 +186,8 @@ float kv_value(uint fmt, uint x, uint word, float d) {
   return d * kv_quant(fmt, x, word);
 }
 
-// Values of K and V in memory: K [B, Hkv, kv_rows, D], V [.., DV], of which each head's first Nk
-// keys are attended.
+// Values of K and V in memory: pc.kv_keys rows of D (K) and DV (V) values, in which key_row()
+// finds each head's keys.
 uint k_count() { return pc.kv_keys * D; }
 uint v_count() { return pc.kv_keys * DV; }
 
@@ -205,6 +206,18 @@ float v_value(uint x) { return float(v_buf[x]); }
 #endif
 
 #include "key_row.glsl"
+
+// Where query i of head bh = b * H + h starts in Q, and its output in O, in elements: the rows'
+// strides (push_fields.glsl) from the tensors the host binds; LSE and the scratch stay dense,
+// [B, H, Nq] by bh * Nq + i.
+uint q_at(uint bh, uint i) {
+  uint b = bh / pc.heads, h = bh % pc.heads;
+  return (b * pc.q_bstride + h * pc.q_hstride + i * pc.q_rstride) * D;
+}
+uint o_at(uint bh, uint i) {
+  uint b = bh / pc.heads, h = bh % pc.heads;
+  return (b * pc.o_bstride + h * pc.o_hstride + i * pc.o_rstride) * DV;
+}
 
 // One query row as seen by one invocation.
 struct Row {
@@ -252,7 +265,7 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   r.b = b;
   r.bh = b * pc.heads + h;
   uint group = pc.heads / pc.kv_heads;
-  r.kv_base = (b * pc.kv_heads + h / group) * pc.kv_rows;
+  r.kv_base = b * pc.kv_bstride + (h / group) * pc.kv_hstride;
   r.i = i;
   row_keys(b, h, i, r.key_begin, r.key_end);
   r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;

@@ -63,7 +63,7 @@ void state_finish(uint rr) {
   scratch2[part * 2u] = m;
   scratch2[part * 2u + 1u] = l;
 #else
-  store_o(row * DV, rr, inv);
+  store_o(o_at(rows[rr].bh, rows[rr].i), rr, inv);
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
 #endif
 }

@@ -75,7 +75,7 @@ void load_queries() {
   for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += gl_WorkGroupSize.x) {
     uint r = e / (D / 8u), t = e % (D / 8u);
     Row row = local_row(r);
-    uvec4 x = row.valid ? q8[((row.bh * pc.nq + row.i) * D) / 8u + t] : uvec4(0u);
+    uvec4 x = row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
     kv_sh[r * KS / 8u + t] = x;
   }
   barrier();
@@ -246,7 +246,7 @@ void finish(Row row) {
   uint index = row.bh * pc.nq + row.i;
   bool writer = lane() % 2u == 0u;
 #if defined(CM_FLASHD)
-  store_row(index * DV, 1.0);
+  store_row(o_at(row.bh, row.i), 1.0);
   if ((pc.flags & FLAG_LSE) != 0u && writer) lse_buf[index] = lse_run;
 #else
   float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
@@ -261,7 +261,7 @@ void finish(Row row) {
     scratch2[part * 2u + 1u] = l_run;
   }
 #else
-  store_row(index * DV, inv);
+  store_row(o_at(row.bh, row.i), inv);
   if ((pc.flags & FLAG_LSE) != 0u && writer)
     lse_buf[index] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
 #endif

@@ -71,7 +71,7 @@ void tile_end(uint pass, uint j0, uint rr) {
 
 void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
-  store_o(row * DV, rr, 1.0);
+  store_o(o_at(rows[rr].bh, rows[rr].i), rr, 1.0);
   if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = lse_run[rr];
 }
 

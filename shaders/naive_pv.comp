@@ -30,5 +30,5 @@ void main() {
     }
   }
   if (r.valid)
-    [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[(r.bh * pc.nq + r.i) * DV + k] = o[k];
+    [[unroll]] for (uint k = 0; k < DV; ++k) o_buf[o_at(r.bh, r.i) + k] = o[k];
 }

@@ -1,7 +1,8 @@
 // The attention kernels' push constants, declared once for both sides: common.glsl includes
 // it into its `Params` block and engine/src/plan.hpp into `struct Push`, each with its own
 // PUSH_FIELD(type, name). Every member is a 32-bit uint, int or float, so the two layouts agree
-// member for member (std430 push constants: 4-byte scalars, no padding), in at most 128 bytes.
+// member for member (std430 push constants: 4-byte scalars, no padding), in at most 128 bytes
+// (plan.hpp static_asserts it: 32 members at most).
 PUSH_FIELD(uint, batch)
 PUSH_FIELD(uint, heads)
 PUSH_FIELD(uint, kv_heads)
@@ -22,7 +23,18 @@ PUSH_FIELD(uint, mask_values)     // batch and head in mask rows (0 where the ma
 PUSH_FIELD(uint, mask_bstride)
 PUSH_FIELD(uint, mask_hstride)
 PUSH_FIELD(uint, mask_tiles)      // MOD_MASK, fused kernels: word offset of the tile bitmap
-PUSH_FIELD(uint, kv_rows)         // keys from one K/V head to the next: Nk, or a cache's capacity
-                                  // (paged: 1, kv_base is then the K/V head's index)
+// Where rows sit in memory, in rows of D (Q, K) or DV (V, O) from one batch, head and row to
+// the next (dense [B, H, N, d]: H N, N, 1; a prefix of a cache of capacity C: Hkv C, C, 1;
+// token-major [B, N, H, d]: N H, 1, H). K and V share theirs. Paged K and V: Hkv, 1, 1, kv_base
+// then being the K/V head's index, which key_row looks up in the page table.
+PUSH_FIELD(uint, kv_bstride)
+PUSH_FIELD(uint, kv_hstride)
+PUSH_FIELD(uint, kv_rstride)
+PUSH_FIELD(uint, q_bstride)
+PUSH_FIELD(uint, q_hstride)
+PUSH_FIELD(uint, q_rstride)
+PUSH_FIELD(uint, o_bstride)
+PUSH_FIELD(uint, o_hstride)
+PUSH_FIELD(uint, o_rstride)
 PUSH_FIELD(uint, kv_keys)         // key rows in K's memory (B * Hkv * kv_rows; paged: pages * Hkv * page size)
 PUSH_FIELD(uint, page_table)      // paged: word offset of the page table in mask_buf

@@ -61,7 +61,7 @@ void main() {
     uint r = gl_WorkGroupID.x * ROWS + rr;
     bool valid = r < group * pc.nq;
     rows[rr] = make_row(b, hkv * group + (valid ? r / pc.nq : 0u), valid ? r % pc.nq : 0u, valid);
-    uint base = (rows[rr].bh * pc.nq + rows[rr].i) * D + sub * KE;
+    uint base = q_at(rows[rr].bh, rows[rr].i) + sub * KE;
     [[unroll]] for (uint e = 0; e < KE; ++e)
       q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
     [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;

@@ -49,7 +49,7 @@ void main() {
   float inv = l_all > 0.0 ? 1.0 / l_all : 0.0;
   [[unroll]] for (uint k = 0; k < PER_LANE; ++k) {
     uint e = lane + k * BC;
-    if (e < DV) o_buf[row * DV + e] = acc[k] * inv;
+    if (e < DV) o_buf[o_at(row / pc.nq, row % pc.nq) + e] = acc[k] * inv;
   }
   if ((pc.flags & FLAG_LSE) != 0u && lane == 0u)
     lse_buf[row] = l_all > 0.0 ? m_all + log(l_all) : NEG_INF;

@@ -152,7 +152,7 @@ void load_q_tile() {
     float x = 0.0;
     if (e < BR * D && r < rows) {
       uint bh = b * pc.heads + hkv * group + r / pc.nq;
-      x = float(q_buf[(bh * pc.nq + r % pc.nq) * D + k]);
+      x = float(q_buf[q_at(bh, r % pc.nq) + k]);
     }
     if (e < BR * D) q_sh[k * (BR / 4u) + lr / 4u][lr % 4u] = x;
   }
@@ -276,7 +276,7 @@ float q_reg[ROWS][D];  // queries, kept in registers
 
 void load_q(uint rr) {
   Row r = rows[rr];
-  uint base = (r.bh * pc.nq + r.i) * D;
+  uint base = q_at(r.bh, r.i);
   [[unroll]] for (uint k = 0; k < D; ++k) q_reg[rr][k] = 0.0;
   if (r.valid)
     [[unroll]] for (uint k = 0; k < D; ++k) q_reg[rr][k] = float(q_buf[base + k]);

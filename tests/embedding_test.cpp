@@ -352,7 +352,12 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32);
   expect_refused([&] { tk.prefix(51); }, "at most 50");
   expect_refused([&] { tk.prefix(n).write(first_rows(k, n)); }, "write the whole tensor");
-  expect_refused([&] { attention(ctx, tq.prefix(2), tk, tk, params); }, "Q must be dense");
+  {  // Q may be a prefix too: the first 2 queries of each head, rows 3 apart
+    HostTensor q2 = first_rows(q, 2);
+    reference::Result ref = reference::direct(q2, k, k, params);
+    AttentionResult r = attention(ctx, tq.prefix(2), tk, tk, params);
+    EXPECT_LE(max_error(r.out.download().data, ref.out), tolerance(q2, k, k, params));
+  }
   EXPECT_EQ(tk.prefix(n).prefix(n - 1).row_capacity(), 50);  // still the cache's heads
   Tensor t40 = Tensor::upload(ctx, random_tensor({2, 2, 40, 64}, 84), DType::f32);
   expect_refused([&] { attention(ctx, tq, tk.prefix(n), t40.prefix(n), params); }, "must be alike");
@@ -362,6 +367,184 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   expect_refused([&] { rope(ctx, tk.prefix(n), {}); }, "must be dense");
   AttentionRecording rotated(ctx, tq, tk, tk, params);
   expect_refused([&] { rotated.set_keys(n); }, "record it again");
+}
+
+// [B, H, N, d] as the token-major [B, N, H, d] that model code keeps (and back).
+HostTensor swap_heads_and_rows(const HostTensor& x) {
+  const int64_t b = x.shape[0], h = x.shape[1], n = x.shape[2], d = x.shape[3];
+  HostTensor y({b, n, h, d});
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t e = 0; e < d; ++e)
+          y.data[((i * n + r) * h + j) * d + e] = x.data[((i * h + j) * n + r) * d + e];
+  return y;
+}
+
+// The element strides of a [B, H, N, d] view of a token-major [B, N, H, d] tensor.
+std::vector<int64_t> token_major(const std::vector<int64_t>& shape) {
+  const int64_t h = shape[1], n = shape[2], d = shape[3];
+  return {n * h * d, d, h * d, 1};
+}
+
+// Q, K, V and O token-major ([B, N, H, d], as a model's projections leave them) in one buffer of
+// the application's, viewed with strides as [B, H, N, d]: every variant and layout reads Q, K
+// and V and writes O where the strides say, matching the float64 reference, with every byte
+// outside the tensors untouched; a prefix of the strided K and V attends over their first keys.
+TEST_F(ViewTest, StridedViewsOfTokenMajorTensors) {
+  Context& ctx = context();
+  const DeviceInfo& info = ctx.device();
+  ExternalDevice h = ctx.handles();
+  HostTensor q = random_tensor({2, 4, 5, 64}, 91), k = random_tensor({2, 2, 37, 64}, 92),
+             v = random_tensor({2, 2, 37, 32}, 93);
+  const std::vector<int64_t> o_shape = {2, 4, 5, 32};
+  AttentionParams params;
+  params.causal = true;
+  std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
+  if (info.fp16_storage) storages.push_back(DType::f16);
+  const uint64_t align =
+      std::max<uint64_t>({info.min_storage_offset_alignment, info.min_texel_offset_alignment, 4});
+  const uint8_t kPattern = 0xab;
+  for (const Storage& storage : storages) {
+    HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
+               vs = stored_values(v, storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    const int64_t n = 20;  // the prefix's keys
+    reference::Result ref_prefix =
+        reference::direct(qs, first_rows(ks, n), first_rows(vs, n), params);
+    struct Place {
+      const HostTensor* host;
+      std::vector<int64_t> shape;
+      DType dtype;
+      uint64_t offset = 0, bytes = 0;
+    };
+    std::vector<Place> places = {{&q, q.shape, storage.q},
+                                 {&k, k.shape, storage.k},
+                                 {&v, v.shape, storage.v},
+                                 {nullptr, o_shape, DType::f32},
+                                 {nullptr, {2, 4, 5}, DType::f32}};
+    uint64_t at = align;
+    for (Place& p : places) {
+      p.offset = at;
+      p.bytes = buffer_bytes(p.dtype, numel(p.shape));
+      at = round_up(p.offset + p.bytes + 4, align);
+    }
+    AppBuffer app(h, at + align, kTensorUsage);
+    std::memset(app.bytes, kPattern, app.size);
+    for (int i = 0; i < 3; ++i) {  // Q, K and V token-major, in their storage
+      std::vector<uint8_t> bytes =
+          encode(swap_heads_and_rows(*places[i].host).data, places[i].dtype);
+      std::memcpy(app.bytes + places[i].offset, bytes.data(), bytes.size());
+    }
+    std::vector<Tensor> t;
+    for (size_t i = 0; i < places.size(); ++i) {
+      const Place& p = places[i];
+      t.push_back(Tensor::view(ctx, app.buffer, p.offset, p.shape, p.dtype, kTensorUsage,
+                               i < 4 ? token_major(p.shape) : std::vector<int64_t>{}));
+    }
+    EXPECT_FALSE(t[1].is_dense());
+    EXPECT_EQ(t[1].bytes(), places[1].bytes);
+    EXPECT_EQ(t[1].download().data, ks.data) << storage_name(storage) << ": gathered K";
+    std::vector<Variant> variants = {Variant::flash2, Variant::splitkv};
+    if (storage.k == DType::f32)
+      variants = {Variant::naive,  Variant::online, Variant::flash1,
+                  Variant::flash2, Variant::flashd, Variant::splitkv};
+    for (Variant variant : variants) {
+      params.variant = variant;
+      std::vector<TileLayout> layouts = {TileLayout::automatic};
+      if (variant != Variant::naive) {
+        layouts.push_back(TileLayout::shared);
+        layouts.push_back(TileLayout::blocks);
+        if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
+        if (variant == Variant::splitkv && info.subgroup_shuffle)
+          layouts.push_back(TileLayout::lanes);
+        if (info.cooperative_matrix && variant != Variant::online && storage.q == DType::f16 &&
+            !storage.own_kv())
+          layouts.push_back(TileLayout::cooperative_matrix);
+      }
+      for (TileLayout layout : layouts) {
+        params.tile_layout = layout;
+        std::memset(app.bytes + places[3].offset, kPattern, places[3].bytes + places[4].bytes);
+        AttentionRecording rec(ctx, t[0], t[1], t[2], params, {&t[3], &t[4]});
+        std::string what = storage_name(storage) + ", " + variant_name(variant) + ", " +
+                           tile_layout_name(rec.tile_layout());
+        if (layout != TileLayout::automatic) {
+          EXPECT_EQ(rec.tile_layout(), layout) << what;
+        }
+        submit_frame(h.device, h.queue, h.queue_family,
+                     [&](VkCommandBuffer cmd) { rec.record(cmd); });
+        HostTensor o_tokens({2, 5, 4, 32}), lse({2, 4, 5});
+        std::memcpy(o_tokens.data.data(), app.bytes + places[3].offset, places[3].bytes);
+        std::memcpy(lse.data.data(), app.bytes + places[4].offset, places[4].bytes);
+        HostTensor o = swap_heads_and_rows(o_tokens);
+        double tol = tolerance(qs, ks, vs, params) + weight_rounding(rec.tile_layout(), vs);
+        EXPECT_LE(max_error(o.data, ref.out), tol) << what;
+        EXPECT_LE(max_lse_error(lse.data, ref.lse), 1e-5) << what;
+        EXPECT_EQ(rec.out().download().data, o.data) << what << ": O gathered by download()";
+        // A prefix of the strided K and V: their first n keys, rows still Hkv apart.
+        AttentionResult r = attention(ctx, t[0], t[1].prefix(n), t[2].prefix(n), params);
+        EXPECT_LE(max_error(r.out.download().data, ref_prefix.out), tol) << what << ", prefix";
+      }
+    }
+    uint64_t untouched = 0, outside = 0;
+    for (uint64_t i = 0; i < app.size; ++i) {
+      bool inside = false;
+      for (const Place& p : places) inside |= i >= p.offset && i < p.offset + p.bytes;
+      if (inside) continue;
+      ++outside;
+      untouched += app.bytes[i] == kPattern;
+    }
+    EXPECT_EQ(untouched, outside) << storage_name(storage) << ": bytes outside were written";
+  }
+}
+
+// What strides cannot be is refused by name; a head stride of 0 in K and V is a broadcast.
+TEST_F(ViewTest, StridesThatDoNotFitAreRefusedByName) {
+  Context& ctx = context();
+  ExternalDevice h = ctx.handles();
+  AppBuffer app(h, 1 << 20, kTensorUsage);
+  const std::vector<int64_t> shape = {1, 4, 8, 16};
+  auto view = [&](std::vector<int64_t> strides, std::vector<int64_t> s = {1, 4, 8, 16}) {
+    return Tensor::view(ctx, app.buffer, 0, s, DType::f32, kTensorUsage, strides);
+  };
+  expect_refused([&] { view({1, 2, 3}); }, "one stride per dimension");
+  expect_refused([&] { view({512, 128, 16, 2}); }, "the last stride must be 1");
+  expect_refused([&] { view({512, 8, 64, 1}); }, "multiple of the last dimension (16)");
+  Tensor q = view(token_major(shape)), k = view(token_major(shape)), v = view({});
+  EXPECT_TRUE(v.is_dense());
+  EXPECT_FALSE(q.is_dense());
+  EXPECT_EQ(q.span(), 512);
+  expect_refused([&] { attention(ctx, q, k, v, {}); }, "K and V must be laid out alike");
+  HostTensor qh = random_tensor(shape, 95), kh = random_tensor(shape, 96);
+  Tensor qd = Tensor::upload(ctx, qh, DType::f32), kd = Tensor::upload(ctx, kh, DType::f32);
+  Tensor o_overlap = view({0, 0, 16, 1});  // every head's output in one place
+  expect_refused(
+      [&] {
+        AttentionRecording(ctx, qd, kd, kd, {}, {&o_overlap, nullptr});
+      },
+      "put two of its values in one place");
+  AttentionParams with_lse;
+  with_lse.want_lse = true;
+  Tensor o(ctx, shape, DType::f32);
+  Tensor lse_strided = view({64, 16, 1}, {1, 4, 8});  // [B, H, Nq], heads 16 apart
+  expect_refused(
+      [&] {
+        AttentionRecording(ctx, qd, kd, kd, with_lse, {&o, &lse_strided});
+      },
+      "LSE output must be dense");
+  expect_refused([&] { q.write(qh); }, "strided view");
+  AttentionParams rotated;
+  rotated.rope = RopeLayout::half;
+  expect_refused([&] { attention(ctx, q, kd, kd, rotated); }, "rope rotates a dense Q");
+  // Head stride 0: every KV head reads head 0's rows.
+  Tensor k0 = Tensor::view(ctx, kd.buffer(), 0, shape, DType::f32, kTensorUsage, {0, 0, 16, 1});
+  HostTensor k_same(shape);
+  for (int64_t j = 0; j < 4; ++j)
+    std::copy_n(kh.data.begin(), 8 * 16, k_same.data.begin() + j * 8 * 16);
+  EXPECT_EQ(k0.download().data, k_same.data);
+  reference::Result ref = reference::direct(qh, k_same, k_same, {});
+  AttentionResult r = attention(ctx, qd, k0, k0, {});
+  EXPECT_LE(max_error(r.out.download().data, ref.out), tolerance(qh, k_same, k_same, {}));
 }
 
 // Tensors of rank 1 and 2 (Q [Nq, d], LSE [Nq]) as uploads and as a recording's outputs.

@@ -424,8 +424,8 @@ KvCacheShape checked_cache_shape(const Tensor& k, const Tensor& v) {
   if (k.empty() || v.empty()) throw Error("KvCache: keys and values must be set");
   if (k.context() != v.context())
     throw Error("KvCache: keys and values must live on the same context");
-  if (k.is_prefix() || v.is_prefix())
-    throw Error("KvCache: keys and values must be dense, not prefix() views");
+  if (!k.is_dense() || !v.is_dense())
+    throw Error("KvCache: keys and values must be dense, not prefix() or strided views");
   if (k.shape().size() != 4 || v.shape().size() != 4)
     throw Error("KvCache: keys and values are [B, Hkv, capacity, d]; got " +
                 shape_string(k.shape()) + " and " + shape_string(v.shape()));

@@ -205,6 +205,48 @@ bool texel_viewable(const Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+// Whether two values of a tensor of `shape` laid out by `strides` share an element: its
+// dimensions of more than one value, from the smallest stride up, must each step past all the
+// values of those before.
+bool overlaps(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] > 1) dims.emplace_back(strides[i], shape[i]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // values the dimensions so far reach, from the first
+  for (auto [stride, size] : dims) {
+    if (stride < span) return true;
+    span = stride * (size - 1) + span;
+  }
+  return false;
+}
+
+}  // namespace
+
+// Tensor t's strides in rows of its last dimension for batch, head and row ([.., N, d]; the
+// dimensions it lacks step 0), as the kernels take them (push_fields.glsl).
+RowStrides row_strides(const Tensor& t, const char* name) {
+  const std::vector<int64_t>& shape = t.shape();
+  const std::vector<int64_t>& st = t.strides();
+  size_t n = shape.size();
+  int64_t row = n ? shape.back() : 1;
+  auto rows = [&](size_t back) -> uint32_t {
+    if (n < back + 1 || row == 0) return 0;
+    int64_t r = st[n - 1 - back] / row;
+    if (r > 0xffffffffll)
+      throw Error(std::string(name) + ": a stride of " + std::to_string(r) +
+                  " rows does not fit the kernels' 32-bit row indices");
+    return static_cast<uint32_t>(r);
+  };
+  return {rows(3), rows(2), rows(1)};
+}
+
+std::string RowStrides::text() const {
+  return "{" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(r) + "}";
+}
+
 // The constructors delegate to Plan(Context&), which creates the pools: once it has returned,
 // a throw from their bodies runs ~Plan, which frees whatever was made so far.
 Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -220,12 +262,14 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(dtype) +
                 "); bf16, q8_0 and q4_0 are storage types for K and V");
   kv = Storage{dtype, k.dtype(), v.dtype()};
-  if (q.is_prefix()) throw Error("attention: Q must be dense; prefix() views are for K and V");
   if (options.pages) {
-    if (k.is_prefix() || v.is_prefix())
-      throw Error("paged attention: K and V are whole tensors of pages, not prefix() views");
+    if (!k.is_dense() || !v.is_dense())
+      throw Error(
+          "paged attention: K and V are whole dense tensors of pages, not prefix() or "
+          "strided views");
     dims = check_paged_shapes(q.shape(), k.shape(), v.shape(), *options.pages);
     check_paged();
+    kv_strides = {dims.kv_heads, 1, 1};
   } else {
     dims = check_shapes(q.shape(), k.shape(), v.shape());
     if (k.row_capacity() != v.row_capacity())
@@ -233,13 +277,28 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                   std::to_string(k.row_capacity()) + " and " + std::to_string(v.row_capacity()) +
                   " keys a head; they must be alike");
     dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
-    dims.kv_keys = uint64_t(dims.batch) * dims.kv_heads * dims.kv_rows;
+    // The rows K's and V's memory holds (q8_0 and q4_0 keep their scales after them), and where
+    // each key sits in it, alike for K and V.
+    RowStrides ks = row_strides(k, "K"), vs = row_strides(v, "V");
+    int64_t k_rows = dims.d ? k.span() / dims.d : 0, v_rows = dims.dv ? v.span() / dims.dv : 0;
+    if (ks.b != vs.b || ks.h != vs.h || ks.r != vs.r || k_rows != v_rows)
+      throw Error(
+          "attention: K and V must be laid out alike, the same strides in rows of d and dv"
+          " (K: " +
+          ks.text() + " over " + std::to_string(k_rows) + " rows; V: " + vs.text() + " over " +
+          std::to_string(v_rows) + ")");
+    kv_strides = ks;
+    dims.kv_keys = static_cast<uint64_t>(k_rows);
   }
   appends = options.append.k != nullptr;
   if (appends) check_append(q, k, v);
   bool rotates_k = params.rope != RopeLayout::none && !appends;  // a rotated copy of all of K
-  if (rotates_k && dims.kv_rows != dims.nk)
-    throw Error("attention: rope rotates a dense K; rotate K before it goes into the cache");
+  if (rotates_k && !k.is_dense())
+    throw Error(
+        "attention: rope rotates a dense K; rotate K before it goes into the cache "
+        "(or a strided view)");
+  if (params.rope != RopeLayout::none && !q.is_dense())
+    throw Error("attention: rope rotates a dense Q, not a strided view");
   most_keys = options.dynamic_keys || appends ? dims.kv_rows : dims.nk;
   uint64_t keys = dims.kv_keys;
   if (keys > 0xffffffffull || (kv.own_kv() && keys * std::max(dims.d, dims.dv) > 0xffffffffull))
@@ -292,7 +351,15 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               .mask_bstride = 0,
               .mask_hstride = 0,
               .mask_tiles = 0,
-              .kv_rows = dims.kv_rows,
+              .kv_bstride = kv_strides.b,
+              .kv_hstride = kv_strides.h,
+              .kv_rstride = kv_strides.r,
+              .q_bstride = 0,
+              .q_hstride = 0,
+              .q_rstride = 0,
+              .o_bstride = 0,
+              .o_hstride = 0,
+              .o_rstride = 0,
               .kv_keys = static_cast<uint32_t>(dims.kv_keys),
               .page_table = 0};
   if (params.want_lse) push.flags |= kFlagLse;
@@ -318,6 +385,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     throw Error("attention: an LSE output was given with want_lse false");
   out = output(options.outputs.out, dims.out_shape, "O");
   bindings[kO] = binding(out);
+  RowStrides qs = row_strides(q_rot.empty() ? q : q_rot, "Q"), os = row_strides(out, "O");
+  push.q_bstride = qs.b, push.q_hstride = qs.h, push.q_rstride = qs.r;
+  push.o_bstride = os.b, push.o_hstride = os.h, push.o_rstride = os.r;
   if (params.want_lse) {
     lse = output(options.outputs.lse, dims.lse_shape, "LSE");
     bindings[kLse] = binding(lse);
@@ -359,16 +429,22 @@ Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, cons
   const Tensor& t = *given;
   if (t.empty() || t.context() != &ctx)
     throw Error(std::string("attention: the ") + name + " output must be a tensor on this context");
-  if (t.dtype() != DType::f32 || t.shape() != shape || t.is_prefix())
+  if (t.dtype() != DType::f32 || t.shape() != shape)
     throw Error(std::string("attention: the ") + name + " output is " + dtype_name(t.dtype()) +
                 " " + shape_string(t.shape()) + "; attention writes f32 " + shape_string(shape));
-  return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage());
+  bool is_o = name == std::string("O");
+  if (!is_o && !t.is_dense())
+    throw Error("attention: the LSE output must be dense, not a prefix() or strided view");
+  if (is_o && overlaps(t.shape(), t.strides()))
+    throw Error("attention: the O output's strides " + shape_string(t.strides()) +
+                " put two of its values in one place; give each its own");
+  return Tensor::view(ctx, t.buffer(), t.offset(), shape, DType::f32, t.usage(), t.strides());
 }
 
 Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(context) {
   if (x.empty() || x.context() != &ctx) throw Error("rope: x must be a tensor on this context");
   if (x.shape().size() < 2) throw Error("rope: x must have rank 2 or more ([.., N, d])");
-  if (x.is_prefix()) throw Error("rope: x must be dense, not a prefix() of a longer tensor");
+  if (!x.is_dense()) throw Error("rope: x must be dense, not a prefix() or strided view");
   if (rope.layout == RopeLayout::none) throw Error("rope: layout must be interleaved or half");
   params.rope = rope.layout;
   params.rope_base = rope.base;
@@ -418,7 +494,6 @@ void Plan::check_loop_budget(uint64_t keys) const {
               "which splits the keys to fit, or fewer keys");
 }
 
-
 // K and V as RGBA texels, and the additive mask's values as RGBA32F texels (a view of the dummy
 // buffer without one): llvmpipe gathers texels per lane without the loop a storage buffer costs.
 // K and V in storage formats of their own (Storage::own_kv) as 32-bit words (word_texel_format),
@@ -467,7 +542,8 @@ std::string Plan::shader(const char* family) const {
   if (spec.lanes) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
-         (spec.registers ? "_reg" : "") + (spec.blocks ? (spec.block_shuffle ? "_blk" : "_blk_nosg") : "");
+         (spec.registers ? "_reg" : "") +
+         (spec.blocks ? (spec.block_shuffle ? "_blk" : "_blk_nosg") : "");
 }
 
 TileLayout Plan::tile_layout() const {
@@ -497,9 +573,6 @@ Buffer Plan::scratch(uint64_t bytes) {
   device_bytes += bytes;
   return Buffer(impl, bytes);
 }
-
-
-
 
 void Plan::set_keys(uint32_t n) {
   if (appends)
@@ -556,8 +629,8 @@ void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
     if (!rows[i] || rows[i]->empty() || rows[i]->context() != &ctx)
       throw Error(name + " must be a tensor on this context");
     const Tensor& t = *rows[i];
-    if (t.is_prefix()) throw Error(name + " must be dense, not a prefix() view");
-    if (cache[i]->is_prefix())
+    if (!t.is_dense()) throw Error(name + " must be dense, not a prefix() or strided view");
+    if (!cache[i]->is_dense())
       throw Error(std::string("attention: the KV cache's ") + names[i] +
                   " must be the whole cache (its capacity), not a prefix() view");
     auto want = cache[i]->shape();
@@ -607,8 +680,5 @@ void Plan::plan_append(const Tensor& q, const Tensor& k, const Tensor& v) {
   add_barrier();
   options.append = {};  // the caller's tensors: bound above, not kept
 }
-
-
-
 
 }  // namespace flashvk::detail

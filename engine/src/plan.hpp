@@ -31,7 +31,8 @@ struct Push {
 #undef PUSH_TYPE_uint
 #undef PUSH_TYPE_int
 #undef PUSH_TYPE_float
-static_assert(sizeof(Push) % 4 == 0 && sizeof(Push) <= 128,
+static_assert(sizeof(Push) % 4 == 0 && sizeof(Push) <= 128 &&
+                  sizeof(Push) <= sizeof(Dispatch::push),
               "push constants: 32-bit members within Vulkan's guaranteed 128 bytes");
 constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 /// Spec::mods bits, MOD_* in shaders/common.glsl.
@@ -41,6 +42,13 @@ constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
 /// Where tensor `t`'s values are.
 Range binding(const Tensor& t);
+/// Strides in rows (of the last dimension) from one batch, head and row of a [.., N, d] tensor to
+/// the next: the kernels' q_/kv_/o_ strides (shaders/push_fields.glsl).
+struct RowStrides {
+  uint32_t b = 0, h = 0, r = 1;
+  std::string text() const;
+};
+RowStrides row_strides(const Tensor& t, const char* name);
 
 /// Tracing asks for a trace build of the kernels and a fixed tiling; recordings may write into
 /// the caller's outputs.
@@ -98,6 +106,8 @@ class Plan {
   Buffer heads;  // [B * H] (ALiBi slope, sink logit), when a modifier needs them
   std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
+  /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).
+  RowStrides kv_strides;
   /// The most keys the kernels may be asked to attend: Nk, or with dynamic_keys the capacity
   /// (Dims::kv_rows). Chunks, scratch and loop budgets are sized for it.
   uint32_t most_keys = 0;

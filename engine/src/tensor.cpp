@@ -165,10 +165,46 @@ struct Tensor::Storage {
   VkBuffer foreign = VK_NULL_HANDLE;
   uint64_t offset = 0, bytes = 0;
   VkBufferUsageFlags usage = kTensorUsage;
-  int64_t rows = -1;  // rows of a matrix in memory (prefix views); -1: shape[-2]
+  int64_t rows = -1;             // rows of a matrix in memory (prefix views); -1: shape[-2]
+  std::vector<int64_t> strides;  // element strides of each dimension
+  int64_t span = 0;              // values from offset to the last one held, plus one
 };
 
 namespace {
+
+std::vector<int64_t> dense_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+// Values from the first to the last of a tensor of `shape` laid out by `strides`.
+int64_t strided_span(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  int64_t last = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return 0;
+    last += (shape[i] - 1) * strides[i];
+  }
+  return last + 1;
+}
+
+// A view's strides: one per dimension, the last 1, the others whole rows (kernels address rows).
+void check_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  std::string what = "Tensor::view with strides " + shape_string(strides) + " for shape " +
+                     shape_string(shape) + ": ";
+  if (strides.size() != shape.size())
+    throw Error(what + "give one stride per dimension (" + std::to_string(shape.size()) + ")");
+  if (shape.empty()) return;
+  if (strides.back() != 1)
+    throw Error(what + "the last stride must be 1 (the values of a row are contiguous)");
+  int64_t row = shape.back();
+  for (size_t i = 0; i + 1 < strides.size(); ++i)
+    if (strides[i] < 0 || (row > 0 && strides[i] % row != 0))
+      throw Error(what +
+                  "every stride but the last must be a whole number of rows, a "
+                  "non-negative multiple of the last dimension (" +
+                  std::to_string(row) + ")");
+}
 
 // Checks what every tensor needs of its dtype and shape; returns the bytes its values take,
 // buffer_bytes(): whole 32-bit words (kernels read K and V in storage of their own as words, and
@@ -196,10 +232,12 @@ Tensor::Tensor(Context& ctx, std::vector<int64_t> shape, DType dtype)
   // Only the allocation limit here (Buffer checks it): how much one binding may see depends on
   // how a kernel binds the tensor, which the plan checks (register tiles read K and V as texels).
   buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(ctx.impl(), bytes)});
+  buffer_->strides = dense_strides(shape_);
+  buffer_->span = flashvk::numel(shape_);
 }
 
 Tensor Tensor::view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
-                    DType dtype, VkBufferUsageFlags usage) {
+                    DType dtype, VkBufferUsageFlags usage, std::vector<int64_t> strides) {
   if (buffer == VK_NULL_HANDLE) throw Error("Tensor::view of a null VkBuffer");
   if (!(usage & VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
     throw Error(
@@ -215,8 +253,16 @@ Tensor Tensor::view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   uint64_t bytes = tensor_bytes(ctx, t.shape_, dtype);
-  t.buffer_ =
-      std::make_unique<Storage>(Storage{detail::Buffer(), buffer, offset, bytes, usage, -1});
+  int64_t span = flashvk::numel(t.shape_);
+  if (strides.empty()) {
+    strides = dense_strides(t.shape_);
+  } else {
+    check_strides(t.shape_, strides);
+    span = strided_span(t.shape_, strides);
+    bytes = buffer_bytes(dtype, span);
+  }
+  t.buffer_ = std::make_unique<Storage>(
+      Storage{detail::Buffer(), buffer, offset, bytes, usage, -1, std::move(strides), span});
   return t;
 }
 
@@ -231,8 +277,8 @@ Tensor Tensor::prefix(int64_t n) const {
   t.shape_ = shape_;
   t.shape_[t.shape_.size() - 2] = n;
   t.dtype_ = dtype_;
-  t.buffer_ = std::make_unique<Storage>(
-      Storage{detail::Buffer(), buffer(), offset(), bytes(), usage(), row_capacity()});
+  t.buffer_ = std::make_unique<Storage>(Storage{detail::Buffer(), buffer(), offset(), bytes(),
+                                                usage(), row_capacity(), strides(), span()});
   return t;
 }
 
@@ -241,7 +287,10 @@ void Tensor::write(const HostTensor& host) {
   if (host.data.size() != uint64_t(flashvk::numel(host.shape)))
     throw Error("write of a host tensor of shape " + shape_string(host.shape) + " holding " +
                 std::to_string(host.data.size()) + " values");
-  if (is_prefix()) throw Error("write into a prefix() view; write the whole tensor it views");
+  if (!is_dense())
+    throw Error(
+        std::string("write into a ") + (is_prefix() ? "prefix()" : "strided") +
+        " view, whose values are not contiguous; write the whole tensor or buffer it views");
   if (host.shape != shape_)
     throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
                 shape_string(shape_));
@@ -291,9 +340,10 @@ void check_region(const Staging& staging, uint64_t offset, uint64_t bytes, const
 
 void check_copyable(const Tensor& t, VkBufferUsageFlags need, const char* what) {
   if (t.empty()) throw Error(std::string("Staging::") + what + " of an empty tensor");
-  if (t.is_prefix())
-    throw Error(std::string("Staging::") + what +
-                " of a prefix() view, whose rows are not contiguous; copy the whole tensor");
+  if (!t.is_dense())
+    throw Error(std::string("Staging::") + what + " of a " +
+                (t.is_prefix() ? "prefix()" : "strided") +
+                " view, whose values are not contiguous; copy the whole tensor or buffer it views");
   if (!(t.usage() & need))
     throw Error(std::string("Staging::") + what + " of a view whose buffer lacks " +
                 (need == VK_BUFFER_USAGE_TRANSFER_DST_BIT ? "VK_BUFFER_USAGE_TRANSFER_DST_BIT"
@@ -359,12 +409,10 @@ HostTensor Tensor::download() const {
   if (!buffer_) throw Error("download of an empty tensor");
   if (!(usage() & VK_BUFFER_USAGE_TRANSFER_SRC_BIT))
     throw Error("download of a view whose buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
-  // All of the tensor a prefix() views, from which its rows are then taken.
-  std::vector<int64_t> whole = shape_;
-  if (whole.size() >= 2) whole[whole.size() - 2] = row_capacity();
-  HostTensor all;
-  all.shape = whole;
-  uint64_t size = storage_bytes(dtype_, flashvk::numel(whole));
+  // All the values from offset() to the last (of the tensor a prefix() views, or a strided
+  // view's span), from which the tensor's are then gathered.
+  HostTensor all({span()});
+  uint64_t size = storage_bytes(dtype_, span());
   if (size == 0) return HostTensor(shape_);
   auto read = [&](void* data) {
     if (buffer_->foreign)
@@ -373,18 +421,28 @@ HostTensor Tensor::download() const {
       buffer_->buffer.read(data, size);
   };
   if (dtype_ == DType::f32) {  // straight into the floats
-    all.data.resize(size / 4);
     read(all.data.data());
   } else {
     std::vector<uint8_t> bytes(size);
     read(bytes.data());
     all.data = decode(bytes, dtype_, all.numel());
   }
-  if (whole == shape_) return all;
+  if (is_dense()) {
+    all.shape = shape_;
+    return all;
+  }
+  // Row by row: every stride but the last is a whole number of rows.
   HostTensor host(shape_);
-  int64_t matrix = row_capacity() * shape_.back(), part = host.numel() / (all.numel() / matrix);
-  for (int64_t m = 0; m < all.numel() / matrix; ++m)
-    std::copy_n(all.data.begin() + m * matrix, part, host.data.begin() + m * part);
+  int64_t row = shape_.empty() ? 1 : shape_.back(), rows = row == 0 ? 0 : host.numel() / row;
+  const std::vector<int64_t>& st = strides();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t at = 0, rest = r;
+    for (size_t i = shape_.size() - 1; i-- > 0;) {
+      at += rest % shape_[i] * st[i];
+      rest /= shape_[i];
+    }
+    std::copy_n(all.data.begin() + at, row, host.data.begin() + r * row);
+  }
   return host;
 }
 
@@ -405,6 +463,20 @@ int64_t Tensor::row_capacity() const {
 }
 bool Tensor::is_prefix() const {
   return buffer_ && buffer_->rows >= 0 && buffer_->rows != shape_[shape_.size() - 2];
+}
+const std::vector<int64_t>& Tensor::strides() const {
+  static const std::vector<int64_t> none;
+  return buffer_ ? buffer_->strides : none;
+}
+int64_t Tensor::span() const {
+  return buffer_ ? buffer_->span : 0;
+}
+bool Tensor::is_dense() const {
+  if (!buffer_ || is_prefix()) return false;
+  std::vector<int64_t> dense = dense_strides(shape_);
+  for (size_t i = 0; i < shape_.size(); ++i)
+    if (shape_[i] > 1 && buffer_->strides[i] != dense[i]) return false;
+  return true;
 }
 bool Tensor::is_view() const {
   return buffer_ && buffer_->foreign;

@@ -79,8 +79,8 @@ constexpr VkBufferUsageFlags kTensorUsage =
     VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
 
 /// A tensor in `dtype` storage on the device: in a buffer of its own, or a view of part of a
-/// buffer the application owns. Row-major, its values from offset() on (blocks as DType says).
-/// Move-only; the Context must outlive it.
+/// buffer the application owns. Its values from offset() on (blocks as DType says), row-major,
+/// or where a view's element strides put them. Move-only; the Context must outlive it.
 class Tensor {
  public:
   Tensor();
@@ -94,8 +94,18 @@ class Tensor {
   /// the buffer was created with, at least STORAGE_BUFFER. Without UNIFORM_TEXEL_BUFFER, or at an
   /// offset that is not a multiple of minTexelBufferOffsetAlignment, K and V are read through
   /// shared tiles, not register tiles; write() needs TRANSFER_DST and download() TRANSFER_SRC.
+  ///
+  /// `strides`: the element strides of each dimension, for tensors laid out otherwise than
+  /// row-major (empty: row-major). The last is 1 (a row's values are contiguous) and the others
+  /// whole rows, multiples of the last dimension, in any order: K and V of a token-major cache
+  /// [B, N, Hkv, d] are views of shape [B, Hkv, N, d] with strides {N Hkv d, d, Hkv d, 1}; Q from
+  /// a fused QKV projection [N, H + 2 Hkv, d] is [H, N, d] with strides {d, (H + 2 Hkv) d, 1}.
+  /// The buffer then holds bytes() from `offset`: the span from the first value to the last. Q,
+  /// K, V and O of attention may be such views (K and V with the same strides in rows; LSE
+  /// dense); download() gathers one, write() and Staging refuse it.
   static Tensor view(Context& ctx, VkBuffer buffer, uint64_t offset, std::vector<int64_t> shape,
-                     DType dtype, VkBufferUsageFlags usage = kTensorUsage);
+                     DType dtype, VkBufferUsageFlags usage = kTensorUsage,
+                     std::vector<int64_t> strides = {});
   /// A view of the first `n` rows of every [.., N, d] matrix (dimension -2), without a copy: a
   /// KV cache of capacity N holding n tokens, for attention over them. Its matrices stay N rows
   /// apart in memory (row_capacity()). K and V may be such views (alike), Q and the outputs must
@@ -118,9 +128,17 @@ class Tensor {
   VkBuffer buffer() const;
   uint64_t offset() const;  ///< where the values start in buffer(); 0 but for views
   /// Bytes the values take from offset(): buffer_bytes() (of the whole tensor a prefix()
-  /// views).
+  /// views; of the span of a strided view).
   uint64_t bytes() const;
   bool is_view() const;
+  /// Element strides of each dimension: row-major for the tensor's own buffer, a view's as
+  /// given, a prefix()'s those of the tensor it views.
+  const std::vector<int64_t>& strides() const;
+  /// Values its memory holds from offset(): numel() for a dense tensor, that of the tensor it
+  /// views for a prefix(), the span from its first value to its last for a strided view.
+  int64_t span() const;
+  /// Whether its values are row-major and contiguous (no prefix(), no strides of a view's own).
+  bool is_dense() const;
   /// Rows from the start of one [N, d] matrix to the next in memory: shape()[-2], but for a
   /// prefix() view, the N of the tensor it views.
   int64_t row_capacity() const;
