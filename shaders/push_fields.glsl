@@ -36,5 +36,5 @@ PUSH_FIELD(uint, q_rstride)
 PUSH_FIELD(uint, o_bstride)
 PUSH_FIELD(uint, o_hstride)
 PUSH_FIELD(uint, o_rstride)
-PUSH_FIELD(uint, kv_keys)         // key rows in K's memory (B * Hkv * kv_rows; paged: pages * Hkv * page size)
+PUSH_FIELD(uint, kv_keys)         // key rows in K's memory (its span / d; paged: pages * Hkv * page size)
 PUSH_FIELD(uint, page_table)      // paged: word offset of the page table in mask_buf

@@ -130,11 +130,11 @@ std::vector<float> alibi_slopes(uint32_t heads, float max_bias);
 /// The sizes every kernel works with, read from the tensors' shapes.
 struct Dims {
   uint32_t batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0, dv = 0;
-  /// Keys from one K/V head to the next in memory: Nk, or the capacity of a cache whose first
-  /// Nk keys K and V are (Tensor::prefix); 1 for a paged cache, whose heads are looked up.
+  /// Keys a K/V head can hold: Nk, or the capacity of a cache whose first Nk keys K and V are
+  /// (Tensor::prefix, row_capacity()); 1 for a paged cache, whose heads are looked up.
   uint32_t kv_rows = 0;
-  /// Key rows in K's (and V's) memory: B * Hkv * kv_rows, or a paged cache's pages * Hkv *
-  /// page size.
+  /// Key rows in K's (and V's) memory: K's span() / d (B * Hkv * kv_rows when dense), or a
+  /// paged cache's pages * Hkv * page size.
   uint64_t kv_keys = 0;
   std::vector<int64_t> out_shape;  ///< [.., Nq, dv] with the rank of Q
   std::vector<int64_t> lse_shape;  ///< [.., Nq]
