@@ -283,10 +283,10 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     int64_t k_rows = dims.d ? k.span() / dims.d : 0, v_rows = dims.dv ? v.span() / dims.dv : 0;
     if (ks.b != vs.b || ks.h != vs.h || ks.r != vs.r || k_rows != v_rows)
       throw Error(
-          "attention: K and V must be laid out alike, the same strides in rows of d and dv"
-          " (K: " +
-          ks.text() + " over " + std::to_string(k_rows) + " rows; V: " + vs.text() + " over " +
-          std::to_string(v_rows) + ")");
+          "attention: K and V must be laid out alike: their strides of batch, head and key, "
+          "counted in rows of d for K and of dv for V, are K " +
+          ks.text() + " and V " + vs.text() + ", and their memory holds " + std::to_string(k_rows) +
+          " and " + std::to_string(v_rows) + " such rows");
     kv_strides = ks;
     dims.kv_keys = static_cast<uint64_t>(k_rows);
   }

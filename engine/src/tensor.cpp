@@ -288,9 +288,10 @@ void Tensor::write(const HostTensor& host) {
     throw Error("write of a host tensor of shape " + shape_string(host.shape) + " holding " +
                 std::to_string(host.data.size()) + " values");
   if (!is_dense())
-    throw Error(
-        std::string("write into a ") + (is_prefix() ? "prefix()" : "strided") +
-        " view, whose values are not contiguous; write the whole tensor or buffer it views");
+    throw Error(is_prefix() ? "write into a prefix() view, whose rows are not contiguous; write "
+                              "the whole tensor it views"
+                            : "write into a strided view, whose values are not contiguous; write "
+                              "its buffer as the application lays it out");
   if (host.shape != shape_)
     throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
                 shape_string(shape_));

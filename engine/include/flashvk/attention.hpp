@@ -290,8 +290,6 @@ class AttentionRecording {
   /// softcap, ALiBi and sinks follow the length. q, k_new and v_new are read when it runs, so
   /// the application writes them (or has its own shaders write them) before each submit. The
   /// cache, k_new and v_new must outlive the recording and its executions (their handles are
-  /// recorded, not copies). The
-  /// cache, k_new and v_new must outlive the recording and its executions (their handles are
   /// recorded, not copies).
   AttentionRecording(Context& ctx, const Tensor& q, KvCache& cache, const Tensor& k_new,
                      const Tensor& v_new, const AttentionParams& params = {},

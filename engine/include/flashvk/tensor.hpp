@@ -108,9 +108,9 @@ class Tensor {
                      std::vector<int64_t> strides = {});
   /// A view of the first `n` rows of every [.., N, d] matrix (dimension -2), without a copy: a
   /// KV cache of capacity N holding n tokens, for attention over them. Its matrices stay N rows
-  /// apart in memory (row_capacity()). K and V may be such views (alike), Q and the outputs must
-  /// be dense; download() reads one, write() refuses it (write the whole cache). The tensor it
-  /// views must outlive it.
+  /// apart in memory (row_capacity()): it keeps the strides of the tensor it views. Q, K and V
+  /// may be such views (K and V alike), LSE may not; download() reads one, write() refuses it
+  /// (write the whole cache). The tensor it views must outlive it.
   Tensor prefix(int64_t n) const;
   /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
   /// a multiple of 32.
