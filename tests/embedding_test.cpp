@@ -536,6 +536,45 @@ TEST_F(ViewTest, StridesThatDoNotFitAreRefusedByName) {
   AttentionParams rotated;
   rotated.rope = RopeLayout::half;
   expect_refused([&] { attention(ctx, q, kd, kd, rotated); }, "rope rotates a dense Q");
+  // A dimension of one value may have any stride: V dense but for its batch stride is laid out
+  // as K, and Q, K and V sliced from a fused QKV projection [Nq, H + 2 Hkv, d] (B = 1).
+  {
+    const int64_t heads = 4, kv_heads = 2, nq = 8, d = 16, width = (heads + 2 * kv_heads) * d;
+    HostTensor qkv = random_tensor({nq, heads + 2 * kv_heads, d}, 97);
+    std::memcpy(app.bytes, qkv.data.data(), qkv.data.size() * 4);
+    auto slice = [&](int64_t first_head, int64_t count) {  // heads [first, first + count)
+      HostTensor x({1, count, nq, d});
+      for (int64_t j = 0; j < count; ++j)
+        for (int64_t i = 0; i < nq; ++i)
+          std::copy_n(qkv.data.begin() + i * width + (first_head + j) * d, d,
+                      x.data.begin() + (j * nq + i) * d);
+      return x;
+    };
+    auto view_heads = [&](int64_t first_head, int64_t count, int64_t batch_stride) {
+      return Tensor::view(ctx, app.buffer, uint64_t(first_head * d * 4), {1, count, nq, d},
+                          DType::f32, kTensorUsage, {batch_stride, d, width, 1});
+    };
+    HostTensor hq = slice(0, heads), hk = slice(heads, kv_heads),
+               hv = slice(heads + kv_heads, kv_heads);
+    Tensor fq = view_heads(0, heads, 0), fk = view_heads(heads, kv_heads, 0),
+           fv = view_heads(heads + kv_heads, kv_heads, 1 << 20);  // never stepped
+    EXPECT_EQ(fq.download().data, hq.data);
+    Tensor rank3 =
+        Tensor::view(ctx, app.buffer, 0, {heads, nq, d}, DType::f32, kTensorUsage, {d, width, 1});
+    EXPECT_EQ(rank3.download().data, slice(0, heads).data);  // the same values, rank 3
+    AttentionParams causal;
+    causal.causal = true;
+    reference::Result want = reference::direct(hq, hk, hv, causal);
+    AttentionResult got = attention(ctx, fq, fk, fv, causal);
+    EXPECT_LE(max_error(got.out.download().data, want.out), tolerance(hq, hk, hv, causal));
+    Tensor kv_dense = Tensor::upload(ctx, hk, DType::f32);
+    Tensor kv_odd = Tensor::view(ctx, kv_dense.buffer(), 0, {1, kv_heads, nq, d}, DType::f32,
+                                 kTensorUsage, {12345 * d, nq * d, d, 1});
+    EXPECT_TRUE(kv_odd.is_dense());
+    AttentionResult same = attention(ctx, fq, kv_dense, kv_odd, causal);  // laid out alike
+    reference::Result want_same = reference::direct(hq, hk, hk, causal);
+    EXPECT_LE(max_error(same.out.download().data, want_same.out), tolerance(hq, hk, hk, causal));
+  }
   // Head stride 0: every KV head reads head 0's rows.
   Tensor k0 = Tensor::view(ctx, kd.buffer(), 0, shape, DType::f32, kTensorUsage, {0, 0, 16, 1});
   HostTensor k_same(shape);

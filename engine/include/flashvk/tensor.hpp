@@ -108,8 +108,8 @@ class Tensor {
                      std::vector<int64_t> strides = {});
   /// A view of the first `n` rows of every [.., N, d] matrix (dimension -2), without a copy: a
   /// KV cache of capacity N holding n tokens, for attention over them. Its matrices stay N rows
-  /// apart in memory (row_capacity()): it keeps the strides of the tensor it views. Q, K and V
-  /// may be such views (K and V alike), LSE may not; download() reads one, write() refuses it
+  /// apart in memory (row_capacity()): it keeps the strides of the tensor it views. Q, K, V and
+  /// O may be such views (K and V alike), LSE may not; download() reads one, write() refuses it
   /// (write the whole cache). The tensor it views must outlive it.
   Tensor prefix(int64_t n) const;
   /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
@@ -139,8 +139,8 @@ class Tensor {
   int64_t span() const;
   /// Whether its values are row-major and contiguous (no prefix(), no strides of a view's own).
   bool is_dense() const;
-  /// Rows from the start of one [N, d] matrix to the next in memory: shape()[-2], but for a
-  /// prefix() view, the N of the tensor it views.
+  /// Rows of each [N, d] matrix its memory holds: shape()[-2], but for a prefix() view the N of
+  /// the tensor it views (a KV cache's capacity).
   int64_t row_capacity() const;
   /// Whether its rows are spaced wider than its shape says (a prefix() of fewer rows).
   bool is_prefix() const;
