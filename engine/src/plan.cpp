@@ -226,15 +226,19 @@ bool overlaps(const std::vector<int64_t>& shape, const std::vector<int64_t>& str
 }  // namespace
 
 // Tensor t's strides in rows of its last dimension for batch, head and row ([.., N, d]; the
-// dimensions it lacks, or has only one of, step 0), as the kernels take them (push_fields.glsl).
+// dimensions it lacks step 0, and so do a batch and heads of one), as the kernels take them
+// (push_fields.glsl).
 RowStrides row_strides(const Tensor& t, const char* name) {
   const std::vector<int64_t>& shape = t.shape();
   const std::vector<int64_t>& st = t.strides();
   size_t n = shape.size();
   int64_t row = n ? shape.back() : 1;
   auto rows = [&](size_t back) -> uint32_t {
-    // A dimension of one value (or none) is only ever indexed at 0: its stride is not used.
-    if (n < back + 1 || row == 0 || shape[n - 1 - back] <= 1) return 0;
+    if (n < back + 1 || row == 0) return 0;
+    // A batch or head dimension of one value is only ever indexed at 0: its stride is not used.
+    // Not so the rows: a recording over a prefix() of a cache attends over more keys than the
+    // prefix's shape has once set_keys() says so.
+    if (back > 1 && shape[n - 1 - back] <= 1) return 0;
     int64_t r = st[n - 1 - back] / row;
     if (r > 0xffffffffll)
       throw Error(std::string(name) + ": a stride of " + std::to_string(r) +
