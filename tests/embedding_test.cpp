@@ -158,6 +158,37 @@ uint64_t round_up(uint64_t x, uint64_t to) {
   return (x + to - 1) / to * to;
 }
 
+// A tensor's place in an application's buffer.
+struct Place {
+  std::vector<int64_t> shape;
+  DType dtype;
+  uint64_t offset = 0, bytes = 0;
+};
+
+// Places each tensor at the next multiple of `align` at least a word past the previous one (the
+// first not at 0); returns the bytes the buffer needs.
+uint64_t lay_out(std::vector<Place>& places, uint64_t align) {
+  uint64_t at = align;
+  for (Place& p : places) {
+    p.offset = at;
+    p.bytes = buffer_bytes(p.dtype, numel(p.shape));
+    at = round_up(p.offset + p.bytes + 4, align);
+  }
+  return at + align;
+}
+
+// Bytes of `app` outside every place that no longer hold `pattern`.
+uint64_t written_outside(const uint8_t* bytes, uint64_t size, const std::vector<Place>& places,
+                         uint8_t pattern) {
+  uint64_t written = 0;
+  for (uint64_t i = 0; i < size; ++i) {
+    bool inside = false;
+    for (const Place& p : places) inside |= i >= p.offset && i < p.offset + p.bytes;
+    written += !inside && bytes[i] != pattern;
+  }
+  return written;
+}
+
 class ViewTest : public VulkanTest {};
 
 // Q, K and V as views at offsets in one buffer of the application's, written with
@@ -184,24 +215,12 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
     HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
                vs = stored_values(v, storage.v);
     reference::Result ref = reference::direct(qs, ks, vs, params);
-    // Each tensor at the next multiple of the alignment at least a word past the previous one.
-    struct Place {
-      std::vector<int64_t> shape;
-      DType dtype;
-      uint64_t offset = 0, bytes = 0;
-    };
     std::vector<Place> places = {{q.shape, storage.q},
                                  {k.shape, storage.k},
                                  {v.shape, storage.v},
                                  {{1, 4, 5, 32}, DType::f32},
                                  {{1, 4, 5}, DType::f32}};
-    uint64_t at = align;  // not at 0
-    for (Place& p : places) {
-      p.offset = at;
-      p.bytes = buffer_bytes(p.dtype, numel(p.shape));
-      at = round_up(p.offset + p.bytes + 4, align);
-    }
-    AppBuffer app(h, at + align, kTensorUsage);
+    AppBuffer app(h, lay_out(places, align), kTensorUsage);
     for (TileLayout layout : layouts) {
       params.tile_layout = layout;
       std::memset(app.bytes, kPattern, app.size);
@@ -227,15 +246,8 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
       EXPECT_LE(max_lse_error(lse, ref.lse), 1e-5) << what;
       EXPECT_EQ(rec.out().download().data, out) << what;
       EXPECT_EQ(t[1].download().data, ks.data) << what;
-      uint64_t untouched = 0, outside = 0;
-      for (uint64_t i = 0; i < app.size; ++i) {
-        bool inside = false;
-        for (const Place& p : places) inside |= i >= p.offset && i < p.offset + p.bytes;
-        if (inside) continue;
-        ++outside;
-        untouched += app.bytes[i] == kPattern;
-      }
-      EXPECT_EQ(untouched, outside) << what << ": bytes outside the tensors were written";
+      EXPECT_EQ(written_outside(app.bytes, app.size, places, kPattern), 0u)
+          << what << ": bytes outside the tensors were written";
     }
   }
 }
@@ -412,28 +424,16 @@ TEST_F(ViewTest, StridedViewsOfTokenMajorTensors) {
     const int64_t n = 20;  // the prefix's keys
     reference::Result ref_prefix =
         reference::direct(qs, first_rows(ks, n), first_rows(vs, n), params);
-    struct Place {
-      const HostTensor* host;
-      std::vector<int64_t> shape;
-      DType dtype;
-      uint64_t offset = 0, bytes = 0;
-    };
-    std::vector<Place> places = {{&q, q.shape, storage.q},
-                                 {&k, k.shape, storage.k},
-                                 {&v, v.shape, storage.v},
-                                 {nullptr, o_shape, DType::f32},
-                                 {nullptr, {2, 4, 5}, DType::f32}};
-    uint64_t at = align;
-    for (Place& p : places) {
-      p.offset = at;
-      p.bytes = buffer_bytes(p.dtype, numel(p.shape));
-      at = round_up(p.offset + p.bytes + 4, align);
-    }
-    AppBuffer app(h, at + align, kTensorUsage);
+    std::vector<Place> places = {{q.shape, storage.q},
+                                 {k.shape, storage.k},
+                                 {v.shape, storage.v},
+                                 {o_shape, DType::f32},
+                                 {{2, 4, 5}, DType::f32}};
+    AppBuffer app(h, lay_out(places, align), kTensorUsage);
     std::memset(app.bytes, kPattern, app.size);
+    const HostTensor* inputs[3] = {&q, &k, &v};
     for (int i = 0; i < 3; ++i) {  // Q, K and V token-major, in their storage
-      std::vector<uint8_t> bytes =
-          encode(swap_heads_and_rows(*places[i].host).data, places[i].dtype);
+      std::vector<uint8_t> bytes = encode(swap_heads_and_rows(*inputs[i]).data, places[i].dtype);
       std::memcpy(app.bytes + places[i].offset, bytes.data(), bytes.size());
     }
     std::vector<Tensor> t;
@@ -486,15 +486,8 @@ TEST_F(ViewTest, StridedViewsOfTokenMajorTensors) {
         EXPECT_LE(max_error(r.out.download().data, ref_prefix.out), tol) << what << ", prefix";
       }
     }
-    uint64_t untouched = 0, outside = 0;
-    for (uint64_t i = 0; i < app.size; ++i) {
-      bool inside = false;
-      for (const Place& p : places) inside |= i >= p.offset && i < p.offset + p.bytes;
-      if (inside) continue;
-      ++outside;
-      untouched += app.bytes[i] == kPattern;
-    }
-    EXPECT_EQ(untouched, outside) << storage_name(storage) << ": bytes outside were written";
+    EXPECT_EQ(written_outside(app.bytes, app.size, places, kPattern), 0u)
+        << storage_name(storage) << ": bytes outside the tensors were written";
   }
 }
 

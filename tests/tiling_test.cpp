@@ -12,6 +12,7 @@
 namespace flashvk {
 namespace {
 
+using detail::layout_of;
 using detail::Spec;
 
 DeviceInfo device(const char* name, const char* type, uint32_t shared, uint32_t invocations,
@@ -56,13 +57,6 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
                                 .params = params,
                                 .dtype = dtype,
                                 .kv = Storage(dtype)});
-}
-
-TileLayout layout_of(const Spec& s) {
-  if (s.coopmat) return TileLayout::cooperative_matrix;
-  if (s.lanes) return TileLayout::lanes;
-  if (s.blocks) return TileLayout::blocks;
-  return s.registers ? TileLayout::registers : TileLayout::shared;
 }
 
 // Shared memory a register-block workgroup uses, from its tiles: the queries [d][Br] and P

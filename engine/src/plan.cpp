@@ -552,10 +552,7 @@ std::string Plan::shader(const char* family) const {
 }
 
 TileLayout Plan::tile_layout() const {
-  if (spec.coopmat) return TileLayout::cooperative_matrix;
-  if (spec.lanes) return TileLayout::lanes;
-  if (spec.blocks) return TileLayout::blocks;
-  return spec.registers ? TileLayout::registers : TileLayout::shared;
+  return layout_of(spec);
 }
 
 void Plan::check_binding(const Tensor& t, const char* name) const {

@@ -275,6 +275,13 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
 // 128 invocations); a device with more shared memory gets longer tiles.
 }  // namespace
 
+TileLayout layout_of(const Spec& spec) {
+  if (spec.coopmat) return TileLayout::cooperative_matrix;
+  if (spec.lanes) return TileLayout::lanes;
+  if (spec.blocks) return TileLayout::blocks;
+  return spec.registers ? TileLayout::registers : TileLayout::shared;
+}
+
 Spec choose_tiling(const TilingRequest& request) {
   const DeviceInfo& info = request.info;
   const Dims& dims = request.dims;
