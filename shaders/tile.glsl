@@ -132,9 +132,20 @@ const uint BR = WG / LANES * ROWS;  // query rows of the workgroup
 const uint OW = DV / LANES;         // output columns of each invocation (a multiple of 4)
 // Queries [D][BR], then per tile K [D][BC] and V [BC][DV] (from V_AT: after K, or in its place
 // once the scores are done) and the coefficients of P [BC][BR], all as 16-byte vectors.
-shared vec4 q_sh[D * BR / 4u];
-shared vec4 kv_sh[KV_VEC4];
-shared vec4 p_sh[BC * BR / 4u];
+// BLOCK_F16 (AttentionParams::fp16_arithmetic): the three in fp16, multiplied as f16vec2 (two
+// rows a product), summed in fp16 over RUN head-dim elements or keys and then into the fp32
+// scores and outputs, so that no fp16 sum runs longer than RUN terms.
+#ifdef BLOCK_F16
+#define BVEC f16vec4
+#define BSCALAR float16_t
+const uint RUN = 8u;
+#else
+#define BVEC vec4
+#define BSCALAR float
+#endif
+shared BVEC q_sh[D * BR / 4u];
+shared BVEC kv_sh[KV_VEC4];
+shared BVEC p_sh[BC * BR / 4u];
 const bool SHARE_KV = V_AT == 0u;
 
 uint group_lane() { return gl_LocalInvocationID.x % LANES; }  // which keys and columns
@@ -154,7 +165,7 @@ void load_q_tile() {
       uint bh = b * pc.heads + hkv * group + r / pc.nq;
       x = float(q_buf[q_at(bh, r % pc.nq) + k]);
     }
-    if (e < BR * D) q_sh[k * (BR / 4u) + lr / 4u][lr % 4u] = x;
+    if (e < BR * D) q_sh[k * (BR / 4u) + lr / 4u][lr % 4u] = BSCALAR(x);
   }
 }
 
@@ -186,7 +197,7 @@ void store_k_tile() {
     uint e = gl_LocalInvocationID.x + s * WG;
     uint c = e % BC, k = 4u * (e / BC);
     if (e < BC * D / 4u)
-      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = k_next[s][i];
+      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = BSCALAR(k_next[s][i]);
   }
 }
 
@@ -206,7 +217,7 @@ void fetch_v_tile(uint kv_base, uint j0, uint n) {
 void store_v_tile() {
   [[unroll]] for (uint s = 0; s < VF; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
-    if (e < BC * DV / 4u) kv_sh[V_AT + e] = v_next[s];
+    if (e < BC * DV / 4u) kv_sh[V_AT + e] = BVEC(v_next[s]);
   }
 }
 
@@ -331,25 +342,49 @@ void score_tile() {
 #elif defined(BLOCK_TILE)
 // The row group's 4 rows against this invocation's CH keys of the tile (of n keys from j0): per
 // head-dim element, one vector of 4 queries and CH / 4 vectors of keys for 4 x CH multiply-adds.
+// Element k of this invocation's CH keys.
+void block_keys(uint k, uint c0, out BSCALAR kk[CH]) {
+  if (CH % 4u == 0u) {
+    [[unroll]] for (uint v = 0; v < CH / 4u; ++v) {
+      BVEC x = kv_sh[k * (BC / 4u) + c0 / 4u + v];
+      [[unroll]] for (uint i = 0; i < 4u; ++i) kk[4u * v + i] = x[i];
+    }
+  } else {
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) kk[ci] = kv_sh[(k * BC + c0 + ci) / 4u][(c0 + ci) % 4u];
+  }
+}
+
 void block_scores(uint j0, uint n) {
   uint tr = row_group(), c0 = group_lane() * CH;
   float acc[ROWS][CH];
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
     [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[rr][ci] = 0.0;
+#ifdef BLOCK_F16
+  [[unroll]] for (uint k0 = 0; k0 < D; k0 += RUN) {
+    f16vec2 h[2][CH];  // rows 0-1 and 2-3
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) h[0][ci] = h[1][ci] = f16vec2(0.0);
+    [[unroll]] for (uint k = k0; k < k0 + RUN; ++k) {
+      if (k >= D) continue;  // a constant
+      f16vec4 q = q_sh[k * (BR / 4u) + tr];
+      float16_t kk[CH];
+      block_keys(k, c0, kk);
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
+        h[0][ci] = fma(q.xy, f16vec2(kk[ci]), h[0][ci]);
+        h[1][ci] = fma(q.zw, f16vec2(kk[ci]), h[1][ci]);
+      }
+    }
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)  // ROWS = 4
+      [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[rr][ci] += float(h[rr / 2u][ci][rr % 2u]);
+  }
+#else
   [[unroll]] for (uint k = 0; k < D; ++k) {
     vec4 q = q_sh[k * (BR / 4u) + tr];
     float kk[CH];
-    if (CH % 4u == 0u) {
-      [[unroll]] for (uint v = 0; v < CH / 4u; ++v) {
-        vec4 x = kv_sh[k * (BC / 4u) + c0 / 4u + v];
-        [[unroll]] for (uint i = 0; i < 4u; ++i) kk[4u * v + i] = x[i];
-      }
-    } else {
-      [[unroll]] for (uint ci = 0; ci < CH; ++ci) kk[ci] = kv_sh[(k * BC + c0 + ci) / 4u][(c0 + ci) % 4u];
-    }
+    block_keys(k, c0, kk);
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
       [[unroll]] for (uint ci = 0; ci < CH; ++ci) acc[rr][ci] = fma(q[rr], kk[ci], acc[rr][ci]);
   }
+#endif
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
     [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
       uint c = c0 + ci, j = j0 + c;
@@ -428,7 +463,7 @@ void store_p() {
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     vec4 p = vec4(0.0);
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) p[rr] = o_coef[rr][ci];  // ROWS = 4
-    p_sh[(c0 + ci) * (BR / 4u) + tr] = p;
+    p_sh[(c0 + ci) * (BR / 4u) + tr] = BVEC(p);
   }
 }
 
@@ -438,6 +473,25 @@ void accumulate_o(uint c0) {
   uint tr = row_group(), col = group_lane() * (OW / 4u);
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
     [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] *= o_keep[rr];
+#ifdef BLOCK_F16
+  [[unroll]] for (uint c0 = 0; c0 < BC; c0 += RUN) {
+    f16vec2 h[2][OW];  // rows 0-1 and 2-3
+    [[unroll]] for (uint e = 0; e < OW; ++e) h[0][e] = h[1][e] = f16vec2(0.0);
+    [[unroll]] for (uint c = c0; c < c0 + RUN; ++c) {
+      if (c >= BC) continue;  // a constant
+      f16vec4 p = p_sh[c * (BR / 4u) + tr];
+      [[unroll]] for (uint v = 0; v < OW / 4u; ++v) {
+        f16vec4 x = kv_sh[V_AT + c * (DV / 4u) + col + v];
+        [[unroll]] for (uint i = 0; i < 4u; ++i) {
+          h[0][4u * v + i] = fma(p.xy, f16vec2(x[i]), h[0][4u * v + i]);
+          h[1][4u * v + i] = fma(p.zw, f16vec2(x[i]), h[1][4u * v + i]);
+        }
+      }
+    }
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)  // ROWS = 4
+      [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] += float(h[rr / 2u][e][rr % 2u]);
+  }
+#else
   [[unroll]] for (uint c = 0; c < BC; ++c) {
     vec4 p = p_sh[c * (BR / 4u) + tr];
     [[unroll]] for (uint v = 0; v < OW / 4u; ++v) {
@@ -447,6 +501,7 @@ void accumulate_o(uint c0) {
           o_acc[rr][4u * v + i] = fma(p[rr], x[i], o_acc[rr][4u * v + i]);
     }
   }
+#endif
 }
 #else
 void accumulate_o(uint c0) {

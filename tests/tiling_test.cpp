@@ -31,6 +31,7 @@ DeviceInfo device(const char* name, const char* type, uint32_t shared, uint32_t 
   info.texel_buffers = true;
   info.fp16_storage = true;
   info.cooperative_matrix = coopmat;
+  info.fp16_arithmetic = true;
   return info;
 }
 
@@ -47,12 +48,14 @@ Dims dims(uint32_t heads, uint32_t kv_heads, uint32_t nq, uint32_t nk, uint32_t 
 }
 
 Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dtype,
-            TileLayout layout = TileLayout::automatic) {
+            TileLayout layout = TileLayout::automatic, bool fp16_arithmetic = false) {
   AttentionParams params;
   params.variant = variant;
   params.tile_layout = layout;
+  params.fp16_arithmetic = fp16_arithmetic;
   return detail::choose_tiling({.info = info,
                                 .coopmat_enabled = info.cooperative_matrix,
+                                .fp16_arithmetic_enabled = info.fp16_arithmetic,
                                 .dims = shape,
                                 .params = params,
                                 .dtype = dtype,
@@ -110,6 +113,37 @@ TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("VK_NV_cooperative_matrix"), std::string::npos)
         << e.what();
+  }
+}
+
+// fp16 arithmetic runs where fp16 products are: the register blocks (chosen on any device,
+// the CPU driver's and the decoding shapes included, in place of registers and lanes), or the
+// matrix units where they take the call.
+TEST(TilingTest, Fp16ArithmeticTakesRegisterBlocksOrTheMatrixUnits) {
+  Dims prefill = dims(8, 2, 1000, 1000, 64, 64), decode = dims(32, 8, 1, 4096, 128, 128);
+  for (const DeviceInfo* info : {&kPhone, &kMinimum, &kCpu}) {
+    SCOPED_TRACE(info->name);
+    for (const Dims& shape : {prefill, decode}) {
+      Spec s = tiling(*info, shape, Variant::splitkv, DType::f16, TileLayout::automatic, true);
+      EXPECT_EQ(layout_of(s), TileLayout::blocks);
+      EXPECT_TRUE(s.block_f16);
+      EXPECT_EQ(s.block_shuffle, info->subgroup_shuffle);
+    }
+    EXPECT_FALSE(tiling(*info, prefill, Variant::flash2, DType::f16).block_f16);
+  }
+  EXPECT_EQ(
+      layout_of(tiling(kH100, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true)),
+      TileLayout::cooperative_matrix);
+  Spec fp32 = tiling(kH100, prefill, Variant::flash2, DType::f32, TileLayout::automatic, true);
+  EXPECT_EQ(layout_of(fp32), TileLayout::blocks);
+  EXPECT_TRUE(fp32.block_f16);
+  DeviceInfo without = kPhone;
+  without.fp16_arithmetic = false;
+  try {
+    tiling(without, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true);
+    ADD_FAILURE() << "fp16 arithmetic without shaderFloat16 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shaderFloat16"), std::string::npos) << e.what();
   }
 }
 

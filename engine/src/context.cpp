@@ -205,6 +205,9 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
 constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
+// shaderFloat16 (AttentionParams::fp16_arithmetic). The engine's instance asks for Vulkan 1.1,
+// so the extension is enabled even where the device has it in core (1.2).
+constexpr const char* kFloat16Extension = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
 
 // Feature structures chained for vkGetPhysicalDeviceFeatures2 and vkCreateDevice. Not copyable:
 // the chain points into itself.
@@ -247,12 +250,19 @@ void make_device(ContextImpl& ctx) {
     storage16.pNext = &coopmat.coopmat;
     info.enabledExtensionCount = static_cast<uint32_t>(std::size(kCoopmatExtensions));
     info.ppEnabledExtensionNames = kCoopmatExtensions;
+  } else if (ctx.info.fp16_arithmetic) {  // shaderFloat16 alone
+    coopmat.float16.shaderFloat16 = VK_TRUE;
+    coopmat.float16.pNext = nullptr;
+    storage16.pNext = &coopmat.float16;
+    info.enabledExtensionCount = 1;
+    info.ppEnabledExtensionNames = &kFloat16Extension;
   }
   check(vkCreateDevice(ctx.physical, &info, nullptr, &ctx.device), "vkCreateDevice");
   objects_created();
   vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
   ctx.fp16_enabled = ctx.info.fp16_storage;
   ctx.coopmat_enabled = ctx.info.cooperative_matrix;
+  ctx.fp16_arithmetic_enabled = ctx.info.fp16_arithmetic;
 }
 
 bool texel_buffer_format(VkPhysicalDevice physical, VkFormat format) {
@@ -290,6 +300,16 @@ bool coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
            p.CType == VK_COMPONENT_TYPE_FLOAT32_NV && p.DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
            p.scope == VK_SCOPE_SUBGROUP_NV;
   });
+}
+
+bool fp16_arithmetic(VkPhysicalDevice physical) {
+  if (!has_extensions(physical, {kFloat16Extension})) return false;
+  VkPhysicalDeviceShaderFloat16Int8Features float16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &float16;
+  vkGetPhysicalDeviceFeatures2(physical, &features);
+  return float16.shaderFloat16 == VK_TRUE;
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
@@ -356,6 +376,7 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
       info.device_local_memory =
           std::max<uint64_t>(info.device_local_memory, memory.memoryHeaps[h].size);
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
+  info.fp16_arithmetic = fp16_arithmetic(physical);
   info.cooperative_matrix =
       info.fp16_storage && cooperative_matrix(instance, physical, info.subgroup_size);
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
@@ -693,8 +714,14 @@ Context Context::adopt(const ExternalDevice& external) {
                 " lacks what the matrix kernels need (VK_NV_cooperative_matrix with 16x16x16 "
                 "fp16 products into fp32, shaderFloat16, vulkanMemoryModel and its device "
                 "scope, a subgroup of 32; `flashvk devices` lists them); leave it false");
+  if (external.fp16_arithmetic_enabled && !impl->info.fp16_arithmetic)
+    throw Error("Context::adopt: fp16_arithmetic_enabled is set, but " + impl->info.name +
+                " does not support shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features); "
+                "leave it false");
   impl->fp16_enabled = external.fp16_storage_enabled;
   impl->coopmat_enabled = external.cooperative_matrix_enabled;
+  impl->fp16_arithmetic_enabled =
+      external.fp16_arithmetic_enabled || external.cooperative_matrix_enabled;
   impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
@@ -730,6 +757,7 @@ ExternalDevice Context::handles() const {
   h.queue_family = impl_->family;
   h.fp16_storage_enabled = impl_->fp16_enabled;
   h.cooperative_matrix_enabled = impl_->coopmat_enabled;
+  h.fp16_arithmetic_enabled = impl_->fp16_arithmetic_enabled;
   h.pipeline_cache_path = impl_->cache_path;
   return h;
 }

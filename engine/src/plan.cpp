@@ -319,6 +319,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
   spec = choose_tiling({.info = impl.info,
                         .coopmat_enabled = impl.coopmat_enabled,
+                        .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
                         .dims = dims,
                         .params = params,
                         .dtype = dtype,
@@ -548,7 +549,9 @@ std::string Plan::shader(const char* family) const {
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
          (spec.registers ? "_reg" : "") +
-         (spec.blocks ? (spec.block_shuffle ? "_blk" : "_blk_nosg") : "");
+         (spec.blocks ? std::string(spec.block_f16 ? "_blk16" : "_blk") +
+                            (spec.block_shuffle ? "" : "_nosg")
+                      : "");
 }
 
 TileLayout Plan::tile_layout() const {

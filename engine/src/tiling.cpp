@@ -183,7 +183,7 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
   bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
               fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
   return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
-         !trace && info.type != "cpu";
+         !trace && info.type != "cpu" && !params.fp16_arithmetic;
 }
 
 // TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
@@ -242,20 +242,24 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
   return spec.blocks;
 }
 
-// Register blocks where they are asked for, or by default on GPUs (where the cooperative-matrix
-// kernel, chosen before, does not run), unless block_rows or block_keys ask for shared tiles.
+// Register blocks where they are asked for (or fp16 arithmetic is, which only they and the
+// cooperative-matrix kernel, chosen before, have), or by default on GPUs (where the
+// cooperative-matrix kernel does not run), unless block_rows or block_keys ask for shared tiles.
 bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                 uint32_t shared_bytes, bool trace, Spec& spec) {
   bool fused = variant_info(params.variant).fused;
-  if (params.tile_layout == TileLayout::blocks) {
+  if (params.tile_layout == TileLayout::blocks || params.fp16_arithmetic) {
+    std::string what = params.tile_layout == TileLayout::blocks
+                           ? "tile_layout blocks"
+                           : "fp16_arithmetic runs in register blocks, which";
     if (!fused) throw Error("tile_layout blocks applies to the fused variants, not naive");
     if (params.block_rows && params.block_rows % 4 != 0)
-      throw Error(
-          "with tile_layout blocks, block_rows (query rows of a workgroup) must be a "
-          "multiple of 4 from 4 to 64");
+      throw Error("with " + what +
+                  ", block_rows (query rows of a workgroup) must be a multiple of 4 from 4 to 64");
     if (!size_blocks(info, dims, params, shared_bytes, spec))
       throw Error(
-          "tile_layout blocks needs d a multiple of 4 and dv of 16 (or 4, 8 with fewer "
+          what +
+          " needs d a multiple of 4 and dv of 16 (or 4, 8 with fewer "
           "invocations a row group), block_rows and block_keys among 4, 8, 16, 32, 64 (or 0), "
           "and its tiles within the shared memory (" +
           std::to_string(shared_bytes) + " bytes) and " +
@@ -263,11 +267,33 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
           " invocations; d=" + std::to_string(dims.d) + ", dv=" + std::to_string(dims.dv) + " on " +
           info.name + " does not fit");
     if (trace) spec.blocks = false;  // traces record from the shared-memory kernels
+    spec.block_f16 = params.fp16_arithmetic;
     return spec.blocks;
   }
   return params.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
          params.block_rows == 0 && params.block_keys == 0 &&
          size_blocks(info, dims, params, shared_bytes, spec);
+}
+
+// What fp16 arithmetic needs besides a register-block tiling (use_blocks says what that needs).
+void check_fp16_arithmetic(const TilingRequest& request) {
+  const AttentionParams& params = request.params;
+  const DeviceInfo& info = request.info;
+  if (!request.fp16_arithmetic_enabled)
+    throw Error("fp16_arithmetic needs shaderFloat16 enabled on the device; " + info.name +
+                (info.fp16_arithmetic ? " has it, but the adopted device was created without it "
+                                        "(ExternalDevice::fp16_arithmetic_enabled)"
+                                      : " does not support it"));
+  if (!variant_info(params.variant).fused)
+    throw Error("fp16_arithmetic applies to the fused variants, not naive");
+  if (request.trace || request.forced_keys)
+    throw Error("fp16_arithmetic does not apply to traces, which record fp32 arithmetic");
+  TileLayout layout = params.tile_layout;
+  if (layout != TileLayout::automatic && layout != TileLayout::blocks &&
+      layout != TileLayout::cooperative_matrix)
+    throw Error(std::string("fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, "
+                            "not ") +
+                tile_layout_name(layout));
 }
 
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
@@ -298,6 +324,7 @@ Spec choose_tiling(const TilingRequest& request) {
   spec.kv_quant = kv.own_kv();
   spec.k_format = static_cast<uint32_t>(kv.k);
   spec.v_format = static_cast<uint32_t>(kv.v);
+  if (params.fp16_arithmetic) check_fp16_arithmetic(request);
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.lanes = true;
     spec.lanes_per_key = lanes_per_key(info, dims, kv);

@@ -27,7 +27,8 @@ inline uint64_t word_texel_bytes(DType storage) {
 /// What the tiling depends on.
 struct TilingRequest {
   const DeviceInfo& info;
-  bool coopmat_enabled = false;  ///< the context enabled the cooperative-matrix features
+  bool coopmat_enabled = false;          ///< the context enabled the cooperative-matrix features
+  bool fp16_arithmetic_enabled = false;  ///< the context enabled shaderFloat16
   const Dims& dims;
   const AttentionParams& params;
   DType dtype = DType::f32;  ///< Q's

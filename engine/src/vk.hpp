@@ -88,6 +88,7 @@ struct Spec {
   /// without subgroup operations, through shared memory.
   bool blocks = false;
   bool block_shuffle = false;
+  bool block_f16 = false;  // fp16 products (AttentionParams::fp16_arithmetic)
   uint32_t kv_vec4 = 1, v_at = 0;
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).
@@ -100,7 +101,7 @@ struct Spec {
   auto tie() const {
     return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
                     lanes_per_key, mods, kv_quant, k_format, v_format, page_size, blocks,
-                    block_shuffle, kv_vec4, v_at);
+                    block_shuffle, block_f16, kv_vec4, v_at);
   }
   bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
@@ -121,7 +122,8 @@ struct ContextImpl {
   uint32_t family = 0;
   uint32_t timestamp_bits = 0;
   bool fp16_enabled = false;
-  bool coopmat_enabled = false;  // the cooperative-matrix kernels may run (DeviceInfo)
+  bool coopmat_enabled = false;          // the cooperative-matrix kernels may run (DeviceInfo)
+  bool fp16_arithmetic_enabled = false;  // shaderFloat16 is enabled
   // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together
   // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
   bool loop_limited = false;

@@ -81,6 +81,15 @@ struct AttentionParams {
   std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
   std::vector<uint8_t> key_mask;          ///< optional [B, Nk]; 0 hides key j from batch b
   bool want_lse = true;
+  /// fp16 arithmetic, the path for phones and other GPUs without matrix units: the register
+  /// blocks multiply in fp16 (f16vec2, two rows a product) and sum at most 8 products in fp16
+  /// before adding them to fp32 scores and outputs; the softmax stays fp32. Q, K, V and P are
+  /// rounded to fp16 on the way (any storage type), so values must stay within fp16's range.
+  /// Needs shaderFloat16 enabled (DeviceInfo::fp16_arithmetic; ExternalDevice::
+  /// fp16_arithmetic_enabled) and a fused variant; runs in TileLayout::blocks (which
+  /// `automatic` then picks, on any device) or cooperative_matrix (fp16 products always).
+  /// Error bound: docs/algorithms.md, "fp16 arithmetic".
+  bool fp16_arithmetic = false;
 
   // Score modifiers (docs/algorithms.md, "Modifiers"), for every variant and layout. Query i
   // sits on key i + Nk - Nq, its diagonal (bottom-right aligned).

@@ -34,6 +34,9 @@ struct DeviceInfo {
   uint64_t max_allocation = 0;       // bytes one allocation may have
   uint64_t device_local_memory = 0;  // bytes in the largest device-local heap
   bool fp16_storage = false;         // storageBuffer16BitAccess is supported
+  /// shaderFloat16 (VK_KHR_shader_float16_int8 or Vulkan 1.2): fp16 arithmetic in shaders, for
+  /// AttentionParams::fp16_arithmetic.
+  bool fp16_arithmetic = false;
   /// VK_NV_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup of
   /// 32, shaderFloat16 and the Vulkan memory model (with device scope): the cooperative-matrix
   /// kernels can run.
@@ -49,7 +52,7 @@ std::vector<DeviceInfo> list_devices();
 struct LimitOverrides {
   uint64_t max_storage_buffer_range = 0;
   uint64_t max_allocation = 0;
-  uint32_t max_workgroup_count = 0;  ///< applied to x, y and z
+  uint32_t max_workgroup_count = 0;        ///< applied to x, y and z
   uint32_t max_shared_memory = 0;          ///< bytes per workgroup
   uint32_t max_workgroup_invocations = 0;  ///< per workgroup
   bool no_subgroup_operations = false;     ///< as a device without subgroup shuffles
@@ -82,6 +85,9 @@ struct ExternalDevice {
   /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope enabled: the
   /// cooperative-matrix kernels need all four.
   bool cooperative_matrix_enabled = false;
+  /// Whether shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features) was enabled:
+  /// AttentionParams::fp16_arithmetic needs it. Implied by cooperative_matrix_enabled.
+  bool fp16_arithmetic_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };
 
