@@ -219,6 +219,7 @@ std::string modifier_text(const AttentionParams& p) {
   if (p.alibi_max_bias > 0 || !p.alibi_slopes.empty()) add("alibi");
   if (!p.sinks.empty()) add("sinks");
   if (!p.mask.data.empty()) add("mask " + shape_string(p.mask.shape));
+  if (p.fp16_arithmetic) add("fp16 arithmetic");
   return s;
 }
 
@@ -229,8 +230,8 @@ TileLayout parse_layout(const std::string& text) {
   if (text == "coopmat") return TileLayout::cooperative_matrix;
   if (text == "lanes") return TileLayout::lanes;
   if (text == "blocks") return TileLayout::blocks;
-  throw UsageError{"--layout must be auto, shared, registers, coopmat, lanes or blocks, got '" + text +
-                   "'"};
+  throw UsageError{"--layout must be auto, shared, registers, coopmat, lanes or blocks, got '" +
+                   text + "'"};
 }
 
 }  // namespace flashvk::cli

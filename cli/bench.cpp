@@ -61,6 +61,8 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       of S and O per invocation from vector reads; the last column,
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
+  --fp16-arithmetic   fp16 products in the fused variants (register blocks, or the matrix
+                      units), summed in fp32 every 8; needs shaderFloat16 (`flashvk devices`)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
                       tiles a multiple of the subgroup size, each invocation working on R rows)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
@@ -136,6 +138,7 @@ struct Row {
   uint64_t bytes = 0;
   TileLayout layout = TileLayout::shared;               // the kernel that ran
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
+  bool fp16_arithmetic = false;                         // --fp16-arithmetic applied to it
 };
 
 Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, uint32_t d,
@@ -169,7 +172,9 @@ double visible_pairs(const Case& c) {
   return pairs * c.dims.batch * c.dims.heads / double(matrices);
 }
 
-double case_flops(const Case& c) { return 4.0 * visible_pairs(c) * c.dims.d; }
+double case_flops(const Case& c) {
+  return 4.0 * visible_pairs(c) * c.dims.d;
+}
 
 // The mask column: full, causal, or the window and the other modifiers.
 std::string mask_text(const Case& c) {
@@ -289,6 +294,7 @@ struct Options {
   bool flush = true;    // fill a cache-sized buffer before every timed run
   double gpu_warm = 0;  // seconds of busy work before each shape (GPU clocks up from idle)
   TileLayout layout = TileLayout::automatic;
+  bool fp16_arithmetic = false;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
 };
@@ -300,7 +306,8 @@ void print_header(const Options& o) {
 }
 
 std::string tiles_text(const Row& r) {
-  return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits);
+  return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits) +
+         (r.fp16_arithmetic ? ", fp16 arithmetic" : "");
 }
 
 void print_row(const Row& r, const Options& o) {
@@ -383,7 +390,10 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   params.variant = variant;
   params.causal = c.causal;
   params.want_lse = false;
-  if (variant_info(variant).fused) params.tile_layout = o.layout;
+  if (variant_info(variant).fused) {
+    params.tile_layout = o.layout;
+    params.fp16_arithmetic = o.fp16_arithmetic;
+  }
   params.block_rows = o.block_rows;
   params.block_keys = o.block_keys;
   if (variant_info(variant).splits_keys) params.splits = o.splits;
@@ -414,7 +424,9 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
   r.runs.emplace_back();
   if (meters.fma) meters.fma->before(r);
   if (meters.flush) meters.flush->run();
-  AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], case_params(c, r.variant, o));
+  AttentionParams params = case_params(c, r.variant, o);
+  AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], params);
+  r.fp16_arithmetic = params.fp16_arithmetic;
   if (meters.fma) meters.fma->after();
   r.runs.back().ms = res.gpu_ms;
   r.bytes = res.device_bytes;
@@ -581,6 +593,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["block_rows"] = r.block_rows;
     x["block_keys"] = r.block_keys;
     x["splits"] = r.splits;
+    x["fp16_arithmetic"] = r.fp16_arithmetic;
     if (o.peak) {
       x["peak_gflops"] = r.peak_gflops;
       x["peak_fraction"] = r.peak_fraction;
@@ -649,7 +662,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
           {"variant", "batch",      "heads",      "kv-heads",      "nq",       "nk",     "d",
            "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "suite",
            "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
-      {"causal", "check", "peak", "warm-cache", "decode-loop"});
+      {"causal", "check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"});
   if (args.flag("decode-loop")) return run_decode_loop(args);
   if (args.has("rope"))
     throw UsageError{"--rope is for --decode-loop (bench times attention without RoPE)"};
@@ -681,6 +694,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (args.has("gpu-warm") && o.gpu_warm < 0)
     throw UsageError{"--gpu-warm must be at least 0 seconds"};
   o.layout = parse_layout(args.text("layout", "auto"));
+  o.fp16_arithmetic = args.flag("fp16-arithmetic");
   o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));

@@ -51,6 +51,9 @@ options:
   --block-rows N --block-keys N
                       invocations per workgroup and keys per tile (default: the engine's;
                       `flashvk bench` with the same options times them)
+  --fp16-arithmetic   fp16 products (register blocks, or the matrix units), summed in fp32
+                      every 8 products: faster where fp16 math is (phones), within the
+                      bound of docs/algorithms.md; needs shaderFloat16 (`flashvk devices`)
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
 MODIFIERS  --device N          Vulkan device index (see `flashvk devices`)
@@ -131,6 +134,7 @@ AttentionParams attention_options(const Args& args) {
   p.causal = args.flag("causal");
   p.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 4096));
   p.tile_layout = parse_layout(args.text("layout", "auto"));
+  p.fp16_arithmetic = args.flag("fp16-arithmetic");
   p.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
   p.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   try {
@@ -156,7 +160,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   Args args(argv,
             with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "splits", "rope",
                             "rope-base", "device", "layout", "block-rows", "block-keys"}),
-            {"causal"});
+            {"causal", "fp16-arithmetic"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
   Storage storage = storage_options(args);
@@ -241,8 +245,8 @@ int cmd_devices(const std::vector<std::string>& argv) {
     std::printf("   fp16 storage %s, timestamps %s, subgroup shuffles %s, RGBA texel buffers %s\n",
                 d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no",
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
-    std::printf("   cooperative matrices (fp16 16x16x16 into fp32) %s\n",
-                d.cooperative_matrix ? "yes" : "no");
+    std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 16x16x16 into fp32) %s\n",
+                d.fp16_arithmetic ? "yes" : "no", d.cooperative_matrix ? "yes" : "no");
   }
   return 0;
 }

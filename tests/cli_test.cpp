@@ -197,6 +197,33 @@ TEST_F(CliTest, RunTakesTheTilingAndNamesIt) {
   EXPECT_EQ(bad.status, 2) << bad.output;
 }
 
+// --fp16-arithmetic reaches the engine: on inputs that are multiples of 1/2, whose fp16 products
+// and their runs are exact, O is within P's rounding and the P V runs of the float64 reference
+// (tests/fp16_arithmetic_test.cpp has the bound); a layout without fp16 products is refused.
+TEST_F(CliTest, RunTakesFp16Arithmetic) {
+  if (!context().device().fp16_arithmetic) GTEST_SKIP() << "no shaderFloat16 on this device";
+  auto halves = [](std::vector<int64_t> shape, uint32_t seed) {
+    HostTensor t = random_tensor(std::move(shape), seed);
+    for (float& x : t.data) x = 0.5f * std::clamp(std::round(2.0f * x), -2.0f, 2.0f);
+    return t;
+  };
+  HostTensor q = halves({1, 4, 30, 32}, 1), k = halves({1, 2, 70, 32}, 2),
+             v = halves({1, 2, 70, 32}, 3);
+  put_tensor("q.npy", q);
+  put_tensor("k.npy", k);
+  put_tensor("v.npy", v);
+  Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --causal --fp16-arithmetic");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("fp16 arithmetic"), std::string::npos) << o.output;
+  AttentionParams p;
+  p.causal = true;
+  reference::Result ref = reference::direct(q, k, v, p);
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out),
+            tolerance(q, k, v, p) + 9.0 / 2048 * max_abs(v));
+  expect_refused("run " + qkv() + " --fp16-arithmetic --layout shared",
+                 "fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, not shared");
+}
+
 TEST_F(CliTest, RunReadsFloat16Inputs) {
   HostTensor q = round_to_half(random_tensor({5, 8}, 4)),
              k = round_to_half(random_tensor({9, 8}, 5));
