@@ -63,11 +63,13 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
 }
 
 // Shared memory a register-block workgroup uses, from its tiles: the queries [d][Br] and P
-// [Bc][Br] in fp32, the K/V tile (kv_vec4 16-byte vectors), without subgroup operations a float
-// per invocation for the row reductions, and the workgroup's key range.
+// [Bc][Br] in fp32 (fp16 with fp16 arithmetic), the K/V tile (kv_vec4 vectors of 4 such),
+// without subgroup operations a float per invocation for the row reductions, and the
+// workgroup's key range.
 uint64_t block_footprint(const Spec& s, uint32_t d) {
-  uint64_t br = s.block(), bc = s.keys;
-  return 4 * (d * br + bc * br) + 16ull * s.kv_vec4 + (s.block_shuffle ? 0 : 4ull * s.rows) + 8;
+  uint64_t br = s.block(), bc = s.keys, element = s.block_f16 ? 2 : 4;
+  return element * (d * br + bc * br + 4ull * s.kv_vec4) + (s.block_shuffle ? 0 : 4ull * s.rows) +
+         8;
 }
 
 TEST(TilingTest, GpuWithMatrixUnits) {
@@ -137,6 +139,13 @@ TEST(TilingTest, Fp16ArithmeticTakesRegisterBlocksOrTheMatrixUnits) {
   Spec fp32 = tiling(kH100, prefill, Variant::flash2, DType::f32, TileLayout::automatic, true);
   EXPECT_EQ(layout_of(fp32), TileLayout::blocks);
   EXPECT_TRUE(fp32.block_f16);
+  // fp16 tiles take half the shared memory: at Vulkan's minimums with d = 128, twice the
+  // rows x keys of fp32's.
+  Dims long_head = dims(8, 8, 4096, 4096, 128, 128);
+  Spec small = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks);
+  Spec half = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks, true);
+  EXPECT_GE(half.block() * half.keys, 2 * small.block() * small.keys);
+  EXPECT_LE(block_footprint(half, 128), 16384u);
   DeviceInfo without = kPhone;
   without.fp16_arithmetic = false;
   try {
@@ -186,35 +195,39 @@ TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
     for (uint32_t invocations : {128u, 256u, 1024u})
       for (bool shuffle : {false, true})
         for (uint32_t d = 4; d <= 256; d += 12)
-          for (uint32_t dv : {d, 4u, 16u, 256u}) {
-            DeviceInfo info = device("sweep", "integrated", shared, invocations, shuffle ? 32 : 1,
-                                     shuffle, false);
-            SCOPED_TRACE(std::to_string(shared) + " bytes, " + std::to_string(invocations) +
-                         " invocations, shuffle " + std::to_string(shuffle) +
-                         ", d=" + std::to_string(d) + " dv=" + std::to_string(dv));
-            Dims shape = dims(4, 2, 100, 100, d, dv);
-            // The smallest tiling: 4 rows, and as few keys as the row group's lanes allow.
-            uint64_t lanes = dv % 32 == 0 ? 8 : dv % 16 == 0 ? 4 : dv % 8 == 0 ? 2 : 1;
-            uint64_t bc = std::max<uint64_t>(4, lanes);
-            uint64_t smallest =
-                4 * (d * 4 + std::max(d, dv) * bc + bc * 4) + 8 + (shuffle ? 0 : 4 * lanes);
-            try {
-              Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks);
-              ASSERT_TRUE(s.blocks);
-              EXPECT_LE(s.rows, invocations);
-              EXPECT_EQ(s.block() % 4, 0u);
-              EXPECT_EQ(s.keys % s.lanes_per_key, 0u);
-              EXPECT_EQ(dv % (4 * s.lanes_per_key), 0u);  // whole float4s of output a lane
-              uint64_t kv = s.v_at == 0 ? std::max(d, dv) : d + dv;
-              EXPECT_EQ(16ull * s.kv_vec4, 4ull * kv * s.keys);
-              EXPECT_LE(block_footprint(s, d), shared);
-              ++checked;
-            } catch (const Error& e) {
-              EXPECT_GT(smallest, shared)
-                  << "refused although the smallest tile fits: " << e.what();
+          for (uint32_t dv : {d, 4u, 16u, 256u})
+            for (bool f16 : {false, true}) {
+              DeviceInfo info = device("sweep", "integrated", shared, invocations, shuffle ? 32 : 1,
+                                       shuffle, false);
+              SCOPED_TRACE(std::to_string(shared) + " bytes, " + std::to_string(invocations) +
+                           " invocations, shuffle " + std::to_string(shuffle) +
+                           ", d=" + std::to_string(d) + " dv=" + std::to_string(dv) +
+                           (f16 ? ", fp16 arithmetic" : ""));
+              Dims shape = dims(4, 2, 100, 100, d, dv);
+              // The smallest tiling: 4 rows, and as few keys as the row group's lanes allow.
+              uint64_t lanes = dv % 32 == 0 ? 8 : dv % 16 == 0 ? 4 : dv % 8 == 0 ? 2 : 1;
+              uint64_t bc = std::max<uint64_t>(4, lanes);
+              uint64_t element = f16 ? 2 : 4;
+              uint64_t smallest =
+                  element * (d * 4 + std::max(d, dv) * bc + bc * 4) + 8 + (shuffle ? 0 : 4 * lanes);
+              try {
+                Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks, f16);
+                EXPECT_EQ(s.block_f16, f16);
+                ASSERT_TRUE(s.blocks);
+                EXPECT_LE(s.rows, invocations);
+                EXPECT_EQ(s.block() % 4, 0u);
+                EXPECT_EQ(s.keys % s.lanes_per_key, 0u);
+                EXPECT_EQ(dv % (4 * s.lanes_per_key), 0u);  // whole float4s of output a lane
+                uint64_t kv = s.v_at == 0 ? std::max(d, dv) : d + dv;
+                EXPECT_EQ(4ull * s.kv_vec4, kv * s.keys);
+                EXPECT_LE(block_footprint(s, d), shared);
+                ++checked;
+              } catch (const Error& e) {
+                EXPECT_GT(smallest, shared)
+                    << "refused although the smallest tile fits: " << e.what();
+              }
             }
-          }
-  EXPECT_GT(checked, 500);
+  EXPECT_GT(checked, 1000);
 }
 
 }  // namespace

@@ -189,8 +189,9 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
 // TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
 // rows, each taking dv / lanes output columns (a multiple of 4): 8 where dv allows, so that a
 // row's reductions are three shuffles. The shared memory holds the queries [d][Br], K [d][Bc] and
-// V [Bc][dv] (or V in K's place once the scores are done), P [Bc][Br], the workgroup's key range
-// and, without subgroup operations, a float per invocation for the row reductions.
+// V [Bc][dv] (or V in K's place once the scores are done), P [Bc][Br] (the four in fp32, or fp16
+// with fp16 arithmetic), the workgroup's key range and, without subgroup operations, a float per
+// invocation for the row reductions.
 uint32_t block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
   for (uint32_t lanes : {8u, 4u, 2u, 1u})
     if (dims.dv % (4 * lanes) == 0 && (!shuffle || lanes <= info.subgroup_size)) return lanes;
@@ -198,9 +199,9 @@ uint32_t block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
 }
 
 uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
-                     uint32_t invocations, bool shuffle) {
+                     uint32_t invocations, bool shuffle, uint32_t element) {
   uint64_t kv = share_kv ? std::max(dims.d, dims.dv) : dims.d + dims.dv;
-  return 4 * (uint64_t(dims.d) * br + kv * bc + uint64_t(bc) * br) +
+  return element * (uint64_t(dims.d) * br + kv * bc + uint64_t(bc) * br) +
          (shuffle ? 0 : 4 * invocations) + 8;
 }
 
@@ -215,6 +216,7 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
   uint32_t lanes = block_lanes(info, dims, shuffle);
   if (lanes == 0 || dims.d % 4 != 0) return false;
   uint32_t max_invocations = std::min(info.max_workgroup_invocations, 1024u);
+  uint32_t element = params.fp16_arithmetic ? 2 : 4;
   uint64_t best_score = 0;
   for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
     if (params.block_rows && br != params.block_rows) continue;
@@ -224,7 +226,8 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
       if (params.block_keys && bc != params.block_keys) continue;
       if (bc % lanes != 0) continue;
       for (bool share : {false, true}) {
-        if (block_bytes(dims, br, bc, share, invocations, shuffle) > shared_bytes) continue;
+        if (block_bytes(dims, br, bc, share, invocations, shuffle, element) > shared_bytes)
+          continue;
         uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
         if (score <= best_score) continue;
         best_score = score;
