@@ -46,8 +46,9 @@ layout(constant_id = 8) const uint K_FORMAT = 0u;
 layout(constant_id = 9) const uint V_FORMAT = 0u;
 // A paged KV cache (attention over a PageTable): tokens a page; 0 for K and V as [B, Hkv, rows].
 layout(constant_id = 10) const uint PAGE_SIZE = 0u;
-// BLOCK_TILE: the K/V tile's shared memory in 16-byte vectors, and where the V tile starts in it:
-// 0 when V takes K's place once the scores are done (a smaller footprint, for long head dims).
+// BLOCK_TILE: the K/V tile's shared memory in vectors of 4 elements (16 bytes, 8 with BLOCK_F16),
+// and where the V tile starts in it: 0 when V takes K's place once the scores are done (a
+// smaller footprint, for long head dims).
 layout(constant_id = 11) const uint KV_VEC4 = 1u;
 layout(constant_id = 12) const uint V_AT = 0u;
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;

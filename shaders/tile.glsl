@@ -131,7 +131,8 @@ const uint WG = gl_WorkGroupSize.x;
 const uint BR = WG / LANES * ROWS;  // query rows of the workgroup
 const uint OW = DV / LANES;         // output columns of each invocation (a multiple of 4)
 // Queries [D][BR], then per tile K [D][BC] and V [BC][DV] (from V_AT: after K, or in its place
-// once the scores are done) and the coefficients of P [BC][BR], all as 16-byte vectors.
+// once the scores are done) and the coefficients of P [BC][BR], all as vectors of 4 (16 bytes, 8
+// in fp16).
 // BLOCK_F16 (AttentionParams::fp16_arithmetic): the three in fp16, multiplied as f16vec2 (two
 // rows a product), summed in fp16 over RUN head-dim elements or keys and then into the fp32
 // scores and outputs, so that no fp16 sum runs longer than RUN terms.
@@ -340,8 +341,6 @@ void score_tile() {
   }
 }
 #elif defined(BLOCK_TILE)
-// The row group's 4 rows against this invocation's CH keys of the tile (of n keys from j0): per
-// head-dim element, one vector of 4 queries and CH / 4 vectors of keys for 4 x CH multiply-adds.
 // Element k of this invocation's CH keys.
 void block_keys(uint k, uint c0, out BSCALAR kk[CH]) {
   if (CH % 4u == 0u) {
@@ -354,6 +353,8 @@ void block_keys(uint k, uint c0, out BSCALAR kk[CH]) {
   }
 }
 
+// The row group's 4 rows against this invocation's CH keys of the tile (of n keys from j0): per
+// head-dim element, one vector of 4 queries and CH / 4 vectors of keys for 4 x CH multiply-adds.
 void block_scores(uint j0, uint n) {
   uint tr = row_group(), c0 = group_lane() * CH;
   float acc[ROWS][CH];
@@ -457,12 +458,32 @@ void accumulate_o(uint c0) {
   }
 }
 #elif defined(BLOCK_TILE)
+#ifdef BLOCK_F16
+// Each row's coefficients of the tile go into P times a power of two that puts the largest in
+// [1, 2), and the runs of P V are multiplied back in fp32 (p_unscale): coefficients that carry the
+// normalisation (flash1, online's second pass, flashd: about 1/j) would otherwise fall below
+// fp16's normal range (2^-14) past 16384 keys. The scaling is exact, so P's rounding stays u
+// relative to each coefficient.
+float p_unscale[ROWS];
+#endif
+
 // This invocation's coefficients of the tile's keys into P, a vector of 4 rows a key.
 void store_p() {
   uint tr = row_group(), c0 = group_lane() * CH;
+  vec4 scale = vec4(1.0);
+#ifdef BLOCK_F16
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {  // ROWS = 4
+    float most = 0.0;
+    [[unroll]] for (uint ci = 0; ci < CH; ++ci) most = max(most, abs(o_coef[rr][ci]));
+    int e;
+    frexp(row_max(most), e);  // the row's largest coefficient of the tile, in [2^(e-1), 2^e)
+    scale[rr] = ldexp(1.0, 1 - e);
+    p_unscale[rr] = ldexp(1.0, e - 1);
+  }
+#endif
   [[unroll]] for (uint ci = 0; ci < CH; ++ci) {
     vec4 p = vec4(0.0);
-    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) p[rr] = o_coef[rr][ci];  // ROWS = 4
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) p[rr] = o_coef[rr][ci] * scale[rr];  // ROWS = 4
     p_sh[(c0 + ci) * (BR / 4u) + tr] = BVEC(p);
   }
 }
@@ -474,10 +495,10 @@ void accumulate_o(uint c0) {
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
     [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] *= o_keep[rr];
 #ifdef BLOCK_F16
-  [[unroll]] for (uint c0 = 0; c0 < BC; c0 += RUN) {
+  [[unroll]] for (uint run = 0; run < BC; run += RUN) {
     f16vec2 h[2][OW];  // rows 0-1 and 2-3
     [[unroll]] for (uint e = 0; e < OW; ++e) h[0][e] = h[1][e] = f16vec2(0.0);
-    [[unroll]] for (uint c = c0; c < c0 + RUN; ++c) {
+    [[unroll]] for (uint c = run; c < run + RUN; ++c) {
       if (c >= BC) continue;  // a constant
       f16vec4 p = p_sh[c * (BR / 4u) + tr];
       [[unroll]] for (uint v = 0; v < OW / 4u; ++v) {
@@ -489,7 +510,8 @@ void accumulate_o(uint c0) {
       }
     }
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)  // ROWS = 4
-      [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] += float(h[rr / 2u][e][rr % 2u]);
+      [[unroll]] for (uint e = 0; e < OW; ++e)
+        o_acc[rr][e] = fma(float(h[rr / 2u][e][rr % 2u]), p_unscale[rr], o_acc[rr][e]);
   }
 #else
   [[unroll]] for (uint c = 0; c < BC; ++c) {

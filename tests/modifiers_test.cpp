@@ -97,7 +97,8 @@ using Param = std::tuple<Variant, ModCase>;
 class ModifierTest : public VulkanTest, public ::testing::WithParamInterface<Param> {};
 
 // Every layout this device can run for the variant: the default, shared tiles, register tiles
-// where they run, register blocks, lanes for splitkv, and cooperative matrices (fp16 only, skipped for fp32).
+// where they run, register blocks, lanes for splitkv, and cooperative matrices (fp16 only, skipped
+// for fp32).
 std::vector<TileLayout> layouts_for(Variant v, const ModCase& c) {
   const DeviceInfo& info = context().device();
   std::vector<TileLayout> l = {TileLayout::automatic};

@@ -139,8 +139,8 @@ TEST(TilingTest, Fp16ArithmeticTakesRegisterBlocksOrTheMatrixUnits) {
   Spec fp32 = tiling(kH100, prefill, Variant::flash2, DType::f32, TileLayout::automatic, true);
   EXPECT_EQ(layout_of(fp32), TileLayout::blocks);
   EXPECT_TRUE(fp32.block_f16);
-  // fp16 tiles take half the shared memory: at Vulkan's minimums with d = 128, twice the
-  // rows x keys of fp32's.
+  // fp16 tiles take half the shared memory: at Vulkan's minimums with d = 128, at least twice
+  // the rows x keys of fp32's (32 x 16 against 16 x 8).
   Dims long_head = dims(8, 8, 4096, 4096, 128, 128);
   Spec small = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks);
   Spec half = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks, true);

@@ -282,11 +282,6 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
 void check_fp16_arithmetic(const TilingRequest& request) {
   const AttentionParams& params = request.params;
   const DeviceInfo& info = request.info;
-  if (!request.fp16_arithmetic_enabled)
-    throw Error("fp16_arithmetic needs shaderFloat16 enabled on the device; " + info.name +
-                (info.fp16_arithmetic ? " has it, but the adopted device was created without it "
-                                        "(ExternalDevice::fp16_arithmetic_enabled)"
-                                      : " does not support it"));
   if (!variant_info(params.variant).fused)
     throw Error("fp16_arithmetic applies to the fused variants, not naive");
   if (request.trace || request.forced_keys)
@@ -297,6 +292,11 @@ void check_fp16_arithmetic(const TilingRequest& request) {
     throw Error(std::string("fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, "
                             "not ") +
                 tile_layout_name(layout));
+  if (!request.fp16_arithmetic_enabled)
+    throw Error("fp16_arithmetic needs shaderFloat16 enabled on the device; " + info.name +
+                (info.fp16_arithmetic ? " has it, but the adopted device was created without it "
+                                        "(ExternalDevice::fp16_arithmetic_enabled)"
+                                      : " does not support it"));
 }
 
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V

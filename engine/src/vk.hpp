@@ -83,9 +83,9 @@ struct Spec {
   uint32_t k_format = 0, v_format = 0;
   uint32_t page_size = 0;  // K and V are pages of this many tokens (a PageTable); 0: not paged
   /// Fused kernels: TileLayout::blocks. `rows` invocations, `lanes_per_key` of them sharing
-  /// `group_rows` (4) query rows; the K/V tile's shared memory in 16-byte vectors, with V from
-  /// `v_at` (0: in K's place once the scores are done); rows reduced by subgroup shuffles or,
-  /// without subgroup operations, through shared memory.
+  /// `group_rows` (4) query rows; the K/V tile's shared memory in vectors of 4 (fp32, or fp16
+  /// with block_f16), with V from `v_at` (0: in K's place once the scores are done); rows
+  /// reduced by subgroup shuffles or, without subgroup operations, through shared memory.
   bool blocks = false;
   bool block_shuffle = false;
   bool block_f16 = false;  // fp16 products (AttentionParams::fp16_arithmetic)

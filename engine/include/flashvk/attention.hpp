@@ -84,11 +84,11 @@ struct AttentionParams {
   /// fp16 arithmetic, the path for phones and other GPUs without matrix units: the register
   /// blocks multiply in fp16 (f16vec2, two rows a product) and sum at most 8 products in fp16
   /// before adding them to fp32 scores and outputs; the softmax stays fp32. Q, K, V and P are
-  /// rounded to fp16 on the way (any storage type), so values must stay within fp16's range.
-  /// Needs shaderFloat16 enabled (DeviceInfo::fp16_arithmetic; ExternalDevice::
-  /// fp16_arithmetic_enabled) and a fused variant; runs in TileLayout::blocks (which
-  /// `automatic` then picks, on any device) or cooperative_matrix (fp16 products always).
-  /// Error bound: docs/algorithms.md, "fp16 arithmetic".
+  /// rounded to fp16 on the way (any storage type), so every run of 8 unscaled q·k products must
+  /// stay within fp16's range (65504). Needs shaderFloat16 enabled (DeviceInfo::
+  /// fp16_arithmetic; ExternalDevice::fp16_arithmetic_enabled) and a fused variant; runs in
+  /// TileLayout::blocks (which `automatic` then picks, on any device) or cooperative_matrix
+  /// (fp16 products always). Error bound: docs/algorithms.md, "fp16 arithmetic".
   bool fp16_arithmetic = false;
 
   // Score modifiers (docs/algorithms.md, "Modifiers"), for every variant and layout. Query i
