@@ -291,6 +291,56 @@ TEST_P(ClosedFormTest, AdditiveMaskWithEqualScores) {
   }
 }
 
+// A mask whose tiles differ in kind, in every layout: with equal scores (Q = 0) O is the mask's
+// softmax of V in closed form, here with tiles of values before tiles of zeros, fully hidden
+// tiles between, -inf scattered in the last tiles, and the two KV heads' workgroups apart (head 1
+// has values where head 0 has zeros).
+TEST_P(ClosedFormTest, MaskTilesOfZerosAndOfValues) {
+  const uint32_t heads = 2, nq = 6, nk = 200;
+  const float hidden = -std::numeric_limits<float>::infinity();
+  HostTensor q({1, heads, nq, 8}), k = random_tensor({1, heads, nk, 8}, 31),
+                                   v = random_tensor({1, heads, nk, 8}, 32);
+  AttentionParams params;
+  params.variant = GetParam();
+  params.mask = HostTensor({1, heads, nq, nk});
+  for (uint32_t h = 0; h < heads; ++h)
+    for (uint32_t i = 0; i < nq; ++i)
+      for (uint32_t j = 0; j < nk; ++j) {
+        float m = 0.0f;  // keys 64..127 for head 0
+        if (j < 64 || (h == 1 && j < 128)) m = 0.3f * std::sin(float(i * 5 + j + 40 * h));
+        if (j >= 128 && j < 160) m = hidden;
+        if (j >= 160 && (i + j) % 3 == 0) m = hidden;
+        params.mask.data[(size_t(h) * nq + i) * nk + j] = m;
+      }
+  std::vector<TileLayout> layouts = {TileLayout::automatic};
+  if (variant_info(params.variant).fused) layouts = {TileLayout::shared, TileLayout::blocks};
+  const DeviceInfo& info = context().device();
+  if (variant_info(params.variant).fused && info.subgroup_shuffle && info.texel_buffers)
+    layouts.push_back(TileLayout::registers);
+  for (TileLayout layout : layouts) {
+    SCOPED_TRACE(tile_layout_name(layout));
+    params.tile_layout = layout;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    for (uint32_t h = 0; h < heads; ++h)
+      for (uint32_t i = 0; i < nq; ++i) {
+        double den = 0, o[8] = {};
+        for (uint32_t j = 0; j < nk; ++j) {
+          float m = params.mask.data[(size_t(h) * nq + i) * nk + j];
+          if (std::isinf(m)) continue;
+          den += std::exp(double(m));
+          for (uint32_t c = 0; c < 8; ++c)
+            o[c] += std::exp(double(m)) * v.data[(h * nk + j) * 8 + c];
+        }
+        size_t row = size_t(h) * nq + i;
+        for (uint32_t c = 0; c < 8; ++c)
+          EXPECT_NEAR(gpu.out.data[row * 8 + c], o[c] / den, 2e-6) << "head " << h << " row " << i;
+        double lse = std::log(den);  // about 5: relative, as max_lse_error
+        EXPECT_NEAR(gpu.lse.data[row], lse, 2e-6 * std::max(1.0, lse))
+            << "head " << h << " row " << i;
+      }
+  }
+}
+
 // Tiles an additive mask hides from every row of a workgroup are skipped, in the middle of the
 // rows' keys too: keys 128..255 are NaN and hidden from all rows, so a kernel that read them
 // would turn the output into NaN. Keys 64..127 are seen by one head only (2 in batch 0, 1 in
