@@ -4,12 +4,6 @@
 namespace flashvk::test {
 namespace {
 
-struct Shape {
-  uint32_t b, h, hkv, nq, nk, d, dv;
-  bool causal;
-  const char* name;
-};
-
 // Ragged sizes: none is a multiple of any tile, and Nq < Nk, Nq = Nk, Nq > Nk all appear.
 const Shape kShapes[] = {
     {1, 1, 1, 1, 1, 1, 1, false, "single_key_d1"},
@@ -21,8 +15,6 @@ const Shape kShapes[] = {
     {1, 1, 1, 9, 77, 256, 256, false, "d256"},
     {1, 8, 2, 1, 300, 64, 64, true, "decode_gqa"},
 };
-
-using Case = std::tuple<Variant, DType, Shape>;
 
 class AttentionTest : public VulkanTest, public ::testing::WithParamInterface<Case> {};
 
@@ -94,11 +86,6 @@ TEST_P(BlocksLayoutTest, MatchesFloat64ReferenceAtTheDevicesAndTheMinimumLimits)
   }
 }
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  auto [variant, dtype, s] = info.param;
-  return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
-}
-
 INSTANTIATE_TEST_SUITE_P(AllVariants, AttentionTest,
                          ::testing::Combine(::testing::ValuesIn(all_variants()),
                                             ::testing::Values(DType::f32, DType::f16),
@@ -115,9 +102,7 @@ std::vector<Shape> block_shapes() {
 }
 
 INSTANTIATE_TEST_SUITE_P(FusedVariants, BlocksLayoutTest,
-                         ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
-                                                              Variant::flash2, Variant::flashd,
-                                                              Variant::splitkv),
+                         ::testing::Combine(::testing::ValuesIn(fused_variants()),
                                             ::testing::Values(DType::f32, DType::f16),
                                             ::testing::ValuesIn(block_shapes())),
                          case_name);
@@ -126,9 +111,7 @@ TEST_F(VulkanTest, BlocksTakeLongHeadDims) {
   expect_matches_reference(Variant::flash2, DType::f32, kShapes[6], TileLayout::blocks);
 }
 INSTANTIATE_TEST_SUITE_P(FusedVariants, OtherTileLayoutTest,
-                         ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
-                                                              Variant::flash2, Variant::flashd,
-                                                              Variant::splitkv),
+                         ::testing::Combine(::testing::ValuesIn(fused_variants()),
                                             ::testing::Values(DType::f32, DType::f16),
                                             ::testing::ValuesIn(kShapes)),
                          case_name);

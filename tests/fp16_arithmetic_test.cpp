@@ -19,12 +19,6 @@ namespace {
 constexpr double kU16 = 1.0 / 2048.0;  // fp16's unit roundoff
 constexpr int kRun = 8;                // products summed in fp16 (shaders/tile.glsl RUN)
 
-struct Shape {
-  uint32_t b, h, hkv, nq, nk, d, dv;
-  bool causal;
-  const char* name;
-};
-
 const Shape kShapes[] = {
     {1, 2, 2, 37, 53, 4, 4, false, "ragged_d4"},
     {2, 4, 2, 65, 129, 16, 16, true, "gqa_causal"},
@@ -72,7 +66,6 @@ double fp16_bound(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   return tolerance(q, k, v, params) + vmax * (std::expm1(2.0 * delta) + (kRun + 2) * kU16);
 }
 
-using Case = std::tuple<Variant, DType, Shape>;
 class Fp16ArithmeticTest : public VulkanTest, public ::testing::WithParamInterface<Case> {};
 
 // With the register blocks forced: `automatic` takes the matrix units where a device has them.
@@ -127,15 +120,8 @@ TEST_P(Fp16ArithmeticTest, RandomInputsWithinTheFirstOrderBound) {
   EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << "tolerance " << tol;
 }
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  auto [variant, dtype, s] = info.param;
-  return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
-}
-
 INSTANTIATE_TEST_SUITE_P(FusedVariants, Fp16ArithmeticTest,
-                         ::testing::Combine(::testing::Values(Variant::online, Variant::flash1,
-                                                              Variant::flash2, Variant::flashd,
-                                                              Variant::splitkv),
+                         ::testing::Combine(::testing::ValuesIn(fused_variants()),
                                             ::testing::Values(DType::f32, DType::f16),
                                             ::testing::ValuesIn(kShapes)),
                          case_name);

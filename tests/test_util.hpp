@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashvk.hpp"
@@ -59,6 +60,27 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end);
 /// The first n rows of every [.., N, d] matrix.
 inline HostTensor first_rows(const HostTensor& x, int64_t n) {
   return rows_of(x, 0, n);
+}
+
+/// An attention shape for the parameterised tests: Q [b, h, nq, d], K [b, hkv, nk, d],
+/// V [b, hkv, nk, dv], causal or not, and a name for the test's.
+struct Shape {
+  uint32_t b, h, hkv, nq, nk, d, dv;
+  bool causal;
+  const char* name;
+};
+/// The variants with one fused kernel over K/V tiles (all but naive).
+inline std::vector<Variant> fused_variants() {
+  std::vector<Variant> fused;
+  for (Variant v : all_variants())
+    if (variant_info(v).fused) fused.push_back(v);
+  return fused;
+}
+/// A variant, a storage type and a shape, named "flash2_f16_<shape>" in test names.
+using Case = std::tuple<Variant, DType, Shape>;
+inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  auto [variant, dtype, s] = info.param;
+  return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
 }
 
 /// `call` throws an Error whose message contains `words`.
