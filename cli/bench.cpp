@@ -62,7 +62,8 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       tiles, names the layout that ran, its query rows per workgroup x keys
                       per tile and, for splitkv, its number of key chunks)
   --fp16-arithmetic   fp16 products in the fused variants (register blocks, or the matrix
-                      units), summed in fp32 every 8; needs shaderFloat16 (`flashvk devices`)
+                      units), summed in fp32 every 8; needs shaderFloat16 (`flashvk devices`);
+                      naive runs fp32 (the tiles column says which rows ran it)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
                       tiles a multiple of the subgroup size, each invocation working on R rows)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
@@ -709,8 +710,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "--layout coopmat needs cooperative matrices (VK_NV_cooperative_matrix with fp16 "
         "16x16x16 products into fp32); " +
         ctx.device().name + " has none (see `flashvk devices`)");
-  // Tile sizes the device cannot run are refused before any output, by the engine's message.
-  if (o.block_rows || o.block_keys)
+  // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
+  // engine's message.
+  if (o.block_rows || o.block_keys || o.fp16_arithmetic)
     for (Variant v : cases[0].variants) warm_up(ctx, cases[0], case_params(cases[0], v, o));
   std::printf("device: %s (driver %s), median of %d\n", ctx.device().name.c_str(),
               ctx.device().driver.c_str(), o.repeat);

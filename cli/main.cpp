@@ -39,7 +39,8 @@ Inputs are little-endian float32 or float16 .npy; O is float32 with the rank of 
 options:
   --lse FILE          also write the log-sum-exp of each row, [B, H, Nq]
   --variant NAME      naive, online, flash1, flash2, flashd or splitkv
-                      (default: splitkv for decoding shapes, else flash2)
+                      (default: splitkv when a KV head has at most 16 query rows
+                      and Nk >= 1024, else flash2)
   --scale S           score scale (default 1/sqrt(d))
   --causal            bottom-right causal mask: query i sees keys j <= i + Nk - Nq
   --splits N          splitkv: number of key chunks (default: from the device)
