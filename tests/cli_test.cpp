@@ -199,9 +199,9 @@ TEST_F(CliTest, RunTakesTheTilingAndNamesIt) {
 
 // --fp16-arithmetic reaches the engine: on inputs that are multiples of 1/2, whose fp16 products
 // and their runs are exact, O is within P's rounding and the P V runs of the float64 reference
-// (tests/fp16_arithmetic_test.cpp has the bound); a layout without fp16 products is refused.
+// (tests/fp16_arithmetic_test.cpp has the bound); a layout without fp16 products is refused, and
+// so, on a device without shaderFloat16, is the option itself.
 TEST_F(CliTest, RunTakesFp16Arithmetic) {
-  if (!context().device().fp16_arithmetic) GTEST_SKIP() << "no shaderFloat16 on this device";
   auto halves = [](std::vector<int64_t> shape, uint32_t seed) {
     HostTensor t = random_tensor(std::move(shape), seed);
     for (float& x : t.data) x = 0.5f * std::clamp(std::round(2.0f * x), -2.0f, 2.0f);
@@ -212,6 +212,12 @@ TEST_F(CliTest, RunTakesFp16Arithmetic) {
   put_tensor("q.npy", q);
   put_tensor("k.npy", k);
   put_tensor("v.npy", v);
+  expect_refused("run " + qkv() + " --fp16-arithmetic --layout shared",
+                 "fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, not shared");
+  if (!context().device().fp16_arithmetic) {
+    expect_refused("run " + qkv() + " --fp16-arithmetic", "shaderFloat16");
+    return;
+  }
   Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --causal --fp16-arithmetic");
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("fp16 arithmetic"), std::string::npos) << o.output;
@@ -220,8 +226,6 @@ TEST_F(CliTest, RunTakesFp16Arithmetic) {
   reference::Result ref = reference::direct(q, k, v, p);
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out),
             tolerance(q, k, v, p) + 9.0 / 2048 * max_abs(v));
-  expect_refused("run " + qkv() + " --fp16-arithmetic --layout shared",
-                 "fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, not shared");
 }
 
 TEST_F(CliTest, RunReadsFloat16Inputs) {
