@@ -75,13 +75,21 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       (N=16384 d=64, window 1023,0, beside causal at 16384) and decode
                       (Nq=1 H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16 (decode also
                       with q8_0 K and V)
+  --suite modifiers   what each modifier costs: one shape (default B=1 H=8 N=2048 d=64,
+                      --variant flash2,flashd; the shape options, --dtype and --kv-dtype
+                      change it) in causal attention, its base, then with softcap 30, ALiBi
+                      (max_bias 8), a sink per head, and an additive mask of the causal
+                      pattern in --causal's place, all in the same rounds; "vs base" is the
+                      median over rounds of a row's time over its variant's base run in the
+                      same round
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again around the runs (at most
                       once a second: short runs share their probes), and report each variant
                       as the median of its runs' fractions of the mean of the probes just
                       before and just after it; on devices with cooperative matrices also
                       their fp16 peak, which the cooperative_matrix rows are a fraction of
-  --repeat N          rounds: timed runs per variant (default 3, 1 with --suite)
+  --repeat N          rounds: timed runs per variant (default 3; 1 with --suite standard, 9
+                      with --suite modifiers)
   --min-time S        more rounds for short runs: a variant whose first run is shorter than
                       S / --repeat seconds runs ceil(S / first run) rounds, at most 100, and
                       flash2 as many as the most (default 0; 0.5 with --suite)
@@ -109,6 +117,7 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
   flashvk bench --suite standard --peak --json suite.json
+  flashvk bench --suite modifiers --dtype f16
   flashvk bench --variant flash2 --nq 2048 --layout shared --block-rows 128 --block-keys 32
   flashvk bench --decode-loop --dtype f16 --rope interleaved
 )";
@@ -121,6 +130,9 @@ struct Case {
   Storage storage;  // Q's, K's and V's
   std::vector<Variant> variants;
   AttentionParams mods = {};  // the score modifiers and the mask (modifier_options) only
+  // Runs in the rounds of the case before it, on the same inputs (a group: --suite modifiers),
+  // so that each of its variants has a run of the group's first case, its base, in every round.
+  bool with_previous = false;
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -136,6 +148,7 @@ struct Row {
   double ms = 0, gflops = 0, max_err = -1;
   double peak_gflops = 0, peak_fraction = 0;  // medians over the runs (--peak)
   double vs_flash2 = 0;  // median over rounds of time / flash2's time in the same round
+  double vs_base = 0;  // the same over the base's time (the same variant in the group's first case)
   uint64_t bytes = 0;
   TileLayout layout = TileLayout::shared;               // the kernel that ran
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
@@ -298,12 +311,15 @@ struct Options {
   bool fp16_arithmetic = false;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
+  bool vs_base = false;  // the "vs base" column (--suite modifiers)
+  int mask_width = 6;    // the mask column's: its longest text
 };
 
 void print_header(const Options& o) {
-  std::printf("%-7s %-9s %6s %6s %5s %6s %-8s %11s %9s %s%9s %11s%s  %s\n", "kind", "dtype", "Nq",
-              "Nk", "d", "mask", "variant", "time (ms)", "GFLOP/s", o.peak ? " of peak " : "",
-              "vs flash2", "memory MiB", o.check ? "  max error" : "", "tiles");
+  std::printf("%-8s %-9s %6s %6s %5s %-*s %-8s %11s %9s %s%9s%s %11s%s  %s\n", "kind", "dtype",
+              "Nq", "Nk", "d", o.mask_width, "mask", "variant", "time (ms)", "GFLOP/s",
+              o.peak ? " of peak " : "", "vs flash2", o.vs_base ? "  vs base" : "", "memory MiB",
+              o.check ? "  max error" : "", "tiles");
 }
 
 std::string tiles_text(const Row& r) {
@@ -313,14 +329,18 @@ std::string tiles_text(const Row& r) {
 
 void print_row(const Row& r, const Options& o) {
   const Dims& d = r.c->dims;
-  std::printf("%-7s %-9s %6u %6u %5u %6s %-8s %11.2f %9.2f", r.c->kind,
-              storage_text(r.c->storage).c_str(), d.nq, d.nk, d.d, mask_text(*r.c).c_str(),
-              variant_name(r.variant), r.ms, r.gflops);
+  std::printf("%-8s %-9s %6u %6u %5u %-*s %-8s %11.2f %9.2f", r.c->kind,
+              storage_text(r.c->storage).c_str(), d.nq, d.nk, d.d, o.mask_width,
+              mask_text(*r.c).c_str(), variant_name(r.variant), r.ms, r.gflops);
   if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.peak_fraction);
-  if (r.vs_flash2 > 0)
-    std::printf(" %8.3f", r.vs_flash2);
-  else
-    std::printf(" %8s", "-");
+  auto ratio = [](double x) {
+    if (x > 0)
+      std::printf(" %8.3f", x);
+    else
+      std::printf(" %8s", "-");
+  };
+  ratio(r.vs_flash2);
+  if (o.vs_base) ratio(r.vs_base);
   std::printf(" %11.2f", double(r.bytes) / (1 << 20));
   if (r.max_err >= 0) std::printf("  %9.2e", r.max_err);
   std::printf("  %s\n", tiles_text(r).c_str());
@@ -401,9 +421,10 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   return params;
 }
 
-// Medians of a variant's runs; ratios are taken run by run, so that drift cancels.
-void summarise(Row& r, const Row* flash2, const Case& c) {
-  std::vector<double> ms, peak, fraction, ratio;
+// Medians of a variant's runs; ratios are taken run by run, so that drift cancels: to flash2's
+// runs on the same case, and to `base`'s (the same variant on the group's base case).
+void summarise(Row& r, const Row* flash2, const Row* base, const Case& c) {
+  std::vector<double> ms, peak, fraction, ratio, base_ratio;
   for (size_t i = 0; i < r.runs.size(); ++i) {
     const Run& run = r.runs[i];
     ms.push_back(run.ms);
@@ -411,12 +432,14 @@ void summarise(Row& r, const Row* flash2, const Case& c) {
     if (run.ms > 0 && run.peak_gflops > 0)
       fraction.push_back(case_flops(c) / (run.ms * 1e6) / run.peak_gflops);
     if (flash2 && flash2->runs[i].ms > 0) ratio.push_back(run.ms / flash2->runs[i].ms);
+    if (base && base->runs[i].ms > 0) base_ratio.push_back(run.ms / base->runs[i].ms);
   }
   r.ms = median(ms);
   r.gflops = r.ms > 0 ? case_flops(c) / (r.ms * 1e6) : 0;
   r.peak_gflops = median(peak);
   r.peak_fraction = median(fraction);
   r.vs_flash2 = median(ratio);
+  r.vs_base = median(base_ratio);
 }
 
 // One timed run of `r`'s variant, the cache flushed before it and calibrated around it.
@@ -438,6 +461,7 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
 constexpr int kMaxRounds = 100;
 constexpr double kSuiteMinTime = 0.5;
 constexpr int kSuiteFlashdRounds = 9;
+constexpr int kModifierRounds = 9;  // --suite modifiers: each ratio to the base a median of 9 pairs
 
 // Rounds each variant runs: --repeat, or more for short runs until they add up to --min-time
 // (judged by the first round), and for flashd and flash2 at least --flashd-rounds. flash2 runs
@@ -459,15 +483,17 @@ std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) 
   return rounds;
 }
 
-// Every variant of a case, in rounds: each round runs each variant once (in turn first), so
-// all variants see the same drift of the machine's speed, and their ratios are fair.
-std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const Inputs& in,
-                          const Options& o, Meters& meters, Clock& clock) {
+// Every variant of a group of cases on the same inputs (one case, or --suite modifiers' cases), in
+// rounds: each round runs each (case, variant) once, each first in turn, so that all of them see
+// the same drift of the machine's speed, and their ratios are fair.
+std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group, const Tensor* qkv,
+                           const Inputs& in, const Options& o, Meters& meters, Clock& clock) {
   std::vector<Row> rows;
-  for (Variant v : c.variants) {
-    rows.push_back(Row{&c, v});
-    warm_up(ctx, c, case_params(c, v, o));
-  }
+  for (const Case* c : group)
+    for (Variant v : c->variants) {
+      rows.push_back(Row{c, v});
+      warm_up(ctx, *c, case_params(*c, v, o));
+    }
   if (o.gpu_warm > 0) {
     if (!meters.busy) meters.busy.emplace(ctx);
     auto start = std::chrono::steady_clock::now();
@@ -481,24 +507,29 @@ std::vector<Row> run_case(Context& ctx, const Case& c, const Tensor* qkv, const 
     for (size_t k = 0; k < n; ++k) {
       size_t i = (size_t(round) + k) % n;
       if (round >= rounds[i]) continue;
-      progress(clock.done++, clock.total, c, rows[i].variant, round, clock.seconds());
-      time_run(ctx, c, qkv, o, meters, rows[i]);
+      progress(clock.done++, clock.total, *rows[i].c, rows[i].variant, round, clock.seconds());
+      time_run(ctx, *rows[i].c, qkv, o, meters, rows[i]);
     }
     if (round > 0) continue;
     rounds = rounds_per_row(rows, o);
+    if (group.size() > 1)  // every run has its base's run of the same round
+      rounds.assign(n, *std::max_element(rounds.begin(), rounds.end()));
     for (int r : rounds) clock.total += size_t(r - o.repeat);
   }
   if (meters.fma) meters.fma->finish();
-  const Row* flash2 = nullptr;
-  for (Row& r : rows) {
-    // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
+  // The matrix units' peak bounds the cooperative-matrix kernels, not the FMA units'.
+  for (Row& r : rows)
     if (o.peak && r.layout == TileLayout::cooperative_matrix)
       for (Run& run : r.runs) run.peak_gflops = o.peak->coopmat_gflops;
-    if (r.variant == Variant::flash2) flash2 = &r;
-  }
+  auto find = [&](const Case* c, Variant v) -> const Row* {
+    for (const Row& r : rows)
+      if (r.c == c && r.variant == v) return &r;
+    return nullptr;
+  };
   for (Row& r : rows) {
-    summarise(r, flash2, c);
-    if (o.check) r.max_err = check_error(ctx, in, case_params(c, r.variant, o), c.storage);
+    const Row* base = group.size() > 1 ? find(group.front(), r.variant) : nullptr;
+    summarise(r, find(r.c, Variant::flash2), base, *r.c);
+    if (o.check) r.max_err = check_error(ctx, in, case_params(*r.c, r.variant, o), r.c->storage);
   }
   return rows;
 }
@@ -511,20 +542,24 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
   if (o.peak) meters.fma.emplace(ctx);
   std::vector<Row> rows;
   print_header(o);
-  for (const Case& c : cases) {
+  for (size_t first = 0, end = 0; first < cases.size(); first = end) {
+    std::vector<const Case*> group;  // a case and those that run with it
+    for (end = first; end < cases.size() && (end == first || cases[end].with_previous); ++end)
+      group.push_back(&cases[end]);
+    const Case& c = cases[first];
     Inputs in = make_inputs(c.dims);
     std::array<Tensor, 3> qkv;
     try {
       qkv = upload_qkv(ctx, in.q, in.k, in.v, c.storage);
     } catch (const Error& e) {
-      if (cases.size() == 1) throw;
+      if (cases.size() == group.size()) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
-      std::printf("%-7s %-9s %6u %6u %5u  not run: %s\n", c.kind, storage_text(c.storage).c_str(),
+      std::printf("%-8s %-9s %6u %6u %5u  not run: %s\n", c.kind, storage_text(c.storage).c_str(),
                   c.dims.nq, c.dims.nk, c.dims.d, e.what());
-      clock.done += c.variants.size() * size_t(o.repeat);
+      for (const Case* g : group) clock.done += g->variants.size() * size_t(o.repeat);
       continue;
     }
-    std::vector<Row> case_rows = run_case(ctx, c, qkv.data(), in, o, meters, clock);
+    std::vector<Row> case_rows = run_group(ctx, group, qkv.data(), in, o, meters, clock);
     if (isatty(2)) std::fprintf(stderr, "\r\033[K");
     for (const Row& r : case_rows) print_row(r, o);
     rows.insert(rows.end(), case_rows.begin(), case_rows.end());
@@ -600,6 +635,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
       x["peak_fraction"] = r.peak_fraction;
     }
     if (r.vs_flash2 > 0) x["vs_flash2"] = r.vs_flash2;
+    if (r.vs_base > 0) x["vs_base"] = r.vs_base;
     x["runs_ms"] = run_list(r.runs, &Run::ms);
     if (o.peak) x["runs_peak_gflops"] = run_list(r.runs, &Run::peak_gflops);
     if (r.max_err >= 0) x["max_err"] = r.max_err;
@@ -629,13 +665,14 @@ std::vector<Variant> parse_variant_list(const std::string& text) {
   return variants;
 }
 
-// The one shape given by --batch, --heads, ... for the chosen variants.
-Case custom_case(const Args& args) {
+// The one shape given by --batch, --heads, ... for the chosen variants (default: Nq 1024, all).
+Case custom_case(const Args& args, int64_t default_nq = 1024,
+                 const std::string& default_variants = "all") {
   const int64_t big = 1 << 24;
   auto batch = args.integer("batch", 1, 1, 4096);
   auto heads = args.integer("heads", 8, 1, 4096);
   auto kv_heads = args.integer("kv-heads", heads, 1, 4096);
-  auto nq = args.integer("nq", 1024, 1, big);
+  auto nq = args.integer("nq", default_nq, 1, big);
   auto nk = args.integer("nk", nq, 1, big);
   auto d = args.integer("d", 64, 1, 256);
   auto dv = args.integer("dv", d, 1, 256);
@@ -648,8 +685,35 @@ Case custom_case(const Args& args) {
   modifier_options(args, c.mods);
   c.storage = storage_options(args);
   c.variants = all_variants();
-  if (args.text("variant", "all") != "all") c.variants = parse_variant_list(args.text("variant"));
+  std::string variants = args.text("variant", default_variants);
+  if (variants != "all") c.variants = parse_variant_list(variants);
   return c;
+}
+
+// --suite modifiers: the shape (default B=1 H=8 N=2048 d=64, flash2 and flashd) in causal
+// attention, its base, and with each modifier of issue #19's cost target in turn, all in the same
+// rounds: softcap 30, ALiBi with max_bias 8, a sink logit per head, and in --causal's place an
+// additive [Nq, Nk] mask of the same pattern (0 where causal attention sees the key, else -inf),
+// so that every row sees the base's pairs.
+std::vector<Case> modifier_suite(const Args& args) {
+  Case base = custom_case(args, 2048, "flash2,flashd");
+  base.kind = "modifier";
+  base.causal = true;
+  std::vector<Case> cases(5, base);
+  cases[1].mods.softcap = 30.0f;
+  cases[2].mods.alibi_max_bias = 8.0f;
+  for (uint32_t h = 0; h < base.dims.heads; ++h)
+    cases[3].mods.sinks.push_back(0.5f * float(h % 8) - 1.0f);
+  const Dims& d = base.dims;
+  HostTensor mask({d.nq, d.nk});
+  for (uint32_t i = 0; i < d.nq; ++i)
+    for (uint32_t j = 0; j < d.nk; ++j)
+      if (int64_t(j) > int64_t(i) + d.nk - d.nq)
+        mask.data[uint64_t(i) * d.nk + j] = -std::numeric_limits<float>::infinity();
+  cases[4].causal = false;
+  cases[4].mods.mask = std::move(mask);
+  for (size_t i = 1; i < cases.size(); ++i) cases[i].with_previous = true;
+  return cases;
 }
 
 }  // namespace
@@ -668,9 +732,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (args.has("rope"))
     throw UsageError{"--rope is for --decode-loop (bench times attention without RoPE)"};
   std::vector<Case> cases;
-  if (args.has("suite")) {
-    if (args.text("suite") != "standard")
-      throw UsageError{"--suite must be 'standard', got '" + args.text("suite") + "'"};
+  std::string suite = args.text("suite");
+  if (suite == "standard") {
     for (const std::string& shape_option :
          with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
                          "block-rows", "block-keys", "splits"}))
@@ -679,16 +742,33 @@ int cmd_bench(const std::vector<std::string>& argv) {
             std::string("--suite standard fixes the shapes and runs the engine's own tiles; drop "
                         "--") +
             shape_option};
+    if (args.flag("causal")) throw UsageError{"--suite standard fixes the shapes; drop --causal"};
     cases = standard_suite();
+  } else if (suite == "modifiers") {
+    for (const std::string& option : kModifierOptions)
+      if (args.has(option) && option != "dtype" && option != "kv-dtype")
+        throw UsageError{"--suite modifiers sets the modifiers itself; drop --" + option};
+    if (args.flag("causal"))
+      throw UsageError{"--suite modifiers runs causal attention as its base; drop --causal"};
+    cases = modifier_suite(args);
+  } else if (args.has("suite")) {
+    throw UsageError{"--suite must be 'standard' or 'modifiers', got '" + suite + "'"};
   } else {
     cases = {custom_case(args)};
   }
+  bool standard = suite == "standard";
   Options o;
-  o.repeat = static_cast<int>(args.integer("repeat", args.has("suite") ? 1 : 3, 1, 1000));
-  o.min_time = args.number("min-time", args.has("suite") ? kSuiteMinTime : 0);
+  o.repeat = static_cast<int>(args.integer("repeat",
+                                           standard               ? 1
+                                           : suite == "modifiers" ? kModifierRounds
+                                                                  : 3,
+                                           1, 1000));
+  o.min_time = args.number("min-time", standard ? kSuiteMinTime : 0);
   if (o.min_time < 0) throw UsageError{"--min-time must be at least 0 seconds"};
-  o.flashd_rounds = static_cast<int>(
-      args.integer("flashd-rounds", args.has("suite") ? kSuiteFlashdRounds : 0, 0, 1000));
+  o.flashd_rounds =
+      static_cast<int>(args.integer("flashd-rounds", standard ? kSuiteFlashdRounds : 0, 0, 1000));
+  o.vs_base = suite == "modifiers";
+  for (const Case& c : cases) o.mask_width = std::max(o.mask_width, int(mask_text(c).size()));
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
   o.gpu_warm = args.number("gpu-warm", -1);
@@ -725,7 +805,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       std::printf(", %.2f GFLOP/s fp16 cooperative matrix", o.peak->coopmat_gflops);
     std::printf("\n");
   }
-  if (cases.size() == 1) {
+  if (cases.size() == 1 || o.vs_base) {  // one shape
     const Dims& d = cases[0].dims;
     std::printf("shape: B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u\n", d.batch, d.heads, d.kv_heads,
                 d.nq, d.nk, d.d, d.dv);

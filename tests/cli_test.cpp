@@ -571,6 +571,55 @@ TEST_F(CliTest, BenchWarmsGpusUpAndSaysHowLong) {
   expect_usage_error("bench --nq 8 --d 8 --gpu-warm -1", "--gpu-warm");
 }
 
+// --suite modifiers: its shape in causal attention (the base), then with softcap, ALiBi, sinks,
+// and a mask of the causal pattern in --causal's place, in that order and in the same rounds: a
+// row's vs_base is the median of its run-by-run ratios to the base's runs of its variant. The
+// mask hides what causal attention hides (bottom-right aligned: its GFLOP/s counts the same
+// pairs), and the options it sets itself are refused.
+TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
+  const int nq = 8, nk = 24, heads = 2, d = 8;
+  Json json = bench_json(
+      "--suite modifiers --variant flash2 --heads 2 --nq 8 --nk 24 --d 8 "
+      "--repeat 3",
+      path("mod.json"));
+  const Json& rows = json.at("results");
+  ASSERT_EQ(rows.size(), 5u) << json;
+  std::vector<double> base = rows[0].at("runs_ms");
+  ASSERT_EQ(base.size(), 3u);
+  // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq.
+  double pairs = 0;
+  for (int i = 0; i < nq; ++i) pairs += i + nk - nq + 1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Json& r = rows[i];
+    EXPECT_EQ(r.at("kind"), "modifier");
+    EXPECT_EQ(r.at("variant"), "flash2");
+    EXPECT_EQ(r.at("causal"), i != 4) << i;
+    EXPECT_EQ(r.at("softcap").get<double>(), i == 1 ? 30.0 : 0.0) << i;
+    EXPECT_EQ(r.at("alibi"), i == 2) << i;
+    EXPECT_EQ(r.at("sinks"), i == 3) << i;
+    EXPECT_EQ(r.at("mask"), i == 4) << i;
+    std::vector<double> runs = r.at("runs_ms");
+    ASSERT_EQ(runs.size(), 3u) << i;
+    std::vector<double> ratio;
+    for (size_t k = 0; k < runs.size(); ++k) ratio.push_back(runs[k] / base[k]);
+    EXPECT_NEAR(r.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << i;
+    double flops = r.at("gflops").get<double>() * r.at("ms").get<double>() * 1e6;
+    EXPECT_NEAR(flops, 4.0 * heads * pairs * d, 1e-3 * flops) << i;
+  }
+  EXPECT_DOUBLE_EQ(rows[0].at("vs_base").get<double>(), 1.0);
+
+  Outcome table = run_cli("bench --suite modifiers --variant flashd --nq 8 --d 8 --repeat 1");
+  ASSERT_EQ(table.status, 0) << table.output;
+  EXPECT_NE(table.output.find("vs base"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("causal softcap 30"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("mask [8, 8]"), std::string::npos) << table.output;
+
+  expect_usage_error("bench --suite modifiers --softcap 5", "drop --softcap");
+  expect_usage_error("bench --suite modifiers --causal", "drop --causal");
+  expect_usage_error("bench --suite standard --causal", "drop --causal");
+  expect_usage_error("bench --suite everything", "'standard' or 'modifiers'");
+}
+
 TEST_F(CliTest, MissingAndUnreadableFiles) {
   write_qkv({4, 8}, {6, 8}, {6, 8});
   expect_refused("run --q " + path("nope.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
