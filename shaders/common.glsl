@@ -404,15 +404,28 @@ void workgroup_keys(inout uint lo, inout uint hi) {
 // to the next, so fully masked tiles cost nothing: a branch around a tile would not (llvmpipe runs
 // both sides of a branch on a loaded value), and the row ranges only cut a row's ends. Every
 // invocation reads the same words, so a workgroup steps together.
-uint next_seen_tile(uint j0, uint end) {
-  if ((MODS & MOD_MASK) == 0u) return j0;
+// The bitmap's word holding tile t's bit (bit t % 32) for this workgroup.
+uint mask_tile_word(uint t) {
   uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
+  return mask_buf[base + t / 32u];
+}
+
+uint next_seen_tile(uint j0, uint end) {
+  if ((MODS & MOD_MASK) == 0u) return j0;
   for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
-    uint bits = mask_buf[base + t / 32u] >> (t % 32u);
+    uint bits = mask_tile_word(t) >> (t % 32u);
     if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
   }
   return end;
+}
+
+// Whether a row of this workgroup has a finite additive-mask entry in the tile from key j0 (a
+// multiple of BC); always without MOD_MASK. For kernels whose invocations walk different tiles
+// (lanes: each cluster its own).
+bool tile_seen(uint j0) {
+  if ((MODS & MOD_MASK) == 0u) return true;
+  return ((mask_tile_word(j0 / BC) >> (j0 / BC % 32u)) & 1u) != 0u;
 }
 
 // The keys a workgroup (or, for splitkv, its chunk) walks, given the union [lo, hi) of the keys

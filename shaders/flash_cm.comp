@@ -282,18 +282,21 @@ void main() {
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
-  if (begin < end) fetch_tile(kv_base, begin, min(BC, end - begin));
-  for (uint j0 = begin; j0 < end; j0 += BC) {
+  // Tiles the additive mask hides from every row of the workgroup are skipped (next_seen_tile).
+  uint j0 = next_seen_tile(begin, end);
+  if (j0 < end) fetch_tile(kv_base, j0, min(BC, end - j0));
+  while (j0 < end) {
     uint n = min(BC, end - j0);
     barrier();  // every subgroup is done with the previous tile
     store_tile();
     barrier();
-    uint next = j0 + BC;
+    uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
     tile_scores();
     float keep, coef;
     tile_softmax(j0, n, keep, coef);
     tile_accumulate(keep, coef);
+    j0 = next;
   }
   finish(row);
 }

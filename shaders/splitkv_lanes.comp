@@ -74,6 +74,7 @@ void main() {
   uint kv_base = rows[0].kv_base;  // the rows share one K/V head
 
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
+    if (!tile_seen(j0)) continue;  // hidden from every row by the additive mask: never read
     uvec4 kx[KB][KE / KVEC], vx[KB][VE / VVEC];
     float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (q8_0, q4_0)
     [[unroll]] for (uint c = 0; c < KB; ++c) {

@@ -346,7 +346,8 @@ TEST_P(ClosedFormTest, MaskTilesOfZerosAndOfValues) {
 // would turn the output into NaN. Keys 64..127 are seen by one head only (2 in batch 0, 1 in
 // batch 1), whose rows share workgroups with one other head's and none with the other KV head's:
 // a tile skipped for the wrong workgroup or batch shows against the float64 reference (on the
-// keys made 0).
+// keys made 0). In every layout the device runs: shared, registers, blocks, lanes (splitkv) and
+// cooperative matrices.
 TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
   Variant variant = GetParam();
   if (!variant_info(variant).fused) GTEST_SKIP() << "naive reads every key of a row's range";
@@ -374,14 +375,20 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
         k.data[at] = v.data[at] = 0.0f;
         k_nan.data[at] = v_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
       }
-  reference::Result ref = reference::direct(q, k, v, params);
-  std::vector<TileLayout> layouts = {TileLayout::shared};
-  const DeviceInfo& info = context().device();
-  if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
-  for (TileLayout layout : layouts) {
+  // Every layout the device runs: cooperative matrices in fp16 (NaN stays NaN), the rest in fp32.
+  ModCase shape{"skip", batch, heads, 2, nq, nk, d, d};
+  for (TileLayout layout : layouts_for(variant, shape)) {
+    bool f16 = layout == TileLayout::cooperative_matrix;
+    HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
+               vs = f16 ? round_to_half(v) : v;
+    reference::Result ref = reference::direct(qs, ks, vs, params);
     params.tile_layout = layout;
-    HostAttentionResult gpu = attention(context(), q, k_nan, v_nan, params);
-    EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
+    HostAttentionResult gpu =
+        attention(context(), qs, f16 ? round_to_half(k_nan) : k_nan,
+                  f16 ? round_to_half(v_nan) : v_nan, params, f16 ? DType::f16 : DType::f32);
+    EXPECT_EQ(gpu.tile_layout, layout == TileLayout::automatic ? gpu.tile_layout : layout);
+    EXPECT_LE(max_error(gpu.out.data, ref.out),
+              tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
         << tile_layout_name(layout);
     EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
   }

@@ -74,8 +74,9 @@ void set_modifiers(Plan& plan) {
 // The fused kernels' tile bitmap (common.glsl next_seen_tile): for each workgroup (x: a block of
 // spec.block() packed rows, y: batch and KV head, as plan_fused and splitkv dispatch) a bit per
 // tile of spec.keys keys, set where a row of the block has a finite mask entry in the tile. Every
-// invocation of a workgroup reads the same bit, so fully masked tiles are skipped together, in
-// the middle of a row's keys too (the ranges cut only the ends).
+// invocation of a workgroup reads the same bit (lanes: every lane of a cluster, which walks its own
+// tiles), so fully masked tiles are skipped together, in the middle of a row's keys too (the
+// ranges cut only the ends), in every layout.
 namespace {
 
 void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<int64_t>& shape) {
@@ -165,8 +166,7 @@ void set_masks(Plan& plan) {
       words[plan.push.mask_ranges + 2 * r] = first;
       words[plan.push.mask_ranges + 2 * r + 1] = last;
     }
-    if (variant_info(p.variant).fused && !plan.spec.coopmat && !plan.spec.lanes)
-      set_mask_tiles(plan, words, shape);
+    if (variant_info(p.variant).fused) set_mask_tiles(plan, words, shape);
     // The values last, from 256 bytes on (the largest minTexelBufferOffsetAlignment there is):
     // register tiles read them through a texel view from there to the end.
     plan.push.mask_values = static_cast<uint32_t>((words.size() + 63) / 64 * 64);
