@@ -11,6 +11,8 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <stdexcept>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -76,8 +78,9 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       (Nq=1 H=32 Hkv=8 Nk=4096..65536 d=128), fp32 and fp16 (decode also
                       with q8_0 K and V)
   --suite modifiers   what each modifier costs: one shape (default B=1 H=8 N=2048 d=64,
-                      --variant flash2,flashd; the shape options, --dtype and --kv-dtype
-                      change it) in causal attention, its base, then with softcap 30, ALiBi
+                      --variant flash2,flashd; the shape options, --variant, --dtype,
+                      --kv-dtype, --layout and the tiling options change it) in causal
+                      attention, its base, then with softcap 30, ALiBi
                       (max_bias 8), a sink per head, and an additive mask of the causal
                       pattern in --causal's place, all in the same rounds; "vs base" is the
                       median over rounds of a row's time over its variant's base run in the
@@ -92,10 +95,11 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       with --suite modifiers)
   --min-time S        more rounds for short runs: a variant whose first run is shorter than
                       S / --repeat seconds runs ceil(S / first run) rounds, at most 100, and
-                      flash2 as many as the most (default 0; 0.5 with --suite)
+                      flash2 as many as the most (default 0; 0.5 with --suite standard)
   --flashd-rounds N   flashd and flash2 run at least N rounds, so that their ratio, which
                       FLASH-D's target names, is a median of N pairs (default 0; 9 with
-                      --suite: on a noisy machine the median of 3 pairs misses by a tenth)
+                      --suite standard: on a noisy machine the median of 3 pairs misses by a
+                      tenth)
   --warm-cache        skip the cache flush before each run
   --gpu-warm S        before each shape's timed runs, keep the device busy for S seconds
                       (the FMA calibration, back to back), so that a GPU has raised its clocks
@@ -124,7 +128,7 @@ examples:
 
 // One shape, and the variants to time on it.
 struct Case {
-  const char* kind;  // "prefill", "decode" or "custom"
+  const char* kind;  // "prefill", "window", "decode", "modifier" or "custom"
   Dims dims;
   bool causal = false;
   Storage storage;  // Q's, K's and V's
@@ -350,10 +354,10 @@ void print_row(const Row& r, const Options& o) {
 // Progress on stderr: one line per run, rewritten in place on a terminal.
 void progress(size_t done, size_t total, const Case& c, Variant v, int round, double elapsed_s) {
   bool tty = isatty(2);
-  std::fprintf(stderr, "%s[%zu/%zu] %s %s N=%u/%u d=%u %s round %d  (%.0f s so far)%s",
+  std::fprintf(stderr, "%s[%zu/%zu] %s %s N=%u/%u d=%u %s %s round %d  (%.0f s so far)%s",
                tty ? "\r\033[K" : "", done + 1, total, c.kind, variant_name(v), c.dims.nq,
-               c.dims.nk, c.dims.d, storage_text(c.storage).c_str(), round + 1, elapsed_s,
-               tty ? "" : "\n");
+               c.dims.nk, c.dims.d, storage_text(c.storage).c_str(), mask_text(c).c_str(),
+               round + 1, elapsed_s, tty ? "" : "\n");
   std::fflush(stderr);
 }
 
@@ -534,6 +538,13 @@ std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group, 
   return rows;
 }
 
+// What a case's inputs depend on: its shape and storage.
+auto input_key(const Case& c) {
+  const Dims& d = c.dims;
+  return std::make_tuple(d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d, d.dv, c.storage.q,
+                         c.storage.k, c.storage.v);
+}
+
 std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const Options& o) {
   Clock clock;
   for (const Case& c : cases) clock.total += c.variants.size() * size_t(o.repeat);
@@ -547,6 +558,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     for (end = first; end < cases.size() && (end == first || cases[end].with_previous); ++end)
       group.push_back(&cases[end]);
     const Case& c = cases[first];
+    for (const Case* g : group)  // they share c's inputs
+      if (input_key(*g) != input_key(c))
+        throw std::logic_error("bench: a case of a group has another shape or storage");
     Inputs in = make_inputs(c.dims);
     std::array<Tensor, 3> qkv;
     try {
@@ -554,8 +568,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     } catch (const Error& e) {
       if (cases.size() == group.size()) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
-      std::printf("%-8s %-9s %6u %6u %5u  not run: %s\n", c.kind, storage_text(c.storage).c_str(),
-                  c.dims.nq, c.dims.nk, c.dims.d, e.what());
+      std::printf("%-8s %-9s %6u %6u %5u %-*s  not run: %s\n", c.kind,
+                  storage_text(c.storage).c_str(), c.dims.nq, c.dims.nk, c.dims.d, o.mask_width,
+                  mask_text(c).c_str(), e.what());
       for (const Case* g : group) clock.done += g->variants.size() * size_t(o.repeat);
       continue;
     }
@@ -705,11 +720,14 @@ std::vector<Case> modifier_suite(const Args& args) {
   for (uint32_t h = 0; h < base.dims.heads; ++h)
     cases[3].mods.sinks.push_back(0.5f * float(h % 8) - 1.0f);
   const Dims& d = base.dims;
+  AttentionParams causal;
+  causal.causal = true;
   HostTensor mask({d.nq, d.nk});
-  for (uint32_t i = 0; i < d.nq; ++i)
-    for (uint32_t j = 0; j < d.nk; ++j)
-      if (int64_t(j) > int64_t(i) + d.nk - d.nq)
-        mask.data[uint64_t(i) * d.nk + j] = -std::numeric_limits<float>::infinity();
+  for (uint32_t i = 0; i < d.nq; ++i) {
+    KeyRange seen = window_keys(causal, d.nq, d.nk, i);  // the engine's causal limit
+    for (int64_t j = seen.end; j < d.nk; ++j)
+      mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -std::numeric_limits<float>::infinity();
+  }
   cases[4].causal = false;
   cases[4].mods.mask = std::move(mask);
   for (size_t i = 1; i < cases.size(); ++i) cases[i].with_previous = true;
@@ -791,9 +809,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "16x16x16 products into fp32); " +
         ctx.device().name + " has none (see `flashvk devices`)");
   // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
-  // engine's message.
+  // engine's message (the first case, and those of its group: --suite modifiers).
   if (o.block_rows || o.block_keys || o.fp16_arithmetic)
-    for (Variant v : cases[0].variants) warm_up(ctx, cases[0], case_params(cases[0], v, o));
+    for (size_t i = 0; i < cases.size() && (i == 0 || cases[i].with_previous); ++i)
+      for (Variant v : cases[i].variants) warm_up(ctx, cases[i], case_params(cases[i], v, o));
   std::printf("device: %s (driver %s), median of %d\n", ctx.device().name.c_str(),
               ctx.device().driver.c_str(), o.repeat);
   if (args.flag("peak")) {

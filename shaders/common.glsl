@@ -398,19 +398,19 @@ void workgroup_keys(inout uint lo, inout uint hi) {
 }
 #endif
 
-// The first tile from key j0 on (a multiple of BC) in which a row of this workgroup has a finite
-// additive-mask entry, or `end` (MOD_MASK; the fused kernels): the host's bitmap has a bit per
-// workgroup and tile of BC keys (plan.cpp set_mask_tiles). The key loops step from one such tile
-// to the next, so fully masked tiles cost nothing: a branch around a tile would not (llvmpipe runs
-// both sides of a branch on a loaded value), and the row ranges only cut a row's ends. Every
-// invocation reads the same words, so a workgroup steps together.
-// The bitmap's word holding tile t's bit (bit t % 32) for this workgroup.
+// The additive mask's tile bitmap (MOD_MASK; the fused kernels): a bit per workgroup and tile of
+// BC keys, set where a row of the workgroup has a finite entry in the tile (plan.cpp
+// set_mask_tiles). This is the word holding tile t's bit (bit t % 32).
 uint mask_tile_word(uint t) {
   uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
   return mask_buf[base + t / 32u];
 }
 
+// The first tile from key j0 on (a multiple of BC) whose bit is set, or `end`. The key loops step
+// from one such tile to the next, so fully masked tiles cost nothing: a branch around a tile
+// would not (llvmpipe runs both sides of a branch on a loaded value), and the row ranges only cut
+// a row's ends. Every invocation reads the same words, so a workgroup steps together.
 uint next_seen_tile(uint j0, uint end) {
   if ((MODS & MOD_MASK) == 0u) return j0;
   for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
@@ -420,9 +420,9 @@ uint next_seen_tile(uint j0, uint end) {
   return end;
 }
 
-// Whether a row of this workgroup has a finite additive-mask entry in the tile from key j0 (a
-// multiple of BC); always without MOD_MASK. For kernels whose invocations walk different tiles
-// (lanes: each cluster its own).
+// Whether tile j0's bit (j0 a multiple of BC) is set; always without MOD_MASK. For kernels whose
+// invocations walk different tiles (lanes: each cluster its own), which branch around a hidden
+// tile: never read, which saves a GPU its memory traffic (on llvmpipe the branch saves little).
 bool tile_seen(uint j0) {
   if ((MODS & MOD_MASK) == 0u) return true;
   return ((mask_tile_word(j0 / BC) >> (j0 / BC % 32u)) & 1u) != 0u;

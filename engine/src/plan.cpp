@@ -485,8 +485,9 @@ uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t chunks = spec.registers || spec.lanes || spec.blocks ? 0 : spec.keys;  // shared: a key
   uint64_t passes = variant_info(params.variant).passes;
   uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
-  // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped.
-  if (push.mask_tiles) iterations += passes * (tiles + tiles / 32 + 2);
+  // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped
+  // (lanes test each tile's bit instead).
+  if (push.mask_tiles && !spec.lanes) iterations += passes * (tiles + tiles / 32 + 2);
   return iterations;
 }
 
