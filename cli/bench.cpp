@@ -80,11 +80,10 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
   --suite modifiers   what each modifier costs: one shape (default B=1 H=8 N=2048 d=64,
                       --variant flash2,flashd; the shape options, --variant, --dtype,
                       --kv-dtype, --layout and the tiling options change it) in causal
-                      attention, its base, then with softcap 30, ALiBi
-                      (max_bias 8), a sink per head, and an additive mask of the causal
-                      pattern in --causal's place, all in the same rounds; "vs base" is the
-                      median over rounds of a row's time over its variant's base run in the
-                      same round
+                      attention, its base, then with softcap 30, ALiBi (max_bias 8), a sink
+                      per head, and an additive mask of the causal pattern in --causal's
+                      place, all in the same rounds; "vs base" is the median over rounds of
+                      a row's time over its variant's base run in the same round
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again around the runs (at most
                       once a second: short runs share their probes), and report each variant
