@@ -81,9 +81,11 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       --variant flash2,flashd; the shape options, --variant, --dtype,
                       --kv-dtype, --layout and the tiling options change it) in causal
                       attention, its base, then with softcap 30, ALiBi (max_bias 8), a sink
-                      per head, and an additive mask of the causal pattern in --causal's
-                      place, all in the same rounds; "vs base" is the median over rounds of
-                      a row's time over its variant's base run in the same round
+                      per head, an additive mask of the causal pattern in --causal's place,
+                      and a sparse one (the first Nk/32 keys and a window of Nk/8: tiles it
+                      hides are skipped), all in the same rounds; "vs base" is the median
+                      over rounds of a row's time over its variant's base run in the same
+                      round
   --peak              measure the device's FMA throughput and read bandwidth with calibration
                       shaders first, then the FMA throughput again around the runs (at most
                       once a second: short runs share their probes), and report each variant
@@ -136,6 +138,7 @@ struct Case {
   // Runs in the rounds of the case before it, on the same inputs (a group: --suite modifiers),
   // so that each of its variants has a run of the group's first case, its base, in every round.
   bool with_previous = false;
+  std::string mask_name;  // what a generated mask is, for the mask column in place of its shape
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -196,6 +199,10 @@ double case_flops(const Case& c) {
 // The mask column: full, causal, or the window and the other modifiers.
 std::string mask_text(const Case& c) {
   std::string mods = modifier_text(c.mods);
+  if (!c.mask_name.empty()) {
+    std::string shape = "mask " + shape_string(c.mods.mask.shape);
+    mods.replace(mods.find(shape), shape.size(), "mask (" + c.mask_name + ")");
+  }
   if (mods.empty()) return c.causal ? "causal" : "full";
   return c.causal ? "causal " + mods : mods;
 }
@@ -228,9 +235,9 @@ std::vector<Case> standard_suite() {
     for (uint32_t d : {64u, 128u})
       for (bool causal : {false, true})
         for (uint32_t n : {512u, 1024u, 2048u, 4096u}) {
-          Case c{"prefill", make_dims(1, 8, 8, n, n, d, d), causal, dtype, fused};
-          if (dtype == DType::f32 && d == 64) c.variants.insert(c.variants.begin(), Variant::naive);
-          cases.push_back(c);
+          bool naive = dtype == DType::f32 && d == 64;  // all_variants(): naive, then the fused
+          cases.push_back({"prefill", make_dims(1, 8, 8, n, n, d, d), causal, dtype,
+                           naive ? all_variants() : fused});
         }
   // Long context with a sliding window of 1024 keys (window 1023,0), beside full causal attention
   // at the same N, which sees 8x the pairs: the window's cost must follow its pairs.
@@ -634,6 +641,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["alibi"] = m.alibi_max_bias > 0 || !m.alibi_slopes.empty();
     x["sinks"] = !m.sinks.empty();
     x["mask"] = !m.mask.data.empty();
+    if (!r.c->mask_name.empty()) x["mask_name"] = r.c->mask_name;
     x["dtype"] = dtype_name(r.c->storage.q);
     x["kv_dtype"] = dtype_name(r.c->storage.k);
     x["ms"] = r.ms;
@@ -704,32 +712,46 @@ Case custom_case(const Args& args, int64_t default_nq = 1024,
   return c;
 }
 
-// --suite modifiers: the shape (default B=1 H=8 N=2048 d=64, flash2 and flashd) in causal
-// attention, its base, and with each modifier of issue #19's cost target in turn, all in the same
-// rounds: softcap 30, ALiBi with max_bias 8, a sink logit per head, and in --causal's place an
-// additive [Nq, Nk] mask of the same pattern (0 where causal attention sees the key, else -inf),
-// so that every row sees the base's pairs.
-std::vector<Case> modifier_suite(const Args& args) {
-  Case base = custom_case(args, 2048, "flash2,flashd");
-  base.kind = "modifier";
-  base.causal = true;
-  std::vector<Case> cases(5, base);
-  cases[1].mods.softcap = 30.0f;
-  cases[2].mods.alibi_max_bias = 8.0f;
-  for (uint32_t h = 0; h < base.dims.heads; ++h)
-    cases[3].mods.sinks.push_back(0.5f * float(h % 8) - 1.0f);
-  const Dims& d = base.dims;
+// An additive [Nq, Nk] mask: 0 where causal attention sees key j of query i and `keep(j, last)`
+// holds (last: the query's last key), else -inf.
+template <typename Keep>
+HostTensor causal_mask(const Dims& d, Keep keep) {
   AttentionParams causal;
   causal.causal = true;
   HostTensor mask({d.nq, d.nk});
   for (uint32_t i = 0; i < d.nq; ++i) {
     KeyRange seen = window_keys(causal, d.nq, d.nk, i);  // the engine's causal limit
-    for (int64_t j = seen.end; j < d.nk; ++j)
-      mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < d.nk; ++j)
+      if (j >= seen.end || !keep(j, seen.end - 1))
+        mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -std::numeric_limits<float>::infinity();
   }
-  cases[4].causal = false;
-  cases[4].mods.mask = std::move(mask);
+  return mask;
+}
+
+// --suite modifiers: the shape (default B=1 H=8 N=2048 d=64, flash2 and flashd) in causal
+// attention, its base, and with each modifier of issue #19's cost target in turn, all in the same
+// rounds: softcap 30, ALiBi with max_bias 8, a sink logit per head, and in --causal's place an
+// additive mask of the same pattern, so that every row sees the base's pairs. Last, a sparse
+// mask whose hidden tiles the kernels skip: the first Nk/32 keys and the Nk/8 up to the diagonal
+// (at N = 2048, 64 global tokens and a window of 256: 29% of the causal pairs).
+std::vector<Case> modifier_suite(const Args& args) {
+  Case base = custom_case(args, 2048, "flash2,flashd");
+  base.kind = "modifier";
+  base.causal = true;
+  std::vector<Case> cases(6, base);
+  cases[1].mods.softcap = 30.0f;
+  cases[2].mods.alibi_max_bias = 8.0f;
+  for (uint32_t h = 0; h < base.dims.heads; ++h)
+    cases[3].mods.sinks.push_back(0.5f * float(h % 8) - 1.0f);
+  const Dims& d = base.dims;
+  const int64_t global = d.nk / 32, window = d.nk / 8;
+  cases[4].mods.mask = causal_mask(d, [](int64_t, int64_t) { return true; });
+  cases[4].mask_name = "causal";
+  cases[5].mods.mask =
+      causal_mask(d, [&](int64_t j, int64_t last) { return j < global || j > last - window; });
+  cases[5].mask_name = std::to_string(global) + " global + window " + std::to_string(window);
   for (size_t i = 1; i < cases.size(); ++i) cases[i].with_previous = true;
+  for (size_t i = 4; i < cases.size(); ++i) cases[i].causal = false;
   return cases;
 }
 

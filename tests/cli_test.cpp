@@ -572,32 +572,43 @@ TEST_F(CliTest, BenchWarmsGpusUpAndSaysHowLong) {
 }
 
 // --suite modifiers: its shape in causal attention (the base), then with softcap, ALiBi, sinks,
-// and a mask of the causal pattern in --causal's place, in that order and in the same rounds: a
-// row's vs_base is the median of its run-by-run ratios to the base's runs of its variant. The
-// mask hides what causal attention hides (bottom-right aligned: its GFLOP/s counts the same
-// pairs), and the options it sets itself are refused.
+// a mask of the causal pattern in --causal's place and a sparse mask, in that order and in the
+// same rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its
+// variant. The causal mask hides what causal attention hides (bottom-right aligned: its GFLOP/s
+// counts the same pairs), the sparse one all but the first Nk/32 keys and Nk/8 up to the
+// diagonal; the options the suite sets itself are refused.
 TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
-  const int nq = 8, nk = 24, heads = 2, d = 8;
+  const int nq = 8, nk = 64, heads = 2, d = 8;
   Json json = bench_json(
-      "--suite modifiers --variant flash2 --heads 2 --nq 8 --nk 24 --d 8 "
+      "--suite modifiers --variant flash2 --heads 2 --nq 8 --nk 64 --d 8 "
       "--repeat 3",
       path("mod.json"));
   const Json& rows = json.at("results");
-  ASSERT_EQ(rows.size(), 5u) << json;
+  ASSERT_EQ(rows.size(), 6u) << json;
   std::vector<double> base = rows[0].at("runs_ms");
   ASSERT_EQ(base.size(), 3u);
-  // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq.
-  double pairs = 0;
-  for (int i = 0; i < nq; ++i) pairs += i + nk - nq + 1;
+  // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq; of the
+  // sparse mask, those of them below 2 or above the last less 8.
+  double causal_pairs = 0, sparse_pairs = 0;
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0, last = i + nk - nq; j <= last; ++j) {
+      causal_pairs += 1;
+      sparse_pairs += j < 2 || j > last - 8 ? 1 : 0;
+    }
   for (size_t i = 0; i < rows.size(); ++i) {
     const Json& r = rows[i];
+    double pairs = i == 5 ? sparse_pairs : causal_pairs;
     EXPECT_EQ(r.at("kind"), "modifier");
     EXPECT_EQ(r.at("variant"), "flash2");
-    EXPECT_EQ(r.at("causal"), i != 4) << i;
+    EXPECT_EQ(r.at("causal"), i < 4) << i;
     EXPECT_EQ(r.at("softcap").get<double>(), i == 1 ? 30.0 : 0.0) << i;
     EXPECT_EQ(r.at("alibi"), i == 2) << i;
     EXPECT_EQ(r.at("sinks"), i == 3) << i;
-    EXPECT_EQ(r.at("mask"), i == 4) << i;
+    EXPECT_EQ(r.at("mask"), i >= 4) << i;
+    EXPECT_EQ(r.value("mask_name", ""), i == 4   ? "causal"
+                                        : i == 5 ? "2 global + window 8"
+                                                 : "")
+        << i;
     std::vector<double> runs = r.at("runs_ms");
     ASSERT_EQ(runs.size(), 3u) << i;
     std::vector<double> ratio;
@@ -612,7 +623,8 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
   ASSERT_EQ(table.status, 0) << table.output;
   EXPECT_NE(table.output.find("vs base"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("causal softcap 30"), std::string::npos) << table.output;
-  EXPECT_NE(table.output.find("mask [8, 8]"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("mask (causal)"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("mask (0 global + window 1)"), std::string::npos) << table.output;
 
   expect_usage_error("bench --suite modifiers --softcap 5", "drop --softcap");
   expect_usage_error("bench --suite modifiers --causal", "drop --causal");
