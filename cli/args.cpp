@@ -133,7 +133,8 @@ const char* kModifierHelp =
                       up to 2^-11 max|v| more error)
   --kv-dtype T        storage of K and V: f32, f16, bf16, q8_0 or q4_0 (ggml's blocks of 32
                       values with an fp16 scale, quantised on upload: d and dv multiples
-                      of 32); default --dtype
+                      of 32); default --dtype. bench takes a list (f16,q8_0,q4_0): the
+                      shape in each, in the same rounds, "vs base" against the first
 )";
 
 std::set<std::string> with_modifiers(std::set<std::string> names) {
@@ -180,17 +181,22 @@ void modifier_options(const Args& args, AttentionParams& p) {
   if (args.has("mask")) p.mask = npy::read(args.text("mask"), "mask", true);
 }
 
-Storage storage_options(const Args& args) {
-  Storage s;
+std::vector<Storage> storage_list(const Args& args) {
   std::string q = args.text("dtype", "f32");
   if (q != "f32" && q != "f16") throw UsageError{"--dtype must be f32 or f16, got '" + q + "'"};
-  s.q = s.k = s.v = parse_dtype(q);
-  if (args.has("kv-dtype")) try {
-      s.k = s.v = parse_dtype(args.text("kv-dtype"));
-    } catch (const Error& e) {
-      throw UsageError{std::string("--kv-dtype: ") + e.what()};
-    }
-  return s;
+  Storage s(parse_dtype(q));
+  if (!args.has("kv-dtype")) return {s};
+  std::vector<Storage> list;
+  for (DType kv : parse_list<DType>("--kv-dtype", args.text("kv-dtype"), parse_dtype, dtype_name))
+    list.push_back(Storage(s.q, kv, kv));
+  return list;
+}
+
+Storage storage_options(const Args& args) {
+  std::vector<Storage> list = storage_list(args);
+  if (list.size() > 1)
+    throw UsageError{"--kv-dtype takes one storage here (a list is for bench on one shape)"};
+  return list.front();
 }
 
 std::string storage_text(const Storage& s) {

@@ -1,6 +1,7 @@
 #pragma once
 // Command-line options: `--name value` and `--flag`, parsed by CLI11 and checked strictly so a typo
 // is an error.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "flashvk/attention.hpp"
+#include "flashvk/error.hpp"
 
 namespace flashvk::cli {
 
@@ -45,9 +47,34 @@ std::set<std::string> with_modifiers(std::set<std::string> names);
 /// (.npy, one value per query head; slopes also one per batch and head) and --mask FILE into
 /// `params`.
 void modifier_options(const Args& args, AttentionParams& params);
+/// A comma-separated list of `option`'s values ("flash2,flashd"), each parsed by `parse` (which
+/// throws Error) and named at most once (`name` gives a value's name).
+template <typename T, typename Parse, typename Name>
+std::vector<T> parse_list(const std::string& option, const std::string& text, Parse parse,
+                          Name name) {
+  std::vector<T> values;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = std::min(text.find(',', start), text.size());
+    T v;
+    try {
+      v = parse(text.substr(start, comma - start));
+    } catch (const Error& e) {
+      throw UsageError{option + ": " + e.what()};
+    }
+    if (std::find(values.begin(), values.end(), v) != values.end())
+      throw UsageError{option + ": '" + std::string(name(v)) + "' is named twice"};
+    values.push_back(v);
+    start = comma + 1;
+  }
+  return values;
+}
+
 /// --dtype (Q's storage, f32 or f16, and by default K's and V's) and --kv-dtype (K's and V's:
 /// f32, f16, bf16, q8_0 or q4_0).
 Storage storage_options(const Args& args);
+/// The same with --kv-dtype a list (bench: "f16,q8_0"), one Storage per entry.
+std::vector<Storage> storage_list(const Args& args);
 /// "f16" when Q, K and V share a dtype, else "f16/q8_0" (Q/K and V), or "Q/K/V".
 std::string storage_text(const Storage& storage);
 /// The help text of those options, for every command's --help.

@@ -493,11 +493,13 @@ std::vector<int> rounds_per_row(const std::vector<Row>& rows, const Options& o) 
   return rounds;
 }
 
-// Every variant of a group of cases on the same inputs (one case, or --suite modifiers' cases), in
-// rounds: each round runs each (case, variant) once, each first in turn, so that all of them see
-// the same drift of the machine's speed, and their ratios are fair.
-std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group, const Tensor* qkv,
-                           const Inputs& in, const Options& o, Meters& meters, Clock& clock) {
+// Every variant of a group of cases on the same inputs (one case, --suite modifiers' cases, or a
+// shape in each storage of a --kv-dtype list; qkv[g]: Q, K and V uploaded in group[g]'s storage),
+// in rounds: each round runs each (case, variant) once, each first in turn, so that all of them
+// see the same drift of the machine's speed, and their ratios are fair.
+std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group,
+                           const std::vector<const Tensor*>& qkv, const Inputs& in,
+                           const Options& o, Meters& meters, Clock& clock) {
   std::vector<Row> rows;
   for (const Case* c : group)
     for (Variant v : c->variants) {
@@ -518,7 +520,8 @@ std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group, 
       size_t i = (size_t(round) + k) % n;
       if (round >= rounds[i]) continue;
       progress(clock.done++, clock.total, *rows[i].c, rows[i].variant, round, clock.seconds());
-      time_run(ctx, *rows[i].c, qkv, o, meters, rows[i]);
+      size_t g = size_t(std::find(group.begin(), group.end(), rows[i].c) - group.begin());
+      time_run(ctx, *rows[i].c, qkv[g], o, meters, rows[i]);
     }
     if (round > 0) continue;
     rounds = rounds_per_row(rows, o);
@@ -544,11 +547,14 @@ std::vector<Row> run_group(Context& ctx, const std::vector<const Case*>& group, 
   return rows;
 }
 
-// What a case's inputs depend on: its shape and storage.
+// What a case's inputs depend on: its shape.
 auto input_key(const Case& c) {
   const Dims& d = c.dims;
-  return std::make_tuple(d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d, d.dv, c.storage.q,
-                         c.storage.k, c.storage.v);
+  return std::make_tuple(d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d, d.dv);
+}
+
+auto storage_key(const Storage& s) {
+  return std::make_tuple(s.q, s.k, s.v);
 }
 
 std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const Options& o) {
@@ -566,11 +572,19 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     const Case& c = cases[first];
     for (const Case* g : group)  // they share c's inputs
       if (input_key(*g) != input_key(c))
-        throw std::logic_error("bench: a case of a group has another shape or storage");
+        throw std::logic_error("bench: a case of a group has another shape");
     Inputs in = make_inputs(c.dims);
-    std::array<Tensor, 3> qkv;
+    // The inputs in each storage of the group, uploaded once each.
+    std::vector<std::array<Tensor, 3>> uploads(group.size());
+    std::vector<const Tensor*> qkv(group.size());
     try {
-      qkv = upload_qkv(ctx, in.q, in.k, in.v, c.storage);
+      for (size_t g = 0; g < group.size(); ++g) {
+        for (size_t h = 0; h < g && !qkv[g]; ++h)
+          if (storage_key(group[h]->storage) == storage_key(group[g]->storage)) qkv[g] = qkv[h];
+        if (qkv[g]) continue;
+        uploads[g] = upload_qkv(ctx, in.q, in.k, in.v, group[g]->storage);
+        qkv[g] = uploads[g].data();
+      }
     } catch (const Error& e) {
       if (cases.size() == group.size()) throw;
       // One shape beyond this device's limits does not cost the rest of a long suite.
@@ -580,7 +594,7 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
       for (const Case* g : group) clock.done += g->variants.size() * size_t(o.repeat);
       continue;
     }
-    std::vector<Row> case_rows = run_group(ctx, group, qkv.data(), in, o, meters, clock);
+    std::vector<Row> case_rows = run_group(ctx, group, qkv, in, o, meters, clock);
     if (isatty(2)) std::fprintf(stderr, "\r\033[K");
     for (const Row& r : case_rows) print_row(r, o);
     rows.insert(rows.end(), case_rows.begin(), case_rows.end());
@@ -669,26 +683,12 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
 
 // "flash2,flashd": the variants in the order given, each once.
 std::vector<Variant> parse_variant_list(const std::string& text) {
-  std::vector<Variant> variants;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = std::min(text.find(',', start), text.size());
-    Variant v;
-    try {
-      v = parse_variant(text.substr(start, comma - start));
-    } catch (const Error& e) {
-      throw UsageError{std::string("--variant: ") + e.what()};
-    }
-    if (std::find(variants.begin(), variants.end(), v) != variants.end())
-      throw UsageError{"--variant: '" + std::string(variant_name(v)) + "' is named twice"};
-    variants.push_back(v);
-    start = comma + 1;
-  }
-  return variants;
+  return parse_list<Variant>("--variant", text, parse_variant, variant_name);
 }
 
-// The one shape given by --batch, --heads, ... for the chosen variants (default: Nq 1024, all).
-Case custom_case(const Args& args, int64_t default_nq = 1024,
+// The one shape given by --batch, --heads, ... for the chosen variants (default: Nq 1024, all), in
+// `storage`.
+Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 1024,
                  const std::string& default_variants = "all") {
   const int64_t big = 1 << 24;
   auto batch = args.integer("batch", 1, 1, 4096);
@@ -705,11 +705,22 @@ Case custom_case(const Args& args, int64_t default_nq = 1024,
   c.dims = check_shapes(qs, ks, vs);
   c.causal = args.flag("causal");
   modifier_options(args, c.mods);
-  c.storage = storage_options(args);
+  c.storage = storage;
   c.variants = all_variants();
   std::string variants = args.text("variant", default_variants);
   if (variants != "all") c.variants = parse_variant_list(variants);
   return c;
+}
+
+// The shape of the options once per storage of K and V that --kv-dtype lists ("f16,q8_0,q4_0"),
+// on the same inputs and in the same rounds, the first the others' base (vs base).
+std::vector<Case> custom_cases(const Args& args) {
+  std::vector<Case> cases;
+  for (const Storage& storage : storage_list(args)) {
+    cases.push_back(custom_case(args, storage));
+    cases.back().with_previous = cases.size() > 1;
+  }
+  return cases;
 }
 
 // An additive [Nq, Nk] mask: 0 where causal attention sees key j of query i and `keep(j, last)`
@@ -735,7 +746,7 @@ HostTensor causal_mask(const Dims& d, Keep keep) {
 // mask whose hidden tiles the kernels skip: the first Nk/32 keys and the Nk/8 up to the diagonal
 // (at N = 2048, 64 global tokens and a window of 256: 29% of the causal pairs).
 std::vector<Case> modifier_suite(const Args& args) {
-  Case base = custom_case(args, 2048, "flash2,flashd");
+  Case base = custom_case(args, storage_options(args), 2048, "flash2,flashd");
   base.kind = "modifier";
   base.causal = true;
   std::vector<Case> cases(6, base);
@@ -793,7 +804,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   } else if (args.has("suite")) {
     throw UsageError{"--suite must be 'standard' or 'modifiers', got '" + suite + "'"};
   } else {
-    cases = {custom_case(args)};
+    cases = custom_cases(args);
   }
   bool standard = suite == "standard";
   Options o;
@@ -806,7 +817,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (o.min_time < 0) throw UsageError{"--min-time must be at least 0 seconds"};
   o.flashd_rounds =
       static_cast<int>(args.integer("flashd-rounds", standard ? kSuiteFlashdRounds : 0, 0, 1000));
-  o.vs_base = suite == "modifiers";
+  o.vs_base =
+      std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.with_previous; });
   for (const Case& c : cases) o.mask_width = std::max(o.mask_width, int(mask_text(c).size()));
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
@@ -845,7 +857,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       std::printf(", %.2f GFLOP/s fp16 cooperative matrix", o.peak->coopmat_gflops);
     std::printf("\n");
   }
-  if (cases.size() == 1 || o.vs_base) {  // one shape
+  if (cases.size() == 1 || o.vs_base) {  // one shape (a group's cases share it)
     const Dims& d = cases[0].dims;
     std::printf("shape: B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u\n", d.batch, d.heads, d.kv_heads,
                 d.nq, d.nk, d.d, d.dv);

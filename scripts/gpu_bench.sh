@@ -39,8 +39,7 @@ step devices
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at 65536 keys (target <= 0.7x fp16's time).
 step bench --suite modifiers --dtype f16 --json "$out/modifiers_f16.json"
-step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype q8_0
-step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16
+step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16,q8_0,q4_0
 # Issue #20: register blocks against the FMA peak (target >= 30% at N=4096), fp32 and fp16
 # arithmetic, d=64 and 128.
 for d in 64 128; do

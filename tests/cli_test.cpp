@@ -632,6 +632,37 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
   expect_usage_error("bench --suite everything", "'standard' or 'modifiers'");
 }
 
+// bench --kv-dtype f16,q8_0,q4_0: the shape once per storage of K and V, in that order and in the
+// same rounds, each row's vs_base the median of its run-by-run ratios to the first storage's
+// runs of its variant; a storage named twice is a usage error, and run takes one.
+TEST_F(CliTest, BenchTimesEachKvStorageBesideTheFirst) {
+  Json json = bench_json(
+      "--variant flash2,splitkv --nq 1 --nk 64 --heads 2 --d 32 --dtype f16 "
+      "--kv-dtype f16,q8_0,q4_0 --repeat 3",
+      path("kv.json"));
+  const Json& rows = json.at("results");
+  ASSERT_EQ(rows.size(), 6u) << json;
+  const char* kv[] = {"f16", "q8_0", "q4_0"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Json& r = rows[i];
+    EXPECT_EQ(r.at("dtype"), "f16") << i;
+    EXPECT_EQ(r.at("kv_dtype"), kv[i / 2]) << i;
+    EXPECT_EQ(r.at("variant"), i % 2 ? "splitkv" : "flash2") << i;
+    std::vector<double> runs = r.at("runs_ms"), base = rows[i % 2].at("runs_ms");
+    ASSERT_EQ(runs.size(), 3u) << i;
+    ASSERT_EQ(base.size(), 3u) << i;
+    std::vector<double> ratio;
+    for (size_t k = 0; k < runs.size(); ++k) ratio.push_back(runs[k] / base[k]);
+    EXPECT_NEAR(r.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << i;
+  }
+  expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q8_0", "'q8_0' is named twice");
+  expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q9", "--kv-dtype: ");
+  write_qkv({4, 32}, {6, 32}, {6, 32});
+  expect_usage_error("run --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                         path("v.npy") + " --out " + path("o.npy") + " --kv-dtype f16,q8_0",
+                     "takes one storage here");
+}
+
 TEST_F(CliTest, MissingAndUnreadableFiles) {
   write_qkv({4, 8}, {6, 8}, {6, 8});
   expect_refused("run --q " + path("nope.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"),
