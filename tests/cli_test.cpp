@@ -571,6 +571,15 @@ TEST_F(CliTest, BenchWarmsGpusUpAndSaysHowLong) {
   expect_usage_error("bench --nq 8 --d 8 --gpu-warm -1", "--gpu-warm");
 }
 
+// A bench row's vs_base: the median of its run-by-run time ratios to its base row's runs.
+void expect_vs_base(const Json& row, const Json& base, const std::string& what) {
+  std::vector<double> runs = row.at("runs_ms"), base_runs = base.at("runs_ms");
+  ASSERT_EQ(runs.size(), base_runs.size()) << what;
+  std::vector<double> ratio;
+  for (size_t k = 0; k < runs.size(); ++k) ratio.push_back(runs[k] / base_runs[k]);
+  EXPECT_NEAR(row.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << what;
+}
+
 // --suite modifiers: its shape in causal attention (the base), then with softcap, ALiBi, sinks,
 // a mask of the causal pattern in --causal's place and a sparse mask, in that order and in the
 // same rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its
@@ -585,8 +594,6 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
       path("mod.json"));
   const Json& rows = json.at("results");
   ASSERT_EQ(rows.size(), 6u) << json;
-  std::vector<double> base = rows[0].at("runs_ms");
-  ASSERT_EQ(base.size(), 3u);
   // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq; of the
   // sparse mask, those of them below 2 or above the last less 8.
   double causal_pairs = 0, sparse_pairs = 0;
@@ -609,11 +616,8 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
                                         : i == 5 ? "2 global + window 8"
                                                  : "")
         << i;
-    std::vector<double> runs = r.at("runs_ms");
-    ASSERT_EQ(runs.size(), 3u) << i;
-    std::vector<double> ratio;
-    for (size_t k = 0; k < runs.size(); ++k) ratio.push_back(runs[k] / base[k]);
-    EXPECT_NEAR(r.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << i;
+    EXPECT_EQ(r.at("runs_ms").size(), 3u) << i;
+    expect_vs_base(r, rows[0], std::to_string(i));
     double flops = r.at("gflops").get<double>() * r.at("ms").get<double>() * 1e6;
     EXPECT_NEAR(flops, 4.0 * heads * pairs * d, 1e-3 * flops) << i;
   }
@@ -648,12 +652,8 @@ TEST_F(CliTest, BenchTimesEachKvStorageBesideTheFirst) {
     EXPECT_EQ(r.at("dtype"), "f16") << i;
     EXPECT_EQ(r.at("kv_dtype"), kv[i / 2]) << i;
     EXPECT_EQ(r.at("variant"), i % 2 ? "splitkv" : "flash2") << i;
-    std::vector<double> runs = r.at("runs_ms"), base = rows[i % 2].at("runs_ms");
-    ASSERT_EQ(runs.size(), 3u) << i;
-    ASSERT_EQ(base.size(), 3u) << i;
-    std::vector<double> ratio;
-    for (size_t k = 0; k < runs.size(); ++k) ratio.push_back(runs[k] / base[k]);
-    EXPECT_NEAR(r.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << i;
+    EXPECT_EQ(r.at("runs_ms").size(), 3u) << i;
+    expect_vs_base(r, rows[i % 2], std::to_string(i));
   }
   expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q8_0", "'q8_0' is named twice");
   expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q9", "--kv-dtype: ");
