@@ -95,6 +95,13 @@ std::string default_pipeline_cache() {
   return ec ? "" : (dir / "pipelines.bin").string();
 }
 
+void check_writable(const std::string& path) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  bool ok = std::ofstream(tmp).good();
+  std::remove(tmp.c_str());
+  if (!ok) throw Error("output file '" + path + "': cannot write");
+}
+
 void write_text(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
@@ -121,7 +128,8 @@ const char* kModifierHelp =
                       are never read (the fused variants)
   --softcap C         logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)
   --alibi-max-bias B  ALiBi with ggml's slopes from max_bias B: s -= slope_h |i + Nk - Nq - j|
-  --alibi-slopes FILE ALiBi with these slopes (.npy, [H] or [B, H])
+  --alibi-slopes FILE
+                      ALiBi with these slopes (.npy, [H] or [B, H])
   --sinks FILE        attention sinks (gpt-oss): one logit per query head (.npy, [H]), in the
                       softmax's denominator only
   --mask FILE         a mask (.npy, [Nq, Nk] or [B or 1, H or 1, Nq, Nk]): float32 is added

@@ -90,6 +90,8 @@ TileLayout parse_layout(const std::string& text);
 /// Writes text to a temporary name in the same folder, then renames it into place, so a failed
 /// write leaves no output file behind; throws Error naming the file.
 void write_text(const std::string& path, const std::string& text);
+/// Throws write_text's Error now if it could not write `path` (a long run checks before it starts).
+void check_writable(const std::string& path);
 
 /// Where the commands keep the driver's compiled pipelines between runs:
 /// $FLASHVK_PIPELINE_CACHE if set (empty turns the cache off), else

@@ -45,9 +45,10 @@ rounds, each variant once per round, so that they all see the same drift of the 
 a variant's time is the median of its runs, and "vs flash2" the median, over rounds, of its time
 over flash2's in the same round. Before every run a 128 MiB buffer is filled on the device, so
 that the inputs come from device memory and not from a cache warmed by the run before (a decode
-step finds its KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d (only visible pairs when
-causal or windowed). Memory is what the call allocated on the device: outputs and scratch (S for naive);
-the inputs are not counted.
+step finds its KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d, only of the pairs
+attention computes (inside the causal limit and the window, and not hidden by a mask). Memory
+is what the call allocated on the device: outputs and scratch (S for naive); the inputs are not
+counted.
 
 options:
   --variant LIST|all  one variant, several separated by commas (flash2,flashd), or all six
@@ -70,8 +71,8 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       tiles a multiple of the subgroup size, each invocation working on R rows)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
                       register tiles: the subgroup size)
-  --splits N          splitkv's number of key chunks (default: from the device)
-                      The three tune one shape: the tiles column shows what ran.
+  --splits N          splitkv's number of key chunks (default: from the device); these three
+                      tune one shape: the tiles column shows what ran
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill
                       (B=1 H=8 N=512..4096, d=64 and 128, full and causal), a sliding window
                       (N=16384 d=64, window 1023,0, beside causal at 16384) and decode
@@ -104,8 +105,8 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
   --warm-cache        skip the cache flush before each run
   --gpu-warm S        before each shape's timed runs, keep the device busy for S seconds
                       (the FMA calibration, back to back), so that a GPU has raised its clocks
-                      from idle: an H100 ran its first seconds of work about 4x slower (default 1
-                      on GPUs, 0 on CPU drivers)
+                      from idle: an H100 ran its first seconds of work about 4x slower
+                      (default 1 on GPUs, 0 on CPU drivers)
   --check             also report the max error against the float64 reference (slow)
   --decode-loop       instead, a decode loop as an app runs it: a KV cache of --nk tokens
                       (default 4096; H 32, Hkv 8, d 128 unless given; --variant one,
@@ -115,7 +116,8 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       (set_position + vkQueueSubmit), the GPU's (timestamps around the
                       recording), beside one attention() over the full cache, and the Vulkan
                       objects the engine created after the first step (exit status 1 if any)
-  --rope interleaved|half   with --decode-loop: rotate each K as it is appended, and Q
+  --rope interleaved|half
+                      with --decode-loop: rotate each K as it is appended, and Q
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
 
@@ -706,6 +708,13 @@ Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 
   c.causal = args.flag("causal");
   modifier_options(args, c.mods);
   c.storage = storage;
+  // Refused before any output, as uploading K or V in blocks would be.
+  for (auto [dtype, width, option] : {std::tuple{storage.k, d, "--d"}, {storage.v, dv, "--dv"}})
+    if (width % dtype_block(dtype) != 0)
+      throw UsageError{"--kv-dtype " + std::string(dtype_name(dtype)) + " stores blocks of " +
+                       std::to_string(dtype_block(dtype)) + " values: " + option +
+                       " must be a multiple of " + std::to_string(dtype_block(dtype)) + ", got " +
+                       std::to_string(width)};
   c.variants = all_variants();
   std::string variants = args.text("variant", default_variants);
   if (variants != "all") c.variants = parse_variant_list(variants);
@@ -789,15 +798,16 @@ int cmd_bench(const std::vector<std::string>& argv) {
                          "block-rows", "block-keys", "splits"}))
       if (args.has(shape_option))
         throw UsageError{
-            std::string("--suite standard fixes the shapes and runs the engine's own tiles; drop "
-                        "--") +
+            std::string("--suite standard fixes its shapes, storages and modifiers and runs the "
+                        "engine's own tiles; drop --") +
             shape_option};
-    if (args.flag("causal")) throw UsageError{"--suite standard fixes the shapes; drop --causal"};
+    if (args.flag("causal")) throw UsageError{"--suite standard fixes its shapes; drop --causal"};
     cases = standard_suite();
   } else if (suite == "modifiers") {
     for (const std::string& option : kModifierOptions)
       if (args.has(option) && option != "dtype" && option != "kv-dtype")
-        throw UsageError{"--suite modifiers sets the modifiers itself; drop --" + option};
+        throw UsageError{"--suite modifiers times its own modifiers on causal attention; drop --" +
+                         option};
     if (args.flag("causal"))
       throw UsageError{"--suite modifiers runs causal attention as its base; drop --causal"};
     cases = modifier_suite(args);
@@ -831,6 +841,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
+  if (args.has("json")) check_writable(args.text("json"));
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.pipeline_cache_path = default_pipeline_cache();
@@ -846,8 +857,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (o.block_rows || o.block_keys || o.fp16_arithmetic)
     for (size_t i = 0; i < cases.size() && (i == 0 || cases[i].with_previous); ++i)
       for (Variant v : cases[i].variants) warm_up(ctx, cases[i], case_params(cases[i], v, o));
-  std::printf("device: %s (driver %s), median of %d\n", ctx.device().name.c_str(),
-              ctx.device().driver.c_str(), o.repeat);
+  std::printf("device: %s (driver %s), median of %s%d\n", ctx.device().name.c_str(),
+              ctx.device().driver.c_str(), o.min_time > 0 || o.flashd_rounds > 0 ? "at least " : "",
+              o.repeat);
   if (args.flag("peak")) {
     std::fprintf(stderr, "measuring the device's peak ...\n");
     o.peak = measure_peak(ctx);

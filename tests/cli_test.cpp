@@ -657,6 +657,16 @@ TEST_F(CliTest, BenchTimesEachKvStorageBesideTheFirst) {
   }
   expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q8_0", "'q8_0' is named twice");
   expect_usage_error("bench --nq 8 --d 32 --kv-dtype q8_0,q9", "--kv-dtype: ");
+  // Refused before the table: a head size q8_0's blocks do not divide, a JSON file not writable.
+  Outcome blocks = run_cli("bench --nq 8 --d 48 --kv-dtype f16,q8_0");
+  EXPECT_EQ(blocks.status, 2) << blocks.output;
+  EXPECT_EQ(blocks.output,
+            "flashvk: error: --kv-dtype q8_0 stores blocks of 32 values: --d must "
+            "be a multiple of 32, got 48\n");
+  Outcome json_dir = run_cli("bench --nq 8 --d 8 --json " + path("no/such/dir/b.json"));
+  EXPECT_EQ(json_dir.status, 1) << json_dir.output;
+  EXPECT_EQ(json_dir.output,
+            "flashvk: error: output file '" + path("no/such/dir/b.json") + "': cannot write\n");
   write_qkv({4, 32}, {6, 32}, {6, 32});
   expect_usage_error("run --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
                          path("v.npy") + " --out " + path("o.npy") + " --kv-dtype f16,q8_0",
