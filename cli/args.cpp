@@ -96,6 +96,7 @@ std::string default_pipeline_cache() {
 }
 
 void check_writable(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw Error("output file '" + path + "': is a folder");
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   bool ok = std::ofstream(tmp).good();
   std::remove(tmp.c_str());
@@ -200,10 +201,11 @@ std::vector<Storage> storage_list(const Args& args) {
   return list;
 }
 
-Storage storage_options(const Args& args) {
+Storage storage_options(const Args& args, const std::string& where) {
   std::vector<Storage> list = storage_list(args);
   if (list.size() > 1)
-    throw UsageError{"--kv-dtype takes one storage here (a list is for bench on one shape)"};
+    throw UsageError{"--kv-dtype takes one storage with " + where +
+                     " (a list is for bench on one shape)"};
   return list.front();
 }
 

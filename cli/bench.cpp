@@ -137,8 +137,9 @@ struct Case {
   Storage storage;  // Q's, K's and V's
   std::vector<Variant> variants;
   AttentionParams mods = {};  // the score modifiers and the mask (modifier_options) only
-  // Runs in the rounds of the case before it, on the same inputs (a group: --suite modifiers),
-  // so that each of its variants has a run of the group's first case, its base, in every round.
+  // Runs in the rounds of the case before it, on the same inputs (a group: --suite modifiers, or
+  // a --kv-dtype list, each case in its own storage), so that each of its variants has a run of
+  // the group's first case, its base, in every round.
   bool with_previous = false;
   std::string mask_name;  // what a generated mask is, for the mask column in place of its shape
 };
@@ -323,7 +324,7 @@ struct Options {
   bool fp16_arithmetic = false;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
   std::optional<DevicePeak> peak;
-  bool vs_base = false;  // the "vs base" column (--suite modifiers)
+  bool vs_base = false;  // the "vs base" column (--suite modifiers, --kv-dtype lists)
   int mask_width = 6;    // the mask column's: its longest text
 };
 
@@ -588,8 +589,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
         qkv[g] = uploads[g].data();
       }
     } catch (const Error& e) {
+      // A shape given alone, or a group of several cases (today always the whole list), is
+      // refused; one shape beyond this device's limits does not cost the rest of a long suite.
       if (cases.size() == group.size()) throw;
-      // One shape beyond this device's limits does not cost the rest of a long suite.
       std::printf("%-8s %-9s %6u %6u %5u %-*s  not run: %s\n", c.kind,
                   storage_text(c.storage).c_str(), c.dims.nq, c.dims.nk, c.dims.d, o.mask_width,
                   mask_text(c).c_str(), e.what());
@@ -688,6 +690,19 @@ std::vector<Variant> parse_variant_list(const std::string& text) {
   return parse_list<Variant>("--variant", text, parse_variant, variant_name);
 }
 
+// Gives c's K and V `storage`, refused before any output if its blocks do not divide d or dv (as
+// uploading them would be).
+void set_storage(Case& c, const Storage& storage) {
+  for (auto [dtype, width, option] :
+       {std::tuple{storage.k, c.dims.d, "--d"}, {storage.v, c.dims.dv, "--dv"}})
+    if (width % dtype_block(dtype) != 0)
+      throw UsageError{"--kv-dtype " + std::string(dtype_name(dtype)) + " stores blocks of " +
+                       std::to_string(dtype_block(dtype)) + " values: " + option +
+                       " must be a multiple of " + std::to_string(dtype_block(dtype)) + ", got " +
+                       std::to_string(width)};
+  c.storage = storage;
+}
+
 // The one shape given by --batch, --heads, ... for the chosen variants (default: Nq 1024, all), in
 // `storage`.
 Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 1024,
@@ -707,14 +722,7 @@ Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 
   c.dims = check_shapes(qs, ks, vs);
   c.causal = args.flag("causal");
   modifier_options(args, c.mods);
-  c.storage = storage;
-  // Refused before any output, as uploading K or V in blocks would be.
-  for (auto [dtype, width, option] : {std::tuple{storage.k, d, "--d"}, {storage.v, dv, "--dv"}})
-    if (width % dtype_block(dtype) != 0)
-      throw UsageError{"--kv-dtype " + std::string(dtype_name(dtype)) + " stores blocks of " +
-                       std::to_string(dtype_block(dtype)) + " values: " + option +
-                       " must be a multiple of " + std::to_string(dtype_block(dtype)) + ", got " +
-                       std::to_string(width)};
+  set_storage(c, storage);
   c.variants = all_variants();
   std::string variants = args.text("variant", default_variants);
   if (variants != "all") c.variants = parse_variant_list(variants);
@@ -724,10 +732,12 @@ Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 
 // The shape of the options once per storage of K and V that --kv-dtype lists ("f16,q8_0,q4_0"),
 // on the same inputs and in the same rounds, the first the others' base (vs base).
 std::vector<Case> custom_cases(const Args& args) {
-  std::vector<Case> cases;
-  for (const Storage& storage : storage_list(args)) {
-    cases.push_back(custom_case(args, storage));
-    cases.back().with_previous = cases.size() > 1;
+  std::vector<Storage> storages = storage_list(args);
+  std::vector<Case> cases = {custom_case(args, storages[0])};  // reads the modifiers' files once
+  for (size_t i = 1; i < storages.size(); ++i) {
+    cases.push_back(cases[0]);
+    set_storage(cases.back(), storages[i]);
+    cases.back().with_previous = true;
   }
   return cases;
 }
@@ -755,7 +765,7 @@ HostTensor causal_mask(const Dims& d, Keep keep) {
 // mask whose hidden tiles the kernels skip: the first Nk/32 keys and the Nk/8 up to the diagonal
 // (at N = 2048, 64 global tokens and a window of 256: 29% of the causal pairs).
 std::vector<Case> modifier_suite(const Args& args) {
-  Case base = custom_case(args, storage_options(args), 2048, "flash2,flashd");
+  Case base = custom_case(args, storage_options(args, "--suite modifiers"), 2048, "flash2,flashd");
   base.kind = "modifier";
   base.causal = true;
   std::vector<Case> cases(6, base);
@@ -787,6 +797,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
            "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "suite",
            "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
       {"causal", "check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"});
+  if (args.has("json")) check_writable(args.text("json"));  // before a long run, not after
   if (args.flag("decode-loop")) return run_decode_loop(args);
   if (args.has("rope"))
     throw UsageError{"--rope is for --decode-loop (bench times attention without RoPE)"};
@@ -841,7 +852,6 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
-  if (args.has("json")) check_writable(args.text("json"));
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.pipeline_cache_path = default_pipeline_cache();

@@ -123,7 +123,7 @@ int run_decode_loop(const Args& args) {
   auto d = args.integer("d", 128, 1, 256);
   auto dv = args.integer("dv", d, 1, 256);
   check_shapes({1, heads, 1, d}, {1, kv_heads, tokens, d}, {1, kv_heads, tokens, dv});
-  Storage storage = storage_options(args);
+  Storage storage = storage_options(args, "--decode-loop");
   bool quantised = storage.k == DType::q8_0 || storage.k == DType::q4_0;
   if (storage.k != storage.v || (storage.k != storage.q && !quantised))
     throw UsageError{

@@ -164,7 +164,7 @@ int cmd_run(const std::vector<std::string>& argv) {
             {"causal", "fp16-arithmetic"});
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
-  Storage storage = storage_options(args);
+  Storage storage = storage_options(args, "run");
   if (args.has("variant")) params.variant = variant_option(args, "");
   params.want_lse = args.has("lse");
   Inputs in = read_inputs(args);
@@ -199,7 +199,7 @@ int cmd_trace(const std::vector<std::string>& argv) {
   params.causal = args.flag("causal");
   modifier_options(args, params);
   params.variant = variant_option(args, "flashd");
-  Storage storage = storage_options(args);
+  Storage storage = storage_options(args, "trace");
   auto row = static_cast<uint32_t>(args.integer("row", 0, 0, INT32_MAX));
   auto batch = static_cast<uint32_t>(args.integer("batch", 0, 0, INT32_MAX));
   auto head = static_cast<uint32_t>(args.integer("head", 0, 0, INT32_MAX));

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU measurements docs/performance.md still lacks, most wanted first, for a session that is
 # lent a GPU for a while: every step's table goes to OUT/log.txt as it finishes, so a lease that
-# ends early keeps what ran. Four files in all (the device tool brings back at most 8):
+# ends early keeps what ran. Five files in all (the device tool brings back at most 8):
 #   log.txt             every table, each under the command that printed it, and its exit status
 #   modifiers_f16.json  bench --suite modifiers in fp16 (the matrix path's modifier costs, and
 #                       its skip of hidden tiles: the sparse-mask row)
-#   modifiers_f32.json  the same in fp32
+#   decode_kv.json      decoding over 65536 keys with K and V in f16, q8_0 and q4_0 (vs_base)
+#   modifiers_f32.json  the same as modifiers_f16.json in fp32
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
 # Usage: scripts/gpu_bench.sh [OUT]   (OUT defaults to out/gpu; $FLASHVK names the binary,
@@ -39,7 +40,8 @@ step devices
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at 65536 keys (target <= 0.7x fp16's time).
 step bench --suite modifiers --dtype f16 --json "$out/modifiers_f16.json"
-step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16,q8_0,q4_0
+step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16,q8_0,q4_0 \
+  --json "$out/decode_kv.json"
 # Issue #20: register blocks against the FMA peak (target >= 30% at N=4096), fp32 and fp16
 # arithmetic, d=64 and 128.
 for d in 64 128; do

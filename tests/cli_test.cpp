@@ -667,10 +667,13 @@ TEST_F(CliTest, BenchTimesEachKvStorageBesideTheFirst) {
   EXPECT_EQ(json_dir.status, 1) << json_dir.output;
   EXPECT_EQ(json_dir.output,
             "flashvk: error: output file '" + path("no/such/dir/b.json") + "': cannot write\n");
+  Outcome folder = run_cli("bench --nq 8 --d 8 --json " + dir.string());
+  EXPECT_EQ(folder.status, 1) << folder.output;
+  EXPECT_EQ(folder.output, "flashvk: error: output file '" + dir.string() + "': is a folder\n");
   write_qkv({4, 32}, {6, 32}, {6, 32});
   expect_usage_error("run --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
                          path("v.npy") + " --out " + path("o.npy") + " --kv-dtype f16,q8_0",
-                     "takes one storage here");
+                     "takes one storage with run");
 }
 
 TEST_F(CliTest, MissingAndUnreadableFiles) {
