@@ -95,16 +95,23 @@ std::string default_pipeline_cache() {
   return ec ? "" : (dir / "pipelines.bin").string();
 }
 
+namespace {
+// The name write_text writes before renaming into place: in the same folder, this process's own.
+std::string temp_name(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid());
+}
+}  // namespace
+
 void check_writable(const std::string& path) {
   if (std::filesystem::is_directory(path)) throw Error("output file '" + path + "': is a folder");
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::string tmp = temp_name(path);
   bool ok = std::ofstream(tmp).good();
   std::remove(tmp.c_str());
   if (!ok) throw Error("output file '" + path + "': cannot write");
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::string tmp = temp_name(path);
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
@@ -222,7 +229,7 @@ std::string with_modifier_help(const char* help) {
   return at == std::string::npos ? text : text.replace(at, 9, kModifierHelp);
 }
 
-std::string modifier_text(const AttentionParams& p) {
+std::string modifier_text(const AttentionParams& p, const std::string& mask_name) {
   std::string s;
   auto add = [&](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
   if (p.window_left >= 0 || p.window_right >= 0)
@@ -234,7 +241,8 @@ std::string modifier_text(const AttentionParams& p) {
   }
   if (p.alibi_max_bias > 0 || !p.alibi_slopes.empty()) add("alibi");
   if (!p.sinks.empty()) add("sinks");
-  if (!p.mask.data.empty()) add("mask " + shape_string(p.mask.shape));
+  if (!p.mask.data.empty())
+    add(mask_name.empty() ? "mask " + shape_string(p.mask.shape) : "mask (" + mask_name + ")");
   if (p.fp16_arithmetic) add("fp16 arithmetic");
   return s;
 }

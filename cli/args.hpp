@@ -81,8 +81,9 @@ std::string storage_text(const Storage& storage);
 extern const char* kModifierHelp;
 /// A command's help text with kModifierHelp where it says MODIFIERS.
 std::string with_modifier_help(const char* help);
-/// The modifiers in `params`, as "window 1023,0 softcap 30 alibi sinks"; "" for none.
-std::string modifier_text(const AttentionParams& params);
+/// The modifiers in `params`, as "window 1023,0 softcap 30 alibi sinks"; "" for none. The mask
+/// reads "mask [Nq, Nk]", or "mask (causal)" given a `mask_name`.
+std::string modifier_text(const AttentionParams& params, const std::string& mask_name = "");
 
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);

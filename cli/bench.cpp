@@ -201,11 +201,7 @@ double case_flops(const Case& c) {
 
 // The mask column: full, causal, or the window and the other modifiers.
 std::string mask_text(const Case& c) {
-  std::string mods = modifier_text(c.mods);
-  if (!c.mask_name.empty()) {
-    std::string shape = "mask " + shape_string(c.mods.mask.shape);
-    mods.replace(mods.find(shape), shape.size(), "mask (" + c.mask_name + ")");
-  }
+  std::string mods = modifier_text(c.mods, c.mask_name);
   if (mods.empty()) return c.causal ? "causal" : "full";
   return c.causal ? "causal " + mods : mods;
 }
