@@ -249,7 +249,11 @@ RowStrides row_strides(const Tensor& t, const char* name) {
 }
 
 std::string RowStrides::text() const {
-  return "{" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(r) + "}";
+  // Appended, not "{" + ...: GCC 12's -O3 flags the latter with a false -Wrestrict (its bug
+  // 105329), which an application's Release build would show.
+  std::string s = "{";
+  s += std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(r) + "}";
+  return s;
 }
 
 // The constructors delegate to Plan(Context&), which creates the pools: once it has returned,
