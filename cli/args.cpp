@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 
@@ -127,23 +128,12 @@ void write_text(const std::string& path, const std::string& text) {
   }
 }
 
-const std::set<std::string> kModifierOptions = {
-    "window", "softcap", "alibi-max-bias", "alibi-slopes", "sinks", "mask", "dtype", "kv-dtype"};
+namespace {
 
-const char* kModifierHelp =
-    R"(  --window L,R        sliding window: query i sees keys i + Nk - Nq - L .. i + Nk - Nq + R
-                      (-1: unbounded on that side; with --causal R is 0); keys outside it
-                      are never read (the fused variants)
-  --softcap C         logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)
-  --alibi-max-bias B  ALiBi with ggml's slopes from max_bias B: s -= slope_h |i + Nk - Nq - j|
-  --alibi-slopes FILE
-                      ALiBi with these slopes (.npy, [H] or [B, H])
-  --sinks FILE        attention sinks (gpt-oss): one logit per query head (.npy, [H]), in the
-                      softmax's denominator only
-  --mask FILE         a mask (.npy, [Nq, Nk] or [B or 1, H or 1, Nq, Nk]): float32 is added
-                      to the scores (-inf hides a key), bool as PyTorch's attn_mask (true
-                      attends)
-  --dtype f32|f16     storage of Q, and of K and V unless --kv-dtype (default f32;
+const std::set<std::string> kStorageOptions = {"dtype", "kv-dtype"};
+
+const char* kStorageHelp =
+    R"(  --dtype f32|f16     storage of Q, and of K and V unless --kv-dtype (default f32;
                       accumulation is always fp32; with f16 on GPUs with cooperative
                       matrices the softmax weights are rounded to fp16 for the P V product:
                       up to 2^-11 max|v| more error)
@@ -153,48 +143,122 @@ const char* kModifierHelp =
                       shape in each, in the same rounds, "vs base" against the first
 )";
 
-std::set<std::string> with_modifiers(std::set<std::string> names) {
-  names.insert(kModifierOptions.begin(), kModifierOptions.end());
+// One option's help: "  --name VALUE" in a column of 22, then the text wrapped at 94 columns
+// (on a line of its own when the option is wider than its column).
+std::string option_help(const ModifierOption& o) {
+  const size_t column = 22, width = 94;
+  std::string head = std::string("  --") + o.name + (*o.value ? std::string(" ") + o.value : "");
+  std::string out = head;
+  if (head.size() + 2 > column)
+    out += "\n" + std::string(column, ' ');
+  else
+    out += std::string(column - head.size(), ' ');
+  size_t line = column;
+  std::string text = o.help, word;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != ' ') {
+      word += text[i];
+      continue;
+    }
+    if (word.empty()) continue;
+    if (line > column && line + 1 + word.size() > width) {
+      out += "\n" + std::string(column, ' ');
+      line = column;
+    }
+    if (line > column) out += ' ', ++line;
+    out += word;
+    line += word.size();
+    word.clear();
+  }
+  return out + "\n";
+}
+
+// A comma-separated list of integers ("7,2"); nullopt if it is not one.
+std::optional<std::vector<int64_t>> integer_list(const std::string& text) {
+  std::vector<int64_t> values;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = std::min(text.find(',', start), text.size());
+    std::string part = text.substr(start, comma - start);
+    int64_t value = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size()) return std::nullopt;
+    values.push_back(value);
+    start = comma + 1;
+  }
+  return values;
+}
+
+}  // namespace
+
+std::vector<std::string> modifier_option_names() {
+  std::vector<std::string> names;
+  for (const ModifierInfo& info : modifier_table())
+    for (const ModifierOption& o : info.options) names.push_back(o.name);
   return names;
 }
 
-void modifier_options(const Args& args, AttentionParams& p) {
-  if (args.has("window")) {
-    std::string text = args.text("window");
-    size_t comma = text.find(',');
-    auto side = [&](const std::string& part) {
-      int64_t value = 0;
-      auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
-      if (part.empty() || ec != std::errc() || end != part.data() + part.size() || value < -1)
-        throw UsageError{
-            "--window must be L,R with integers of at least -1 (-1: unbounded), "
-            "got '" +
-            text + "'"};
-      return value;
-    };
-    if (comma == std::string::npos)
-      throw UsageError{"--window must be L,R (keys before and after the diagonal), got '" + text +
-                       "'"};
-    p.window_left = side(text.substr(0, comma));
-    p.window_right = side(text.substr(comma + 1));
-  }
-  p.softcap = static_cast<float>(args.number("softcap", 0.0, true));
-  p.alibi_max_bias = static_cast<float>(args.number("alibi-max-bias", 0.0, true));
-  if (args.has("alibi-max-bias") && args.has("alibi-slopes"))
-    throw UsageError{"give --alibi-max-bias or --alibi-slopes, not both"};
-  // One value per query head ([H]), or for the slopes per batch and head ([B, H]); the engine
-  // checks the counts against the shapes.
-  auto per_head = [&](const char* option, const char* what, size_t max_rank) {
-    HostTensor t = npy::read(args.text(option), what);
-    if (t.shape.empty() || t.shape.size() > max_rank)
-      throw UsageError{std::string("--") + option + " must hold " +
-                       (max_rank == 1 ? "[H]" : "[H] or [B, H]") + " values, got shape " +
-                       shape_string(t.shape)};
-    return t.data;
-  };
-  if (args.has("alibi-slopes")) p.alibi_slopes = per_head("alibi-slopes", "ALiBi slopes", 2);
-  if (args.has("sinks")) p.sinks = per_head("sinks", "sinks", 1);
-  if (args.has("mask")) p.mask = npy::read(args.text("mask"), "mask", true);
+std::set<std::string> with_modifiers(std::set<std::string> values) {
+  for (const ModifierInfo& info : modifier_table())
+    for (const ModifierOption& o : info.options)
+      if (o.kind != ModifierOption::Kind::flag) values.insert(o.name);
+  values.insert(kStorageOptions.begin(), kStorageOptions.end());
+  return values;
+}
+
+std::set<std::string> with_modifier_flags(std::set<std::string> flags) {
+  for (const ModifierInfo& info : modifier_table())
+    for (const ModifierOption& o : info.options)
+      if (o.kind == ModifierOption::Kind::flag) flags.insert(o.name);
+  return flags;
+}
+
+std::string modifier_help() {
+  std::string text;
+  for (const ModifierInfo& info : modifier_table())
+    for (const ModifierOption& o : info.options) text += option_help(o);
+  return text + kStorageHelp;
+}
+
+void modifier_options(const Args& args, Modifiers& mods) {
+  using Kind = ModifierOption::Kind;
+  for (const ModifierInfo& info : modifier_table())
+    for (const ModifierOption& o : info.options) {
+      std::string name = o.name;
+      if (o.kind == Kind::flag ? !args.flag(name) : !args.has(name)) continue;
+      OptionValue value;
+      std::string text = args.text(name);
+      switch (o.kind) {
+        case Kind::flag:
+          break;
+        case Kind::number:
+          value.number = args.number(name, 0.0);
+          break;
+        case Kind::integers:
+          if (auto list = integer_list(text))
+            value.integers = *list;
+          else
+            throw UsageError{"--" + name + " must be " + o.value + " with integers, got '" + text +
+                             "'"};
+          break;
+        case Kind::values:
+        case Kind::mask:
+          value.table = npy::read(text, name, o.kind == Kind::mask);
+          break;
+      }
+      try {
+        info.set(mods, name, value);
+      } catch (const Error& e) {
+        throw UsageError{"--" + name + " " + e.what() + (text.empty() ? "" : ", got '" + text + "'")};
+      }
+    }
+  for (const ModifierInfo& a : modifier_table())  // options of one modifier that exclude each other
+    if (a.options.size() > 1) {
+      std::vector<std::string> given;
+      for (const ModifierOption& o : a.options)
+        if (args.has(o.name)) given.push_back(std::string("--") + o.name);
+      if (given.size() > 1) throw UsageError{"give " + given[0] + " or " + given[1] + ", not both"};
+    }
 }
 
 std::vector<Storage> storage_list(const Args& args) {
@@ -226,24 +290,12 @@ std::string storage_text(const Storage& s) {
 std::string with_modifier_help(const char* help) {
   std::string text = help;
   size_t at = text.find("MODIFIERS");
-  return at == std::string::npos ? text : text.replace(at, 9, kModifierHelp);
+  return at == std::string::npos ? text : text.replace(at, 9, modifier_help());
 }
 
-std::string modifier_text(const AttentionParams& p, const std::string& mask_name) {
-  std::string s;
-  auto add = [&](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
-  if (p.window_left >= 0 || p.window_right >= 0)
-    add("window " + std::to_string(p.window_left) + "," + std::to_string(p.window_right));
-  if (p.softcap > 0) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "softcap %g", double(p.softcap));
-    add(buf);
-  }
-  if (p.alibi_max_bias > 0 || !p.alibi_slopes.empty()) add("alibi");
-  if (!p.sinks.empty()) add("sinks");
-  if (!p.mask.data.empty())
-    add(mask_name.empty() ? "mask " + shape_string(p.mask.shape) : "mask (" + mask_name + ")");
-  if (p.fp16_arithmetic) add("fp16 arithmetic");
+std::string params_text(const AttentionParams& p) {
+  std::string s = modifier_text(p.mods);
+  if (p.hints.fp16_arithmetic) s += std::string(s.empty() ? "" : " ") + "fp16 arithmetic";
   return s;
 }
 

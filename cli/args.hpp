@@ -39,14 +39,16 @@ class Args {
   std::set<std::string> flags_;
 };
 
-/// The score modifiers' options, which run, trace and bench share.
-extern const std::set<std::string> kModifierOptions;
-/// `names` and the modifiers' options.
-std::set<std::string> with_modifiers(std::set<std::string> names);
-/// Reads --window L,R, --softcap C, --alibi-max-bias B, --alibi-slopes FILE, --sinks FILE
-/// (.npy, one value per query head; slopes also one per batch and head) and --mask FILE into
-/// `params`.
-void modifier_options(const Args& args, AttentionParams& params);
+/// The options of the score modifiers (modifier_table()), which run, trace and bench share:
+/// `values` and `flags` with the modifiers' options added, and the storage options (--dtype,
+/// --kv-dtype) to `values`.
+std::set<std::string> with_modifiers(std::set<std::string> values);
+std::set<std::string> with_modifier_flags(std::set<std::string> flags);
+/// The modifiers' option names alone (without the storage options).
+std::vector<std::string> modifier_option_names();
+/// Reads every modifier's options into `mods` (.npy files for tables and masks); a value the
+/// modifier refuses is a UsageError naming the option.
+void modifier_options(const Args& args, Modifiers& mods);
 /// A comma-separated list of `option`'s values ("flash2,flashd"), each parsed by `parse` (which
 /// throws Error) and named at most once (`name` gives a value's name).
 template <typename T, typename Parse, typename Name>
@@ -77,13 +79,13 @@ Storage storage_options(const Args& args, const std::string& where);
 std::vector<Storage> storage_list(const Args& args);
 /// "f16" when Q, K and V share a dtype, else "f16/q8_0" (Q/K and V), or "Q/K/V".
 std::string storage_text(const Storage& storage);
-/// The help text of those options, for every command's --help.
-extern const char* kModifierHelp;
-/// A command's help text with kModifierHelp where it says MODIFIERS.
+/// The help text of the modifiers' and storage options, built from modifier_table().
+std::string modifier_help();
+/// A command's help text with modifier_help() where it says MODIFIERS.
 std::string with_modifier_help(const char* help);
-/// The modifiers in `params`, as "window 1023,0 softcap 30 alibi sinks"; "" for none. The mask
-/// reads "mask [Nq, Nk]", or "mask (causal)" given a `mask_name`.
-std::string modifier_text(const AttentionParams& params, const std::string& mask_name = "");
+/// How a run is named in tables and closing lines: its modifiers (modifier_text()), and
+/// "fp16 arithmetic" when asked for; "" for none.
+std::string params_text(const AttentionParams& params);
 
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);

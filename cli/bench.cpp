@@ -55,7 +55,6 @@ options:
                       (default all)
   --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
                       shape (default 1, 8, H, 1024, Nq, 64, d)
-  --causal            causal mask
 MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
                       tile products on the matrix units, fp16 only; lanes: splitkv's
@@ -133,15 +132,13 @@ examples:
 struct Case {
   const char* kind;  // "prefill", "window", "decode", "modifier" or "custom"
   Dims dims;
-  bool causal = false;
+  Modifiers mods;   // causal, the window, ...
   Storage storage;  // Q's, K's and V's
   std::vector<Variant> variants;
-  AttentionParams mods = {};  // the score modifiers and the mask (modifier_options) only
   // Runs in the rounds of the case before it, on the same inputs (a group: --suite modifiers, or
   // a --kv-dtype list, each case in its own storage), so that each of its variants has a run of
   // the group's first case, its base, in every round.
   bool with_previous = false;
-  std::string mask_name;  // what a generated mask is, for the mask column in place of its shape
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -175,8 +172,7 @@ Dims make_dims(uint32_t b, uint32_t h, uint32_t hkv, uint32_t nq, uint32_t nk, u
 // Query-key pairs of all (batch, head) inside the causal limit and the sliding window, less
 // those an additive mask hides (-inf): the pairs attention computes.
 double visible_pairs(const Case& c) {
-  AttentionParams p = c.mods;
-  p.causal = c.causal;
+  const Modifiers& p = c.mods;
   const HostTensor& mask = p.mask;
   // The mask's [Nq, Nk] matrices, each standing for heads / matrices of the B * H.
   uint64_t matrices = mask.data.empty() ? 1 : mask.data.size() / (uint64_t(c.dims.nq) * c.dims.nk);
@@ -199,11 +195,10 @@ double case_flops(const Case& c) {
   return 4.0 * visible_pairs(c) * c.dims.d;
 }
 
-// The mask column: full, causal, or the window and the other modifiers.
+// The mask column: the modifiers, or "full".
 std::string mask_text(const Case& c) {
-  std::string mods = modifier_text(c.mods, c.mask_name);
-  if (mods.empty()) return c.causal ? "causal" : "full";
-  return c.causal ? "causal " + mods : mods;
+  std::string mods = modifier_text(c.mods);
+  return mods.empty() ? "full" : mods;
 }
 
 HostTensor random_input(std::vector<int64_t> shape, uint32_t seed) {
@@ -235,15 +230,17 @@ std::vector<Case> standard_suite() {
       for (bool causal : {false, true})
         for (uint32_t n : {512u, 1024u, 2048u, 4096u}) {
           bool naive = dtype == DType::f32 && d == 64;  // all_variants(): naive, then the fused
-          cases.push_back({"prefill", make_dims(1, 8, 8, n, n, d, d), causal, dtype,
-                           naive ? all_variants() : fused});
+          Case c{"prefill", make_dims(1, 8, 8, n, n, d, d), {}, dtype,
+                 naive ? all_variants() : fused};
+          c.mods.causal = causal;
+          cases.push_back(c);
         }
   // Long context with a sliding window of 1024 keys (window 1023,0), beside full causal attention
   // at the same N, which sees 8x the pairs: the window's cost must follow its pairs.
   for (DType dtype : {DType::f32, DType::f16})
     for (bool windowed : {true, false}) {
-      Case c{
-          "window", make_dims(1, 8, 8, 16384, 16384, 64, 64), !windowed, dtype, {Variant::flash2}};
+      Case c{"window", make_dims(1, 8, 8, 16384, 16384, 64, 64), {}, dtype, {Variant::flash2}};
+      c.mods.causal = !windowed;
       if (windowed) c.mods.window_left = 1023, c.mods.window_right = 0;
       cases.push_back(c);
     }
@@ -253,7 +250,7 @@ std::vector<Case> standard_suite() {
     for (uint32_t nk : {4096u, 16384u, 65536u})
       cases.push_back({"decode",
                        make_dims(1, 32, 8, 1, nk, 128, 128),
-                       false,
+                       {},
                        storage,
                        {Variant::flash2, Variant::flashd, Variant::splitkv}});
   return cases;
@@ -271,16 +268,16 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
   small.nq = std::min(small.nq, 512u);
   Inputs in = make_inputs(small);
   AttentionParams p = params;
-  if (!p.mask.data.empty() && small.nq < c.dims.nq) {  // the mask's first rows of each slice
-    std::vector<int64_t> shape = p.mask.shape;
+  if (p.mods.has_mask() && small.nq < c.dims.nq) {  // the mask's first rows of each slice
+    std::vector<int64_t> shape = p.mods.mask.shape;
     int64_t slices = numel(shape) / (int64_t(c.dims.nq) * c.dims.nk);
     shape[shape.size() - 2] = small.nq;
     HostTensor rows(shape);
     for (int64_t s = 0; s < slices; ++s)
-      std::copy_n(p.mask.data.begin() + s * int64_t(c.dims.nq) * c.dims.nk,
+      std::copy_n(p.mods.mask.data.begin() + s * int64_t(c.dims.nq) * c.dims.nk,
                   int64_t(small.nq) * c.dims.nk,
                   rows.data.begin() + s * int64_t(small.nq) * c.dims.nk);
-    p.mask = std::move(rows);
+    p.mods.mask = std::move(rows);
   }
   attention(ctx, in.q, in.k, in.v, p, c.storage);
 }
@@ -416,17 +413,17 @@ struct Meters {
 };
 
 AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
-  AttentionParams params = c.mods;  // the modifiers, all of them
+  AttentionParams params;
+  params.mods = c.mods;
   params.variant = variant;
-  params.causal = c.causal;
   params.want_lse = false;
   if (variant_info(variant).fused) {
-    params.tile_layout = o.layout;
-    params.fp16_arithmetic = o.fp16_arithmetic;
+    params.hints.tile_layout = o.layout;
+    params.hints.fp16_arithmetic = o.fp16_arithmetic;
   }
-  params.block_rows = o.block_rows;
-  params.block_keys = o.block_keys;
-  if (variant_info(variant).splits_keys) params.splits = o.splits;
+  params.hints.block_rows = o.block_rows;
+  params.hints.block_keys = o.block_keys;
+  if (variant_info(variant).splits_keys) params.hints.splits = o.splits;
   return params;
 }
 
@@ -459,7 +456,7 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
   if (meters.flush) meters.flush->run();
   AttentionParams params = case_params(c, r.variant, o);
   AttentionResult res = attention(ctx, qkv[0], qkv[1], qkv[2], params);
-  r.fp16_arithmetic = params.fp16_arithmetic;
+  r.fp16_arithmetic = params.hints.fp16_arithmetic;
   if (meters.fma) meters.fma->after();
   r.runs.back().ms = res.gpu_ms;
   r.bytes = res.device_bytes;
@@ -636,7 +633,6 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
   Json results = Json::array();
   for (const Row& r : rows) {
     const Dims& d = r.c->dims;
-    const AttentionParams& m = r.c->mods;
     Json x;
     x["kind"] = r.c->kind;
     x["variant"] = variant_name(r.variant);
@@ -647,15 +643,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["nk"] = d.nk;
     x["d"] = d.d;
     x["dv"] = d.dv;
-    x["causal"] = r.c->causal;
-    AttentionParams folded = m;
-    folded.causal = r.c->causal;
-    x["window"] = {effective_window(folded).left, effective_window(folded).right};
-    x["softcap"] = m.softcap;
-    x["alibi"] = m.alibi_max_bias > 0 || !m.alibi_slopes.empty();
-    x["sinks"] = !m.sinks.empty();
-    x["mask"] = !m.mask.data.empty();
-    if (!r.c->mask_name.empty()) x["mask_name"] = r.c->mask_name;
+    for (const auto& [name, value] : modifier_json(r.c->mods)) x[name] = Json::parse(value);
     x["dtype"] = dtype_name(r.c->storage.q);
     x["kv_dtype"] = dtype_name(r.c->storage.k);
     x["ms"] = r.ms;
@@ -716,7 +704,6 @@ Case custom_case(const Args& args, const Storage& storage, int64_t default_nq = 
   std::vector<int64_t> qs{batch, heads, nq, d}, ks{batch, kv_heads, nk, d},
       vs{batch, kv_heads, nk, dv};
   c.dims = check_shapes(qs, ks, vs);
-  c.causal = args.flag("causal");
   modifier_options(args, c.mods);
   set_storage(c, storage);
   c.variants = all_variants();
@@ -738,46 +725,22 @@ std::vector<Case> custom_cases(const Args& args) {
   return cases;
 }
 
-// An additive [Nq, Nk] mask: 0 where causal attention sees key j of query i and `keep(j, last)`
-// holds (last: the query's last key), else -inf.
-template <typename Keep>
-HostTensor causal_mask(const Dims& d, Keep keep) {
-  AttentionParams causal;
-  causal.causal = true;
-  HostTensor mask({d.nq, d.nk});
-  for (uint32_t i = 0; i < d.nq; ++i) {
-    KeyRange seen = window_keys(causal, d.nq, d.nk, i);  // the engine's causal limit
-    for (int64_t j = 0; j < d.nk; ++j)
-      if (j >= seen.end || !keep(j, seen.end - 1))
-        mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -std::numeric_limits<float>::infinity();
-  }
-  return mask;
-}
-
 // --suite modifiers: the shape (default B=1 H=8 N=2048 d=64, flash2 and flashd) in causal
-// attention, its base, and with each modifier of issue #19's cost target in turn, all in the same
-// rounds: softcap 30, ALiBi with max_bias 8, a sink logit per head, and in --causal's place an
-// additive mask of the same pattern, so that every row sees the base's pairs. Last, a sparse
-// mask whose hidden tiles the kernels skip: the first Nk/32 keys and the Nk/8 up to the diagonal
-// (at N = 2048, 64 global tokens and a window of 256: 29% of the causal pairs).
+// attention, its base, then each modifier's examples (modifier_table(): softcap 30, ALiBi with
+// max_bias 8, a sink logit per head, a mask of the causal pattern in causal's place, a sparse
+// mask whose hidden tiles the kernels skip, ...), all in the same rounds.
 std::vector<Case> modifier_suite(const Args& args) {
   Case base = custom_case(args, storage_options(args, "--suite modifiers"), 2048, "flash2,flashd");
   base.kind = "modifier";
-  base.causal = true;
-  std::vector<Case> cases(6, base);
-  cases[1].mods.softcap = 30.0f;
-  cases[2].mods.alibi_max_bias = 8.0f;
-  for (uint32_t h = 0; h < base.dims.heads; ++h)
-    cases[3].mods.sinks.push_back(0.5f * float(h % 8) - 1.0f);
-  const Dims& d = base.dims;
-  const int64_t global = d.nk / 32, window = d.nk / 8;
-  cases[4].mods.mask = causal_mask(d, [](int64_t, int64_t) { return true; });
-  cases[4].mask_name = "causal";
-  cases[5].mods.mask =
-      causal_mask(d, [&](int64_t j, int64_t last) { return j < global || j > last - window; });
-  cases[5].mask_name = std::to_string(global) + " global + window " + std::to_string(window);
-  for (size_t i = 1; i < cases.size(); ++i) cases[i].with_previous = true;
-  for (size_t i = 4; i < cases.size(); ++i) cases[i].causal = false;
+  base.mods.causal = true;
+  std::vector<Case> cases = {base};
+  for (const ModifierInfo& info : modifier_table())
+    if (info.examples)
+      for (const Modifiers& mods : info.examples(base.mods, base.dims)) {
+        cases.push_back(base);
+        cases.back().mods = mods;
+        cases.back().with_previous = true;
+      }
   return cases;
 }
 
@@ -792,7 +755,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
           {"variant", "batch",      "heads",      "kv-heads",      "nq",       "nk",     "d",
            "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "suite",
            "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
-      {"causal", "check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"});
+      with_modifier_flags({"check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));  // before a long run, not after
   if (args.flag("decode-loop")) return run_decode_loop(args);
   if (args.has("rope"))
@@ -811,12 +774,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
     if (args.flag("causal")) throw UsageError{"--suite standard fixes its shapes; drop --causal"};
     cases = standard_suite();
   } else if (suite == "modifiers") {
-    for (const std::string& option : kModifierOptions)
-      if (args.has(option) && option != "dtype" && option != "kv-dtype")
-        throw UsageError{"--suite modifiers times its own modifiers on causal attention; drop --" +
-                         option};
     if (args.flag("causal"))
       throw UsageError{"--suite modifiers runs causal attention as its base; drop --causal"};
+    for (const std::string& option : modifier_option_names())
+      if (args.has(option))
+        throw UsageError{"--suite modifiers times its own modifiers on causal attention; drop --" +
+                         option};
     cases = modifier_suite(args);
   } else if (args.has("suite")) {
     throw UsageError{"--suite must be 'standard' or 'modifiers', got '" + suite + "'"};

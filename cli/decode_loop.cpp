@@ -134,14 +134,14 @@ int run_decode_loop(const Args& args) {
   AttentionParams params;
   params.variant = Variant::splitkv;
   if (args.has("variant")) params.variant = parse_variant(args.text("variant"));
-  params.tile_layout = parse_layout(args.text("layout", "auto"));
+  params.hints.tile_layout = parse_layout(args.text("layout", "auto"));
   try {
     params.rope = parse_rope(args.text("rope", "none"));
   } catch (const Error& e) {
     throw UsageError{std::string("--rope: ") + e.what()};
   }
-  modifier_options(args, params);
-  if (!params.mask.data.empty())
+  modifier_options(args, params.mods);
+  if (params.mods.has_mask())
     throw UsageError{"--decode-loop attends over a length that grows each step; drop --mask"};
 
   ContextOptions options;
@@ -165,7 +165,7 @@ int run_decode_loop(const Args& args) {
       storage_text(storage).c_str(), variant_name(params.variant),
       tile_layout_name(rec.tile_layout()), params.rope != RopeLayout::none ? ", RoPE " : "",
       params.rope != RopeLayout::none ? rope_name(params.rope) : "",
-      modifier_text(params).empty() ? "" : (", " + modifier_text(params)).c_str());
+      params_text(params).empty() ? "" : (", " + params_text(params)).c_str());
 
   using clock = std::chrono::steady_clock;
   std::vector<double> host_us, gpu_ms;

@@ -42,7 +42,6 @@ options:
                       (default: splitkv when a KV head has at most 16 query rows
                       and Nk >= 1024, else flash2)
   --scale S           score scale (default 1/sqrt(d))
-  --causal            bottom-right causal mask: query i sees keys j <= i + Nk - Nq
   --splits N          splitkv: number of key chunks (default: from the device)
   --layout auto|shared|registers|coopmat|lanes|blocks
                       where the fused kernels keep K/V tiles (default auto: see
@@ -74,7 +73,7 @@ options:
   --row R             query row (required)
   --batch b --head h  which (batch, head) the row is in (default 0, 0)
   --variant NAME      naive, online, flash1, flash2, flashd or splitkv (default flashd)
-  --scale S  --causal  --device N   as for `run`
+  --scale S  --device N   as for `run`
 MODIFIERS
 example:
   flashvk trace --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
@@ -132,12 +131,11 @@ Inputs read_inputs(const Args& args) {
 AttentionParams attention_options(const Args& args) {
   AttentionParams p;
   if (args.has("scale")) p.scale = static_cast<float>(args.number("scale", 0.0));
-  p.causal = args.flag("causal");
-  p.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 4096));
-  p.tile_layout = parse_layout(args.text("layout", "auto"));
-  p.fp16_arithmetic = args.flag("fp16-arithmetic");
-  p.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
-  p.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
+  p.hints.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 4096));
+  p.hints.tile_layout = parse_layout(args.text("layout", "auto"));
+  p.hints.fp16_arithmetic = args.flag("fp16-arithmetic");
+  p.hints.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  p.hints.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   try {
     p.rope = parse_rope(args.text("rope", "none"));
   } catch (const Error& e) {
@@ -145,7 +143,7 @@ AttentionParams attention_options(const Args& args) {
   }
   p.rope_base = args.number("rope-base", 10000.0, true);
   if (p.rope_base <= 1.0) usage_fail("--rope-base must be greater than 1");
-  modifier_options(args, p);
+  modifier_options(args, p.mods);
   return p;
 }
 
@@ -161,7 +159,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   Args args(argv,
             with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "splits", "rope",
                             "rope-base", "device", "layout", "block-rows", "block-keys"}),
-            {"causal", "fp16-arithmetic"});
+            with_modifier_flags({"fp16-arithmetic"}));
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
   Storage storage = storage_options(args, "run");
@@ -178,7 +176,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
   std::string tiles =
       tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
-  std::string mods = modifier_text(params);
+  std::string mods = params_text(params);
   if (!mods.empty()) tiles += ", " + mods;
   std::fprintf(stderr, "flashvk: %s (%s, %s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",
                variant_name(params.variant), storage_text(storage).c_str(), tiles.c_str(),
@@ -191,13 +189,12 @@ int cmd_trace(const std::vector<std::string>& argv) {
   Args args(
       argv,
       with_modifiers({"q", "k", "v", "out", "row", "batch", "head", "variant", "scale", "device"}),
-      {"causal"});
+      with_modifier_flags({}));
   std::string out_path = args.required("out");
   if (!args.has("row")) usage_fail("missing required option --row");
   AttentionParams params;
   if (args.has("scale")) params.scale = static_cast<float>(args.number("scale", 0.0));
-  params.causal = args.flag("causal");
-  modifier_options(args, params);
+  modifier_options(args, params.mods);
   params.variant = variant_option(args, "flashd");
   Storage storage = storage_options(args, "trace");
   auto row = static_cast<uint32_t>(args.integer("row", 0, 0, INT32_MAX));

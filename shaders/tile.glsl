@@ -133,7 +133,7 @@ const uint OW = DV / LANES;         // output columns of each invocation (a mult
 // Queries [D][BR], then per tile K [D][BC] and V [BC][DV] (from V_AT: after K, or in its place
 // once the scores are done) and the coefficients of P [BC][BR], all as vectors of 4 (16 bytes, 8
 // in fp16).
-// BLOCK_F16 (AttentionParams::fp16_arithmetic): the three in fp16, multiplied as f16vec2 (two
+// BLOCK_F16 (ExecutionHints::fp16_arithmetic): the three in fp16, multiplied as f16vec2 (two
 // rows a product), summed in fp16 over RUN head-dim elements or keys and then into the fp32
 // scores and outputs, so that no fp16 sum runs longer than RUN terms.
 #ifdef BLOCK_F16

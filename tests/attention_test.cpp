@@ -31,8 +31,8 @@ void expect_matches_reference(Variant variant, DType dtype, const Shape& s, Tile
   }
   AttentionParams params;
   params.variant = variant;
-  params.causal = s.causal;
-  params.tile_layout = layout;
+  params.mods.causal = s.causal;
+  params.hints.tile_layout = layout;
   HostAttentionResult gpu = attention(ctx, q, k, v, params, dtype);
   reference::Result ref = reference::direct(q, k, v, params);
   double tol = tolerance(q, k, v, params) + weight_rounding(gpu, v);
@@ -77,7 +77,7 @@ TEST_P(BlocksLayoutTest, MatchesFloat64ReferenceAtTheDevicesAndTheMinimumLimits)
     if (s.d % 4 != 0 || s.dv % 4 != 0) {
       AttentionParams params;
       params.variant = variant;
-      params.tile_layout = TileLayout::blocks;
+      params.hints.tile_layout = TileLayout::blocks;
       HostTensor q({s.b, s.h, s.nq, s.d}), k({s.b, s.hkv, s.nk, s.d}), v({s.b, s.hkv, s.nk, s.dv});
       expect_refused([&] { attention(*ctx, q, k, v, params, dtype); }, "tile_layout blocks needs");
       continue;
@@ -124,10 +124,10 @@ TEST_F(VulkanTest, CooperativeMatrixKernelsMatchTheReferenceOrAreRefused) {
   HostTensor k = round_to_half(random_tensor({2, 2, 150, 64}, 22));
   HostTensor v = round_to_half(random_tensor({2, 2, 150, 48}, 23));
   AttentionParams params;
-  params.tile_layout = TileLayout::cooperative_matrix;
-  params.causal = true;
-  params.key_mask.assign(2 * 150, 1);
-  for (int j = 0; j < 150; j += 7) params.key_mask[size_t(j)] = 0;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  params.mods.causal = true;
+  params.mods.key_mask.assign(2 * 150, 1);
+  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
   if (!context().device().cooperative_matrix) {
     try {
       attention(context(), q, k, v, params, DType::f16);
@@ -174,8 +174,8 @@ TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
   HostTensor v = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2));
   AttentionParams params;
   params.variant = Variant::splitkv;
-  params.causal = s.causal;
-  params.tile_layout = TileLayout::lanes;
+  params.mods.causal = s.causal;
+  params.hints.tile_layout = TileLayout::lanes;
   if (s.d % vec || s.dv % vec) {
     try {
       attention(context(), q, k, v, params, dtype);
@@ -186,8 +186,8 @@ TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
     }
     return;
   }
-  params.key_mask.assign(size_t(s.b) * s.nk, 1);
-  for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.key_mask[j] = 0;
+  params.mods.key_mask.assign(size_t(s.b) * s.nk, 1);
+  for (uint32_t j = 3; j < s.b * s.nk; j += 11) params.mods.key_mask[j] = 0;
   reference::Result ref = reference::direct(q, k, v, params);
   // (chunks, keys a step): the engine's, and in fp32 forced chunks with one key a step and 5 a
   // step (each a pipeline of its own); on CPU drivers the forced ones run on two shapes only.
@@ -196,8 +196,8 @@ TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
                                              std::string(s.name) == "gqa_causal_nq_lt_nk");
   for (auto [splits, keys] : {std::pair{0u, 0u}, std::pair{3u, 1u}, std::pair{0u, 5u}}) {
     if ((splits || keys) && !forced_here) continue;
-    params.splits = splits;
-    params.block_keys = keys;
+    params.hints.splits = splits;
+    params.hints.block_keys = keys;
     HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
     std::string what = "splits " + std::to_string(splits) + " keys " + std::to_string(keys);
     EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
@@ -223,7 +223,7 @@ INSTANTIATE_TEST_SUITE_P(Splitkv, LanesLayoutTest,
 TEST_F(VulkanTest, LanesLayoutRefusesWhatItCannotDo) {
   HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
   AttentionParams params;
-  params.tile_layout = TileLayout::lanes;
+  params.hints.tile_layout = TileLayout::lanes;
   params.variant = Variant::splitkv;
   if (!context().device().subgroup_shuffle) {  // the clusters add their partial sums by shuffles
     EXPECT_THROW(attention(context(), q, k, k, params), Error);
@@ -232,22 +232,22 @@ TEST_F(VulkanTest, LanesLayoutRefusesWhatItCannotDo) {
   params.variant = Variant::flash2;  // a splitkv kernel: refused for the other variants
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
   params.variant = Variant::splitkv;
-  params.block_keys = 9;  // at most 8 keys a step
+  params.hints.block_keys = 9;  // at most 8 keys a step
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
 }
 
 TEST_F(VulkanTest, RegisterTilesRefuseWhatTheyCannotDo) {
   HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
   AttentionParams params;
-  params.tile_layout = TileLayout::registers;
+  params.hints.tile_layout = TileLayout::registers;
   params.variant = Variant::naive;
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
   params.variant = Variant::flash2;
-  params.block_keys = context().device().subgroup_size + 1;
+  params.hints.block_keys = context().device().subgroup_size + 1;
   EXPECT_THROW(attention(context(), q, k, k, params), Error);
   // K and V are read as RGBA texels: a head dim that is not a multiple of 4 is refused by name,
   // and the automatic layout falls back to shared tiles for it.
-  params.block_keys = 0;
+  params.hints.block_keys = 0;
   HostTensor q6 = random_tensor({1, 1, 8, 6}, 3), k6 = random_tensor({1, 1, 8, 6}, 4);
   try {
     attention(context(), q6, k6, k6, params);
@@ -255,7 +255,7 @@ TEST_F(VulkanTest, RegisterTilesRefuseWhatTheyCannotDo) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiples of 4"), std::string::npos) << e.what();
   }
-  params.tile_layout = TileLayout::automatic;
+  params.hints.tile_layout = TileLayout::automatic;
   HostAttentionResult gpu = attention(context(), q6, k6, k6, params);
   reference::Result ref = reference::direct(q6, k6, k6, params);
   EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q6, k6, k6, params));
@@ -279,7 +279,7 @@ TEST_F(VulkanTest, AllVariantsAgreeWithEachOther) {
   HostTensor q = random_tensor({2, 4, 50, 24}, 11), k = random_tensor({2, 2, 70, 24}, 12),
              v = random_tensor({2, 2, 70, 40}, 13);
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   params.variant = Variant::naive;
   HostAttentionResult base = attention(context(), q, k, v, params);
   double tol = 2 * tolerance(q, k, v, params);
@@ -312,10 +312,10 @@ TEST_F(VulkanTest, SplitkvWithForcedSplitsIncludingEmptyOnes) {
              v = random_tensor({1, 2, 100, 16}, 33);
   AttentionParams params;
   params.variant = Variant::splitkv;
-  params.causal = true;
+  params.mods.causal = true;
   reference::Result ref = reference::direct(q, k, v, params);
   for (uint32_t splits : {1u, 2u, 3u, 7u, 40u}) {  // 40 splits of one 32-key tile: most empty
-    params.splits = splits;
+    params.hints.splits = splits;
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params)) << splits;
   }
@@ -329,8 +329,8 @@ TEST_F(VulkanTest, ExplicitTileSizesGiveTheSameAnswer) {
   for (Variant variant : {Variant::flash1, Variant::flash2, Variant::flashd}) {
     for (auto [rows, keys] : {std::pair{16u, 1u}, std::pair{32u, 7u}, std::pair{128u, 64u}}) {
       params.variant = variant;
-      params.block_rows = rows;
-      params.block_keys = keys;
+      params.hints.block_rows = rows;
+      params.hints.block_keys = keys;
       HostAttentionResult gpu = attention(context(), q, k, v, params);
       EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
           << variant_name(variant) << " Br=" << rows << " Bc=" << keys;
@@ -356,7 +356,7 @@ TEST_F(VulkanTest, BadShapesAreRefusedWithTheTensorNamed) {
   HostTensor q_big = random_tensor({1, 1, 2, 257}, 5);
   EXPECT_THROW(attention(context(), q_big, q_big, q_big), Error);
   AttentionParams bad_keys;
-  bad_keys.block_keys = 100000;
+  bad_keys.hints.block_keys = 100000;
   EXPECT_THROW(attention(context(), q, q, q, bad_keys), Error);
 }
 
@@ -424,7 +424,7 @@ TEST_F(VulkanTest, RegisterTilesSpreadFewRowsOverTheLanes) {
                k = random_tensor({1, 2, 100, 16}, 65), v = random_tensor({1, 2, 100, 16}, 66);
     AttentionParams params;
     params.variant = Variant::splitkv;
-    params.tile_layout = TileLayout::registers;
+    params.hints.tile_layout = TileLayout::registers;
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     EXPECT_EQ(gpu.tile_layout, TileLayout::registers);
     EXPECT_EQ(gpu.block_rows, shape.rows_per_group) << "Nq=" << shape.nq;
@@ -443,9 +443,9 @@ TEST_F(VulkanTest, FitsVulkansGuaranteedSharedMemory) {
     HostTensor q = random_tensor({1, 2, 20, d}, 61), k = random_tensor({1, 2, 70, d}, 62),
                v = random_tensor({1, 2, 70, d}, 63);
     AttentionParams params;
-    params.max_shared_memory = 16384;
-    params.tile_layout = TileLayout::shared;  // the layout that stages tiles in shared memory
-    params.causal = true;
+    params.hints.max_shared_memory = 16384;
+    params.hints.tile_layout = TileLayout::shared;  // the layout that stages tiles in shared memory
+    params.mods.causal = true;
     reference::Result ref = reference::direct(q, k, v, params);
     for (Variant variant : {Variant::naive, Variant::flash2, Variant::splitkv}) {
       params.variant = variant;

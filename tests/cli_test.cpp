@@ -112,7 +112,7 @@ TEST_F(CliTest, RunRoundTripMatchesFloat64Reference) {
     EXPECT_EQ(out.shape, (std::vector<int64_t>{2, 4, 19, 8}));
     EXPECT_EQ(lse.shape, (std::vector<int64_t>{2, 4, 19}));
     AttentionParams p;
-    p.causal = true;
+    p.mods.causal = true;
     p.scale = 0.3f;
     reference::Result ref = reference::direct(q, k, v, p);
     EXPECT_LE(max_error(out.data, ref.out), tolerance(q, k, v, p)) << variant;
@@ -137,11 +137,11 @@ TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("window 7,2 softcap 2.5 alibi sinks"), std::string::npos) << o.output;
   AttentionParams p;
-  p.window_left = 7;
-  p.window_right = 2;
-  p.softcap = 2.5f;
-  p.alibi_max_bias = 4.0f;
-  p.sinks = sinks.data;
+  p.mods.window_left = 7;
+  p.mods.window_right = 2;
+  p.mods.softcap = 2.5f;
+  p.mods.alibi_max_bias = 4.0f;
+  p.mods.sinks = sinks.data;
   reference::Result ref = reference::direct(q, k, v, p);
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, v, p));
   EXPECT_LE(max_lse_error(npy::read(path("lse.npy"), "LSE").data, ref.lse), 1e-5);
@@ -165,7 +165,7 @@ TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("mask [1, 1, 21, 40]"), std::string::npos) << o.output;
   AttentionParams pm;
-  pm.mask = bool_mask(attend, {1, 1, 21, 40});
+  pm.mods.mask = bool_mask(attend, {1, 1, 21, 40});
   reference::Result refm = reference::direct(q, k, v, pm);
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, refm.out), tolerance(q, k, v, pm));
 }
@@ -222,7 +222,7 @@ TEST_F(CliTest, RunTakesFp16Arithmetic) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("fp16 arithmetic"), std::string::npos) << o.output;
   AttentionParams p;
-  p.causal = true;
+  p.mods.causal = true;
   reference::Result ref = reference::direct(q, k, v, p);
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out),
             tolerance(q, k, v, p) + 9.0 / 2048 * max_abs(v));
@@ -261,7 +261,7 @@ TEST_F(CliTest, RunStoresKAndVInTheKvDtype) {
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("f32/q4_0"), std::string::npos) << o.output;
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   HostTensor ks = stored_values(k, DType::q4_0), vs = stored_values(v, DType::q4_0);
   reference::Result ref = reference::direct(q, ks, vs, params);
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, ks, vs, params));

@@ -85,7 +85,7 @@ TEST(Embedding, AdoptedDeviceRunsAttentionAndSurvivesTheEngine) {
   HostTensor q = random_tensor({1, 2, 10, 16}, 1), k = random_tensor({1, 2, 50, 16}, 2),
              v = random_tensor({1, 2, 50, 16}, 3);
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   reference::Result ref = reference::direct(q, k, v, params);
   {
     Context ctx = Context::adopt(app.external());
@@ -203,7 +203,7 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
   HostTensor q = random_tensor({1, 4, 5, 64}, 61), k = random_tensor({1, 2, 40, 64}, 62),
              v = random_tensor({1, 2, 40, 32}, 63);
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
   if (info.fp16_storage) storages.push_back(DType::f16);
   std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
@@ -222,7 +222,7 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
                                  {{1, 4, 5}, DType::f32}};
     AppBuffer app(h, lay_out(places, align), kTensorUsage);
     for (TileLayout layout : layouts) {
-      params.tile_layout = layout;
+      params.hints.tile_layout = layout;
       std::memset(app.bytes, kPattern, app.size);
       std::vector<Tensor> t;
       for (const Place& p : places)
@@ -300,7 +300,7 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
       "want_lse false");
   params.want_lse = true;
   if (!(info.subgroup_shuffle && info.texel_buffers)) return;
-  params.tile_layout = TileLayout::registers;
+  params.hints.tile_layout = TileLayout::registers;
   expect_refused([&] { AttentionRecording(ctx, tq, tk, tk, params); },
                  "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT");
   // The same call on a buffer with texel usage runs register tiles: the usage was the reason.
@@ -309,7 +309,7 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   tk_texels.write(k);
   EXPECT_EQ(AttentionRecording(ctx, tq, tk_texels, tk_texels, params).tile_layout(),
             TileLayout::registers);
-  params.tile_layout = TileLayout::automatic;
+  params.hints.tile_layout = TileLayout::automatic;
   AttentionRecording rec(ctx, tq, tk, tk, params, {&half_out, nullptr});
   EXPECT_EQ(rec.tile_layout(), TileLayout::shared);
   EXPECT_EQ(rec.out().buffer(), half_out.buffer());
@@ -330,7 +330,7 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
   std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
   if (info.fp16_storage) storages.push_back(DType::f16);
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   for (const Storage& storage : storages) {
     Tensor tq = Tensor::upload(ctx, q, storage.q), tk = Tensor::upload(ctx, k, storage.k),
            tv = Tensor::upload(ctx, v, storage.v);
@@ -350,7 +350,7 @@ TEST_F(ViewTest, KAndVArePrefixesOfALongerCache) {
           layouts.push_back(TileLayout::lanes);
       }
       for (TileLayout layout : layouts) {
-        params.tile_layout = layout;
+        params.hints.tile_layout = layout;
         AttentionResult r = attention(ctx, tq, pk, pv, params);
         std::string what = storage_name(storage) + ", " + variant_name(variant) + ", " +
                            tile_layout_name(r.tile_layout);
@@ -411,7 +411,7 @@ TEST_F(ViewTest, StridedViewsOfTokenMajorTensors) {
              v = random_tensor({2, 2, 37, 32}, 93);
   const std::vector<int64_t> o_shape = {2, 4, 5, 32};
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   std::vector<Storage> storages = {DType::f32, {DType::f32, DType::q8_0, DType::q4_0}};
   if (info.fp16_storage) storages.push_back(DType::f16);
   const uint64_t align =
@@ -463,7 +463,7 @@ TEST_F(ViewTest, StridedViewsOfTokenMajorTensors) {
           layouts.push_back(TileLayout::cooperative_matrix);
       }
       for (TileLayout layout : layouts) {
-        params.tile_layout = layout;
+        params.hints.tile_layout = layout;
         std::memset(app.bytes + places[3].offset, kPattern, places[3].bytes + places[4].bytes);
         AttentionRecording rec(ctx, t[0], t[1], t[2], params, {&t[3], &t[4]});
         std::string what = storage_name(storage) + ", " + variant_name(variant) + ", " +
@@ -556,7 +556,7 @@ TEST_F(ViewTest, StridesThatDoNotFitAreRefusedByName) {
         Tensor::view(ctx, app.buffer, 0, {heads, nq, d}, DType::f32, kTensorUsage, {d, width, 1});
     EXPECT_EQ(rank3.download().data, slice(0, heads).data);  // the same values, rank 3
     AttentionParams causal;
-    causal.causal = true;
+    causal.mods.causal = true;
     reference::Result want = reference::direct(hq, hk, hv, causal);
     AttentionResult got = attention(ctx, fq, fk, fv, causal);
     EXPECT_LE(max_error(got.out.download().data, want.out), tolerance(hq, hk, hv, causal));
@@ -627,8 +627,8 @@ TEST_F(ViewTest, ARecordingResubmittedWithChangingLengths) {
   for (const Case& c : cases) {
     AttentionParams params;
     params.variant = c.variant;
-    params.tile_layout = c.layout;
-    params.window_left = 40;  // a sliding window: the first keys drop out as the cache grows
+    params.hints.tile_layout = c.layout;
+    params.mods.window_left = 40;  // a sliding window: the first keys drop out as the cache grows
     AttentionRecording rec(ctx, tq, tk.prefix(1), tv.prefix(1), params);
     ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
     for (int step = 0; step < c.steps; ++step) {
@@ -650,7 +650,7 @@ TEST_F(ViewTest, ARecordingResubmittedWithChangingLengths) {
   AttentionRecording rec(ctx, tq, tk.prefix(8), tv.prefix(8));
   EXPECT_THROW(rec.set_keys(capacity + 1), Error);
   AttentionParams masked;
-  masked.key_mask.assign(8, 1);
+  masked.mods.key_mask.assign(8, 1);
   AttentionRecording with_mask(ctx, tq, tk.prefix(8), tv.prefix(8), masked);
   with_mask.set_keys(8);
   try {

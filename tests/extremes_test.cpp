@@ -29,7 +29,7 @@ class ExtremeTest : public VulkanTest, public ::testing::WithParamInterface<Vari
     if (variant_info(params.variant).fused && q.shape[3] % 4 == 0 && v.shape[3] % 4 == 0)
       layouts.push_back(TileLayout::blocks);
     for (TileLayout layout : layouts) {
-      params.tile_layout = layout;
+      params.hints.tile_layout = layout;
       HostAttentionResult gpu = attention(context(), q, k, v, params);
       EXPECT_LE(max_error(gpu.out.data, ref.out), tol)
           << what << ", " << tile_layout_name(gpu.tile_layout) << ", tolerance " << tol;
@@ -71,11 +71,11 @@ TEST_P(ExtremeTest, MaskedKeysMidRow) {
   HostTensor q = random_tensor({2, 2, 12, 8}, 8), k = random_tensor({2, 2, 100, 8}, 9),
              v = random_tensor({2, 2, 100, 8}, 10);
   AttentionParams params;
-  params.key_mask.assign(200, 1);
+  params.mods.key_mask.assign(200, 1);
   for (int j = 0; j < 100; ++j)
-    if (j == 0 || (j >= 20 && j < 70) || j % 9 == 4) params.key_mask[size_t(j)] = 0;
-  for (int j = 33; j < 100; ++j) params.key_mask[100 + size_t(j)] = 0;
-  params.causal = true;
+    if (j == 0 || (j >= 20 && j < 70) || j % 9 == 4) params.mods.key_mask[size_t(j)] = 0;
+  for (int j = 33; j < 100; ++j) params.mods.key_mask[100 + size_t(j)] = 0;
+  params.mods.causal = true;
   expect_exact(q, k, v, params, "masked keys mid-row");
 }
 
@@ -91,8 +91,8 @@ TEST_P(ExtremeTest, RowsThatSeeNoKeyGiveZerosAndMinusInfinity) {
              v = random_tensor({2, 1, 40, 8}, 15);
   AttentionParams params;
   params.variant = GetParam();
-  params.key_mask.assign(80, 1);
-  for (int j = 0; j < 40; ++j) params.key_mask[size_t(j)] = 0;  // batch 0 sees nothing
+  params.mods.key_mask.assign(80, 1);
+  for (int j = 0; j < 40; ++j) params.mods.key_mask[size_t(j)] = 0;  // batch 0 sees nothing
   HostAttentionResult gpu = attention(context(), q, k, v, params);
   for (int i = 0; i < 6; ++i) {
     EXPECT_TRUE(std::isinf(gpu.lse.at({0, 0, i})) && gpu.lse.at({0, 0, i}) < 0);

@@ -1,4 +1,4 @@
-// fp16 arithmetic (AttentionParams::fp16_arithmetic): the register blocks multiply in fp16 and
+// fp16 arithmetic (ExecutionHints::fp16_arithmetic): the register blocks multiply in fp16 and
 // sum at most kRun products in fp16 before adding them to fp32. Checked against the float64
 // reference two ways:
 // - on dyadic inputs (q, k, v multiples of 1/2 in [-1, 1]), where every fp16 product and every
@@ -71,8 +71,8 @@ class Fp16ArithmeticTest : public VulkanTest, public ::testing::WithParamInterfa
 // With the register blocks forced: `automatic` takes the matrix units where a device has them.
 HostAttentionResult run(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                         AttentionParams params, Storage storage) {
-  params.fp16_arithmetic = true;
-  params.tile_layout = TileLayout::blocks;
+  params.hints.fp16_arithmetic = true;
+  params.hints.tile_layout = TileLayout::blocks;
   HostAttentionResult gpu = attention(ctx, q, k, v, params, storage);
   EXPECT_EQ(gpu.tile_layout, TileLayout::blocks);
   return gpu;
@@ -91,7 +91,7 @@ TEST_P(Fp16ArithmeticTest, ExactScoresOnDyadicInputs) {
   HostTensor v = dyadic_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2);
   AttentionParams params;
   params.variant = variant;
-  params.causal = s.causal;
+  params.mods.causal = s.causal;
   reference::Result ref = reference::direct(q, k, v, params);
   double tol = tolerance(q, k, v, params) + (kRun + 1) * kU16 * max_abs(v);
   for (Context* ctx : {&context(), &minimum_context()}) {
@@ -113,7 +113,7 @@ TEST_P(Fp16ArithmeticTest, RandomInputsWithinTheFirstOrderBound) {
   HostTensor v = round_to_half(random_tensor({s.b, s.hkv, s.nk, s.dv}, seed + 2));
   AttentionParams params;
   params.variant = variant;
-  params.causal = s.causal;
+  params.mods.causal = s.causal;
   reference::Result ref = reference::direct(q, k, v, params);
   HostAttentionResult gpu = run(context(), q, k, v, params, Storage(dtype));
   double tol = fp16_bound(q, k, v, params);
@@ -136,9 +136,9 @@ TEST_F(VulkanTest, Fp16ArithmeticWithQuantisedKeysAndModifiers) {
   HostTensor v = stored_values(random_tensor({1, 2, 200, 64}, 7), storage.v);
   AttentionParams params;
   params.variant = Variant::flash2;
-  params.window_left = 63;
-  params.window_right = 0;
-  params.sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -2.0f, 0.25f, 3.0f};
+  params.mods.window_left = 63;
+  params.mods.window_right = 0;
+  params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -2.0f, 0.25f, 3.0f};
   reference::Result ref = reference::direct(q, k, v, params);
   HostAttentionResult gpu = run(context(), q, k, v, params, storage);
   double tol = fp16_bound(q, k, v, params);
@@ -172,16 +172,16 @@ TEST_F(VulkanTest, Fp16ArithmeticKeepsTheWeightsOfLongContexts) {
 TEST_F(VulkanTest, Fp16ArithmeticIsRefusedWhereItDoesNotRun) {
   HostTensor q = random_tensor({1, 1, 8, 16}, 1), k = random_tensor({1, 1, 8, 16}, 2);
   AttentionParams params;
-  params.fp16_arithmetic = true;
+  params.hints.fp16_arithmetic = true;
   params.variant = Variant::naive;
   expect_refused([&] { attention(context(), q, k, k, params); }, "not naive");
   params.variant = Variant::flash2;
   for (TileLayout layout : {TileLayout::shared, TileLayout::registers, TileLayout::lanes}) {
-    params.tile_layout = layout;
+    params.hints.tile_layout = layout;
     expect_refused([&] { attention(context(), q, k, k, params); },
                    "fp16_arithmetic runs in tile_layout blocks or cooperative_matrix");
   }
-  params.tile_layout = TileLayout::automatic;
+  params.hints.tile_layout = TileLayout::automatic;
   expect_refused([&] { trace(context(), q, k, k, params, 0, 0, 3); }, "traces");
   // An adopted device whose application did not enable shaderFloat16.
   ExternalDevice handles = context().handles();

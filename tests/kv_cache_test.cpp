@@ -46,10 +46,10 @@ TEST_F(KvCacheTest, PromptChunksAndDecodeStepsAppendAndAttendAsTheReferenceDoes)
                   {1, uint32_t(kv_heads), uint32_t(capacity), uint32_t(d), uint32_t(dv), c.dtype});
     AttentionParams params;
     params.variant = c.variant;
-    params.tile_layout = c.layout;
+    params.hints.tile_layout = c.layout;
     params.rope = c.rope;
-    params.causal = true;
-    params.window_left = 12;  // the first keys fall out of the window as the cache grows
+    params.mods.causal = true;
+    params.mods.window_left = 12;  // the first keys fall out of the window as the cache grows
     // One recording per chunk length: the prompts' (7, then 5) and the decode step's (1).
     struct Chunk {
       int64_t rows;
@@ -173,7 +173,7 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
   if (ctx.device().fp16_storage)
     expect_refused([&] { AttentionRecording(ctx, q, cache, k16, v); }, "the cache stores f32");
   AttentionParams masked;
-  masked.key_mask.assign(8, 1);
+  masked.mods.key_mask.assign(8, 1);
   expect_refused([&] { AttentionRecording(ctx, q, cache, k, v, masked); }, "key mask");
   AttentionParams placed;
   placed.query_position = 3;
@@ -297,7 +297,7 @@ TEST_F(KvCacheTest, UploadsAndDownloadsRecordedIntoTheStep) {
       v(ctx, {1, kv_heads, 1, d}, dtype);
   AttentionParams params;
   params.variant = Variant::splitkv;
-  params.causal = true;
+  params.mods.causal = true;
   AttentionRecording step(ctx, q, cache, k, v, params);
   const uint64_t at_k = q.bytes(), at_v = at_k + k.bytes(), at_o = at_v + v.bytes();
   Staging staging(ctx, at_o + step.out().bytes());
@@ -366,7 +366,7 @@ TEST_F(KvCacheTest, AQuantisedCacheQuantisesRowsAsTheyAreAppended) {
     AttentionParams params;
     params.variant = c.variant;
     params.rope = c.rope;
-    params.causal = true;
+    params.mods.causal = true;
     int64_t length = 0;
     for (int64_t n : {5, 1, 1, 1, 3}) {
       Tensor q(ctx, {1, heads, n, d}, c.rows), k(ctx, {1, kv_heads, n, d}, c.rows),

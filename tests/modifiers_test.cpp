@@ -8,66 +8,100 @@
 namespace flashvk::test {
 namespace {
 
+struct ModCase;
+using SetMods = void (*)(Modifiers& m, const ModCase& c);
+
+// A shape, and the modifiers it runs with (set by `mods`, so that a new modifier's cases are
+// lines of their own).
 struct ModCase {
   const char* name;
   uint32_t b, h, hkv, nq, nk, d, dv;
-  bool causal;
-  int64_t left, right;
-  float softcap, max_bias;
-  bool per_batch_slopes, sinks, key_mask;
-  int mask = 0;  // 1: float [Nq, Nk] (documents: -inf across them); 2: bool [B, 1, Nq, Nk];
-                 // 3: float [1, H, Nq, Nk], a different band per head
-};
-
-// Ragged shapes (no multiple of a tile), GQA, Nq < Nk, Nq > Nk and decoding.
-const ModCase kCases[] = {
-    {"window", 1, 4, 2, 37, 53, 16, 16, false, 5, 3, 0, 0, false, false, false, 0},
-    {"window_causal_sinks_gqa", 2, 4, 2, 65, 129, 16, 16, true, 16, -1, 0, 0, false, true, false,
-     0},
-    {"softcap_window", 1, 2, 2, 40, 90, 32, 32, false, 40, -1, 3.0f, 0, false, false, false, 0},
-    {"alibi_causal", 1, 6, 3, 33, 33, 16, 16, true, -1, -1, 0, 8.0f, false, false, false, 0},
-    {"alibi_slopes_per_batch", 2, 2, 1, 20, 70, 16, 8, false, -1, -1, 0, 0, true, false, false, 0},
-    {"sinks_decode_gqa", 1, 8, 2, 1, 300, 64, 64, false, -1, -1, 0, 0, false, true, false, 0},
-    {"empty_rows_sinks", 1, 2, 2, 70, 45, 16, 16, true, 2, -1, 0, 0, false, true, false, 0},
-    {"everything", 2, 4, 2, 29, 111, 32, 16, true, 50, -1, 4.0f, 0, true, true, true, 1},
-    {"float_mask_documents", 1, 2, 1, 45, 90, 16, 16, false, -1, -1, 0, 0, false, false, false, 1},
-    {"float_mask_per_head_gqa", 1, 4, 2, 23, 61, 16, 16, false, -1, -1, 0, 0, false, false, false,
-     3},
-    {"bool_mask_per_batch_sinks", 2, 4, 2, 30, 70, 16, 8, false, -1, -1, 0, 0, false, true, false,
-     2},
+  SetMods mods;
 };
 
 // A float mask of documents: query i and key j see each other when they are in the same
 // document of 20 keys (queries mapped onto keys bottom-right), with a finite bias elsewhere.
-// A per-head band (3). A bool mask: true on a pseudo-random two thirds, different per batch, and
-// every row of the first batch's first query hidden (a row with no key).
-HostTensor make_mask(const ModCase& c) {
+HostTensor document_mask(const ModCase& c) {
   const float inf = std::numeric_limits<float>::infinity();
-  if (c.mask == 1) {
-    HostTensor m({c.nq, c.nk});
+  HostTensor m({c.nq, c.nk});
+  for (uint32_t i = 0; i < c.nq; ++i)
+    for (uint32_t j = 0; j < c.nk; ++j) {
+      uint32_t qi = i + c.nk - std::min(c.nq, c.nk);
+      m.data[i * c.nk + j] = qi / 20 == j / 20 ? 0.25f * std::sin(float(i * 7 + j)) : -inf;
+    }
+  return m;
+}
+
+// A per-head band: head h sees keys within 4 + 3h of its diagonal, with a bias.
+HostTensor band_mask(const ModCase& c) {
+  const float inf = std::numeric_limits<float>::infinity();
+  HostTensor m({1, c.h, c.nq, c.nk});
+  for (uint32_t h = 0; h < c.h; ++h)
     for (uint32_t i = 0; i < c.nq; ++i)
       for (uint32_t j = 0; j < c.nk; ++j) {
-        uint32_t qi = i + c.nk - std::min(c.nq, c.nk);
-        m.data[i * c.nk + j] = qi / 20 == j / 20 ? 0.25f * std::sin(float(i * 7 + j)) : -inf;
+        int64_t dist = std::abs(int64_t(i) + c.nk - c.nq - int64_t(j));
+        m.data[(size_t(h) * c.nq + i) * c.nk + j] =
+            dist <= 4 + 3 * int64_t(h) ? 0.1f * float(h) - 0.02f * float(dist) : -inf;
       }
-    return m;
-  }
-  if (c.mask == 3) {  // head h sees keys within 4 + 3h of its diagonal, with a bias
-    HostTensor m({1, c.h, c.nq, c.nk});
-    for (uint32_t h = 0; h < c.h; ++h)
-      for (uint32_t i = 0; i < c.nq; ++i)
-        for (uint32_t j = 0; j < c.nk; ++j) {
-          int64_t dist = std::abs(int64_t(i) + c.nk - c.nq - int64_t(j));
-          m.data[(size_t(h) * c.nq + i) * c.nk + j] =
-              dist <= 4 + 3 * int64_t(h) ? 0.1f * float(h) - 0.02f * float(dist) : -inf;
-        }
-    return m;
-  }
+  return m;
+}
+
+// A bool mask: true on a pseudo-random two thirds, different per batch, and every row of the
+// first batch's first query hidden (a row with no key).
+HostTensor random_bool_mask(const ModCase& c) {
   std::vector<uint8_t> attend(size_t(c.b) * c.nq * c.nk);
   for (size_t x = 0; x < attend.size(); ++x) attend[x] = (x * 2654435761u >> 7) % 3 != 0;
   for (uint32_t j = 0; j < c.nk; ++j) attend[j] = 0;
   return bool_mask(attend, {c.b, 1, c.nq, c.nk});
 }
+
+// One sink per head, around the scores' size, one above all of them.
+void sinks(Modifiers& m, const ModCase& c) {
+  for (uint32_t h = 0; h < c.h; ++h) m.sinks.push_back(h == 1 ? 6.0f : -1.0f + 0.5f * float(h));
+}
+void per_batch_slopes(Modifiers& m, const ModCase& c) {
+  for (uint32_t i = 0; i < c.b * c.h; ++i) m.alibi_slopes.push_back(0.05f * float(i + 1));
+}
+
+// Ragged shapes (no multiple of a tile), GQA, Nq < Nk, Nq > Nk and decoding.
+const ModCase kCases[] = {
+    {"window", 1, 4, 2, 37, 53, 16, 16,
+     [](Modifiers& m, const ModCase&) { m.window_left = 5, m.window_right = 3; }},
+    {"window_causal_sinks_gqa", 2, 4, 2, 65, 129, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       m.causal = true, m.window_left = 16;
+       sinks(m, c);
+     }},
+    {"softcap_window", 1, 2, 2, 40, 90, 32, 32,
+     [](Modifiers& m, const ModCase&) { m.window_left = 40, m.softcap = 3.0f; }},
+    {"alibi_causal", 1, 6, 3, 33, 33, 16, 16,
+     [](Modifiers& m, const ModCase&) { m.causal = true, m.alibi_max_bias = 8.0f; }},
+    {"alibi_slopes_per_batch", 2, 2, 1, 20, 70, 16, 8, per_batch_slopes},
+    {"sinks_decode_gqa", 1, 8, 2, 1, 300, 64, 64, sinks},
+    {"empty_rows_sinks", 1, 2, 2, 70, 45, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       m.causal = true, m.window_left = 2;
+       sinks(m, c);
+     }},
+    {"everything", 2, 4, 2, 29, 111, 32, 16,
+     [](Modifiers& m, const ModCase& c) {
+       m.causal = true, m.window_left = 50, m.softcap = 4.0f;
+       per_batch_slopes(m, c);
+       sinks(m, c);
+       m.mask = document_mask(c);
+       m.key_mask.assign(size_t(c.b) * c.nk, 1);
+       for (size_t j = 2; j < m.key_mask.size(); j += 7) m.key_mask[j] = 0;
+     }},
+    {"float_mask_documents", 1, 2, 1, 45, 90, 16, 16,
+     [](Modifiers& m, const ModCase& c) { m.mask = document_mask(c); }},
+    {"float_mask_per_head_gqa", 1, 4, 2, 23, 61, 16, 16,
+     [](Modifiers& m, const ModCase& c) { m.mask = band_mask(c); }},
+    {"bool_mask_per_batch_sinks", 2, 4, 2, 30, 70, 16, 8,
+     [](Modifiers& m, const ModCase& c) {
+       m.mask = random_bool_mask(c);
+       sinks(m, c);
+     }},
+};
 
 void PrintTo(const ModCase& c, std::ostream* os) {
   *os << c.name;
@@ -76,20 +110,7 @@ void PrintTo(const ModCase& c, std::ostream* os) {
 AttentionParams case_params(const ModCase& c, Variant variant) {
   AttentionParams p;
   p.variant = variant;
-  p.causal = c.causal;
-  p.window_left = c.left;
-  p.window_right = c.right;
-  p.softcap = c.softcap;
-  p.alibi_max_bias = c.max_bias;
-  if (c.per_batch_slopes)
-    for (uint32_t i = 0; i < c.b * c.h; ++i) p.alibi_slopes.push_back(0.05f * float(i + 1));
-  if (c.sinks)  // around the scores' size, one above all of them
-    for (uint32_t h = 0; h < c.h; ++h) p.sinks.push_back(h == 1 ? 6.0f : -1.0f + 0.5f * float(h));
-  if (c.mask) p.mask = make_mask(c);
-  if (c.key_mask) {
-    p.key_mask.assign(size_t(c.b) * c.nk, 1);
-    for (size_t j = 2; j < p.key_mask.size(); j += 7) p.key_mask[j] = 0;
-  }
+  c.mods(p.mods, c);
   return p;
 }
 
@@ -127,7 +148,7 @@ TEST_P(ModifierTest, MatchesFloat64ReferenceInEachLayoutTheDeviceRuns) {
     reference::Result ref = reference::direct(q, k, v, params);
     for (TileLayout layout : layouts_for(variant, c)) {
       if (layout == TileLayout::cooperative_matrix && dtype != DType::f16) continue;
-      params.tile_layout = layout;
+      params.hints.tile_layout = layout;
       std::string what = std::string(dtype_name(dtype)) + " " + tile_layout_name(layout);
       HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
       double tol = tolerance(q, k, v, params) + weight_rounding(gpu, v);
@@ -168,9 +189,9 @@ TEST_P(ClosedFormTest, WindowAndSinkWithEqualScores) {
     for (uint32_t c = 0; c < 4; ++c) v.data[j * 4 + c] = float(j * (c + 1));
   AttentionParams params;
   params.variant = GetParam();
-  params.window_left = left;
-  params.window_right = right;
-  params.sinks = {sink};
+  params.mods.window_left = left;
+  params.mods.window_right = right;
+  params.mods.sinks = {sink};
   HostAttentionResult gpu = attention(context(), q, k, v, params);
   for (uint32_t i = 0; i < nq; ++i) {
     int64_t diag = int64_t(i) + nk - nq;
@@ -195,13 +216,13 @@ TEST_P(ClosedFormTest, AlibiWithEqualScores) {
   for (bool causal : {true, false}) {
     AttentionParams params;
     params.variant = GetParam();
-    params.causal = causal;
-    params.alibi_slopes = causal ? std::vector<float>{0.5f, 0.125f}
+    params.mods.causal = causal;
+    params.mods.alibi_slopes = causal ? std::vector<float>{0.5f, 0.125f}
                                  : std::vector<float>{0.5f, 0.125f, 0.25f, 1.0f};  // [B, H]
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     for (uint32_t bb = 0; bb < b; ++bb)
       for (uint32_t hh = 0; hh < h; ++hh) {
-        double slope = params.alibi_slopes[causal ? hh : bb * h + hh];
+        double slope = params.mods.alibi_slopes[causal ? hh : bb * h + hh];
         for (uint32_t i = 0; i < nq; ++i) {
           int64_t diag = int64_t(i) + nk - nq;
           double den = 0, o[4] = {0, 0, 0, 0};
@@ -234,7 +255,7 @@ TEST_P(ClosedFormTest, SoftcapWithKnownScores) {
   AttentionParams params;
   params.variant = GetParam();
   params.scale = scale;
-  params.softcap = c;
+  params.mods.softcap = c;
   HostAttentionResult gpu = attention(context(), q, k, v, params);
   double den = 0, o[4] = {0, 0, 0, 0}, m = 0;
   std::vector<double> s(nk);
@@ -271,16 +292,16 @@ TEST_P(ClosedFormTest, AdditiveMaskWithEqualScores) {
                                v = random_tensor({1, 1, nk, 4}, 10);
   AttentionParams params;
   params.variant = GetParam();
-  params.mask = HostTensor({nq, nk});
+  params.mods.mask = HostTensor({nq, nk});
   for (uint32_t i = 0; i < nq; ++i)
     for (uint32_t j = 0; j < nk; ++j)
-      params.mask.data[i * nk + j] =
+      params.mods.mask.data[i * nk + j] =
           (j + i) % 4 == 0 ? -std::numeric_limits<float>::infinity() : 0.1f * float((i * j) % 13);
   HostAttentionResult gpu = attention(context(), q, k, v, params);
   for (uint32_t i = 0; i < nq; ++i) {
     double den = 0, o[4] = {0, 0, 0, 0};
     for (uint32_t j = 0; j < nk; ++j) {
-      float m = params.mask.data[i * nk + j];
+      float m = params.mods.mask.data[i * nk + j];
       if (std::isinf(m)) continue;
       den += std::exp(double(m));
       for (uint32_t c = 0; c < 4; ++c) o[c] += std::exp(double(m)) * v.data[j * 4 + c];
@@ -302,7 +323,7 @@ TEST_P(ClosedFormTest, MaskTilesOfZerosAndOfValues) {
                                    v = random_tensor({1, heads, nk, 8}, 32);
   AttentionParams params;
   params.variant = GetParam();
-  params.mask = HostTensor({1, heads, nq, nk});
+  params.mods.mask = HostTensor({1, heads, nq, nk});
   for (uint32_t h = 0; h < heads; ++h)
     for (uint32_t i = 0; i < nq; ++i)
       for (uint32_t j = 0; j < nk; ++j) {
@@ -310,7 +331,7 @@ TEST_P(ClosedFormTest, MaskTilesOfZerosAndOfValues) {
         if (j < 64 || (h == 1 && j < 128)) m = 0.3f * std::sin(float(i * 5 + j + 40 * h));
         if (j >= 128 && j < 160) m = hidden;
         if (j >= 160 && (i + j) % 3 == 0) m = hidden;
-        params.mask.data[(size_t(h) * nq + i) * nk + j] = m;
+        params.mods.mask.data[(size_t(h) * nq + i) * nk + j] = m;
       }
   std::vector<TileLayout> layouts = {TileLayout::automatic};
   if (variant_info(params.variant).fused) layouts = {TileLayout::shared, TileLayout::blocks};
@@ -319,13 +340,13 @@ TEST_P(ClosedFormTest, MaskTilesOfZerosAndOfValues) {
     layouts.push_back(TileLayout::registers);
   for (TileLayout layout : layouts) {
     SCOPED_TRACE(tile_layout_name(layout));
-    params.tile_layout = layout;
+    params.hints.tile_layout = layout;
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     for (uint32_t h = 0; h < heads; ++h)
       for (uint32_t i = 0; i < nq; ++i) {
         double den = 0, o[8] = {};
         for (uint32_t j = 0; j < nk; ++j) {
-          float m = params.mask.data[(size_t(h) * nq + i) * nk + j];
+          float m = params.mods.mask.data[(size_t(h) * nq + i) * nk + j];
           if (std::isinf(m)) continue;
           den += std::exp(double(m));
           for (uint32_t c = 0; c < 8; ++c)
@@ -356,8 +377,8 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
              v = random_tensor({batch, 2, nk, d}, 23);
   AttentionParams params;
   params.variant = variant;
-  if (variant_info(variant).splits_keys) params.splits = 3;  // chunks from keys 0 and 128 on too
-  params.mask = HostTensor({batch, heads, nq, nk});
+  if (variant_info(variant).splits_keys) params.hints.splits = 3;  // chunks from keys 0 and 128 on too
+  params.mods.mask = HostTensor({batch, heads, nq, nk});
   const float hidden = -std::numeric_limits<float>::infinity();
   for (uint32_t b = 0; b < batch; ++b)
     for (uint32_t h = 0; h < heads; ++h)
@@ -365,7 +386,7 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
         for (uint32_t j = 0; j < nk; ++j) {
           bool seen_64 = h == (b == 0 ? 2u : 1u);
           bool hide = (j >= 128 && j < 256) || (j >= 64 && j < 128 && !seen_64);
-          params.mask.data[((b * heads + h) * nq + i) * nk + j] =
+          params.mods.mask.data[((b * heads + h) * nq + i) * nk + j] =
               hide ? hidden : 0.05f * float((i + j + h + b) % 7);
         }
   HostTensor k_nan = k, v_nan = v;
@@ -383,7 +404,7 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
     HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
                vs = f16 ? round_to_half(v) : v;
     reference::Result ref = reference::direct(qs, ks, vs, params);
-    params.tile_layout = layout;
+    params.hints.tile_layout = layout;
     HostAttentionResult gpu =
         attention(context(), qs, f16 ? round_to_half(k_nan) : k_nan,
                   f16 ? round_to_half(v_nan) : v_nan, params, f16 ? DType::f16 : DType::f32);
@@ -406,42 +427,42 @@ TEST_F(VulkanTest, BadModifiersAreRefusedWithTheirName) {
     }
   };
   AttentionParams p;
-  p.window_left = -2;
+  p.mods.window_left = -2;
   refused(p, "window_left");
   p = {};
-  p.softcap = -1.0f;
+  p.mods.softcap = -1.0f;
   refused(p, "softcap");
-  p.softcap = std::numeric_limits<float>::infinity();
+  p.mods.softcap = std::numeric_limits<float>::infinity();
   refused(p, "softcap");
   p = {};
-  p.alibi_slopes = {0.5f, 0.25f, 0.125f};
+  p.mods.alibi_slopes = {0.5f, 0.25f, 0.125f};
   refused(p, "alibi_slopes has 3 entries");
-  p.alibi_max_bias = 8.0f;
+  p.mods.alibi_max_bias = 8.0f;
   refused(p, "not both");
   p = {};
-  p.sinks = {1.0f};
+  p.mods.sinks = {1.0f};
   refused(p, "sinks has 1 entries");
-  p.sinks = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  p.mods.sinks = {1.0f, std::numeric_limits<float>::quiet_NaN()};
   refused(p, "sinks must be finite");
   p = {};
-  p.mask = HostTensor({4, 5});
+  p.mods.mask = HostTensor({4, 5});
   refused(p, "mask has shape [4, 5]; expected [Nq, Nk] = [4, 6]");
-  p.mask = HostTensor({3, 2, 4, 6});
+  p.mods.mask = HostTensor({3, 2, 4, 6});
   refused(p, "mask has shape [3, 2, 4, 6]");
-  p.mask = HostTensor({1, 1, 4, 6});
-  p.mask.data[7] = std::numeric_limits<float>::infinity();
+  p.mods.mask = HostTensor({1, 1, 4, 6});
+  p.mods.mask.data[7] = std::numeric_limits<float>::infinity();
   refused(p, "mask holds +inf in row 1, key 1");
-  p.mask = HostTensor({2, 4, 6});  // rank 3
+  p.mods.mask = HostTensor({2, 4, 6});  // rank 3
   refused(p, "mask has shape [2, 4, 6]");
-  p.mask = HostTensor({4, 6});
-  p.mask.data.pop_back();
+  p.mods.mask = HostTensor({4, 6});
+  p.mods.mask.data.pop_back();
   refused(p, "mask has 23 values for shape [4, 6]");
   p = {};
-  p.alibi_slopes = {0.5f, std::numeric_limits<float>::infinity()};
+  p.mods.alibi_slopes = {0.5f, std::numeric_limits<float>::infinity()};
   refused(p, "alibi_slopes must be finite");
   p = {};
-  p.causal = true;  // overrides the right side, which is still checked
-  p.window_right = -5;
+  p.mods.causal = true;  // overrides the right side, which is still checked
+  p.mods.window_right = -5;
   refused(p, "window_right");
 }
 

@@ -128,7 +128,7 @@ void expect_sequences_match(const HostTensor& q, const PagedBatch& p, const Stor
       int64_t nq = q.shape[2];
       for (int64_t r = 0; r < numel(lse.shape); ++r) {
         float want =
-            params.sinks.empty() ? -std::numeric_limits<float>::infinity() : params.sinks[r / nq];
+            params.mods.sinks.empty() ? -std::numeric_limits<float>::infinity() : params.mods.sinks[r / nq];
         EXPECT_EQ(lse.data[r], want);
       }
       continue;
@@ -182,7 +182,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   auto check = [&](const char* what, const HostTensor& q, AttentionParams params,
                    const Storage& storage, const std::vector<TileLayout>& in) {
     for (TileLayout layout : in) {
-      params.tile_layout = layout;
+      params.hints.tile_layout = layout;
       HostAttentionResult gpu = run_paged(context(), q, p, params, storage);
       if (layout != TileLayout::automatic) {
         EXPECT_EQ(gpu.tile_layout, layout);
@@ -203,17 +203,17 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   // Three queries a sequence, bottom-right aligned to its own length, with the modifiers.
   HostTensor q3 = random_tensor({5, heads, 3, d}, 720);
   AttentionParams mods = params;
-  mods.causal = true;
-  mods.window_left = 20;
-  mods.softcap = 8.0f;
-  mods.alibi_max_bias = 4.0f;
-  mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  mods.mods.causal = true;
+  mods.mods.window_left = 20;
+  mods.mods.softcap = 8.0f;
+  mods.mods.alibi_max_bias = 4.0f;
+  mods.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
   check("modifiers", q3, mods, Storage{}, layouts);
 
   // fp16 (on devices with matrix units also the cooperative-matrix kernel), and q8_0 K and
   // q4_0 V under fp16 Q.
   if (!info.fp16_storage) return;
-  params.causal = true;
+  params.mods.causal = true;
   std::vector<TileLayout> f16_layouts = {TileLayout::automatic};
   if (info.cooperative_matrix) f16_layouts.push_back(TileLayout::cooperative_matrix);
   check("f16", q3, params, Storage{DType::f16}, f16_layouts);
@@ -248,10 +248,10 @@ TEST_F(VulkanTest, PagedAttentionRefusesWhatDoesNotFitByName) {
   expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); },
                  "rotate K before it goes into its page");
   params = {};
-  params.mask = HostTensor({1, 9});
+  params.mods.mask = HostTensor({1, 9});
   expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); }, "an additive mask");
   params = {};
-  params.key_mask.assign(2 * 9, 1);
+  params.mods.key_mask.assign(2 * 9, 1);
   expect_refused([&] { paged_attention(ctx, q, k, v, p.table, params); }, "a key mask");
   PageTable other = p.table;
   other.page_size = 8;

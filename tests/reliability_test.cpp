@@ -21,7 +21,7 @@ Inputs make_inputs() {
 AttentionParams params_for(Variant variant) {
   AttentionParams p;
   p.variant = variant;
-  p.causal = true;
+  p.mods.causal = true;
   return p;
 }
 
@@ -111,16 +111,16 @@ TEST_F(SmallDeviceTest, StorageBufferRangeIsNamedOrLiftedByTexels) {
              v = random_tensor({1, 1, 1024, 32}, 82);
   AttentionParams params;
   params.variant = Variant::flash2;
-  params.tile_layout = TileLayout::shared;
+  params.hints.tile_layout = TileLayout::shared;
   expect_error([&] { attention(ctx, q, k, v, params); }, "maxStorageBufferRange");
   params.variant = Variant::naive;
-  params.tile_layout = TileLayout::automatic;
+  params.hints.tile_layout = TileLayout::automatic;
   expect_error([&] { attention(ctx, q, k, v, params); }, "maxStorageBufferRange");
   const DeviceInfo& info = ctx.device();
   if (info.subgroup_shuffle && info.texel_buffers && 64 % info.subgroup_size == 0) {
     for (Variant variant : {Variant::flash2, Variant::splitkv}) {
       params.variant = variant;
-      params.tile_layout = TileLayout::registers;
+      params.hints.tile_layout = TileLayout::registers;
       HostAttentionResult gpu = attention(ctx, q, k, v, params);
       reference::Result ref = reference::direct(q, k, v, params);
       EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
@@ -136,7 +136,7 @@ TEST_F(SmallDeviceTest, NaiveSplitsItsScoresAcrossDispatches) {
              v = random_tensor({1, 8, 40, 8}, 84);
   AttentionParams params;
   params.variant = Variant::naive;
-  params.causal = true;
+  params.mods.causal = true;
   HostAttentionResult gpu = attention(ctx, q, k, v, params);
   reference::Result ref = reference::direct(q, k, v, params);
   EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params));

@@ -59,13 +59,13 @@ TEST_F(VulkanTest, AttentionWithRopeMatchesReference) {
       AttentionParams params;
       params.variant = variant;
       params.rope = layout;
-      params.causal = true;
+      params.mods.causal = true;
       HostAttentionResult gpu = attention(context(), q, k, v, params);
       reference::Result ref = reference::direct(q, k, v, params);
       EXPECT_LE(max_error(gpu.out.data, ref.out), 2 * tolerance(q, k, v, params))
           << rope_name(layout) << " " << variant_name(variant);
       AttentionParams plain;
-      plain.causal = true;
+      plain.mods.causal = true;
       reference::Result unrotated = reference::direct(q, k, v, plain);
       EXPECT_GT(max_error(gpu.out.data, unrotated.out), 1e-3) << "RoPE had no effect";
     }

@@ -124,8 +124,8 @@ TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {
              v = random_tensor({2, 2, 75, 32}, 33);
   AttentionParams params;
   params.variant = variant;
-  params.causal = true;
-  params.window_left = 40;
+  params.mods.causal = true;
+  params.mods.window_left = 40;
   std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared};
   if (variant_info(variant).fused && info.subgroup_shuffle && info.texel_buffers)
     layouts.push_back(TileLayout::registers);
@@ -136,7 +136,7 @@ TEST_P(StorageVariantTest, MatchesTheReferenceOnTheStoredValues) {
                vs = stored_values(v, storage.v);
     reference::Result ref = reference::direct(qs, ks, vs, params);
     for (TileLayout layout : layouts) {
-      params.tile_layout = layout;
+      params.hints.tile_layout = layout;
       HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
       std::string what = storage_name(storage) + ", " + tile_layout_name(gpu.tile_layout);
       if (layout != TileLayout::automatic) {
@@ -163,7 +163,7 @@ TEST_F(StorageDeviceTest, TensorsEndingMidWordReadTheirLastValue) {
   if (context().device().subgroup_shuffle && context().device().texel_buffers)
     layouts.push_back(TileLayout::registers);
   for (TileLayout layout : layouts) {
-    params.tile_layout = layout;
+    params.hints.tile_layout = layout;
     for (DType dtype : {DType::q8_0, DType::q4_0}) {
       HostTensor ks = stored_values(k, dtype), vs = stored_values(v, dtype);
       reference::Result ref = reference::direct(q, ks, vs, params);
@@ -173,7 +173,7 @@ TEST_F(StorageDeviceTest, TensorsEndingMidWordReadTheirLastValue) {
     }
   }
   if (!context().device().fp16_storage) return;
-  params.tile_layout = TileLayout::shared;  // d = 3: no register tiles
+  params.hints.tile_layout = TileLayout::shared;  // d = 3: no register tiles
   HostTensor ks = stored_values(k3, DType::f16);
   reference::Result ref = reference::direct(q3, ks, ks, params);
   HostAttentionResult gpu =
@@ -188,8 +188,8 @@ TEST_F(StorageDeviceTest, RegisterTilesFetchBlocksAtEveryHeadDimension) {
   const DeviceInfo& info = context().device();
   if (!info.subgroup_shuffle || !info.texel_buffers) GTEST_SKIP() << "no register tiles here";
   AttentionParams params;
-  params.tile_layout = TileLayout::registers;
-  params.causal = true;
+  params.hints.tile_layout = TileLayout::registers;
+  params.mods.causal = true;
   const std::pair<int64_t, int64_t> dims[] = {{32, 32}, {96, 160}, {128, 128}, {256, 64}};
   int seed = 60;
   for (auto [d, dv] : dims) {
@@ -218,8 +218,8 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
   if (!context().device().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles: no lanes";
   AttentionParams params;
   params.variant = Variant::splitkv;
-  params.tile_layout = TileLayout::lanes;
-  params.causal = true;
+  params.hints.tile_layout = TileLayout::lanes;
+  params.mods.causal = true;
   const Storage storages[] = {{DType::f32, DType::q8_0, DType::q8_0},
                               {DType::f32, DType::q4_0, DType::q4_0},
                               {DType::f32, DType::bf16, DType::q4_0},
@@ -230,13 +230,13 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
   };
   // One key a step and two rows a workgroup: llvmpipe takes seconds to build each of these
   // unrolled pipelines (minutes under sanitizers).
-  params.block_keys = 1;
+  params.hints.block_keys = 1;
   for (Case c : {Case{4, 2, 1, 150, 64, 96}, Case{2, 2, 2, 77, 128, 32}}) {
     HostTensor q = random_tensor({1, c.heads, c.nq, c.d}, 71 + c.d),
                k = random_tensor({1, c.kv_heads, c.nk, c.d}, 72 + c.d),
                v = random_tensor({1, c.kv_heads, c.nk, c.dv}, 73 + c.d);
-    params.key_mask.assign(c.nk, 1);
-    for (uint32_t j = 2; j < c.nk; j += 9) params.key_mask[j] = 0;
+    params.mods.key_mask.assign(c.nk, 1);
+    for (uint32_t j = 2; j < c.nk; j += 9) params.mods.key_mask[j] = 0;
     for (const Storage& storage : storages) {
       if (storage.q == DType::f16 && !context().device().fp16_storage) continue;
       if (c.d == 128 && storage.k != DType::q4_0) continue;  // q4_0 K: a row of 128 in 4 loads
@@ -251,7 +251,7 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
       EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
     }
   }
-  params.key_mask.clear();
+  params.mods.key_mask.clear();
   HostTensor q = random_tensor({1, 1, 1, 20}, 80), k = random_tensor({1, 1, 9, 20}, 81);
   try {  // bf16: 8 values a load
     attention(context(), q, k, k, params, {DType::f32, DType::bf16, DType::bf16});
@@ -276,11 +276,11 @@ TEST_F(StorageDeviceTest, MatrixUnitsAndRopeThatNeedQsStorageRefuseByName) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  params.tile_layout = TileLayout::cooperative_matrix;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
   q8.q = DType::f16;  // the matrix units take fp16 Q: only K's and V's storage is refused
   if (context().device().cooperative_matrix) refused("fp16 Q, K and V");
   q8.q = DType::f32;
-  params.tile_layout = TileLayout::automatic;
+  params.hints.tile_layout = TileLayout::automatic;
   params.rope = RopeLayout::half;
   refused("rotate K before storing it as q8_0");
   params.rope = RopeLayout::none;

@@ -51,8 +51,8 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
             TileLayout layout = TileLayout::automatic, bool fp16_arithmetic = false) {
   AttentionParams params;
   params.variant = variant;
-  params.tile_layout = layout;
-  params.fp16_arithmetic = fp16_arithmetic;
+  params.hints.tile_layout = layout;
+  params.hints.fp16_arithmetic = fp16_arithmetic;
   return detail::choose_tiling({.info = info,
                                 .coopmat_enabled = info.cooperative_matrix,
                                 .fp16_arithmetic_enabled = info.fp16_arithmetic,

@@ -66,7 +66,7 @@ TEST_P(TraceTest, OrdinaryInputFollowsTheReferenceRecurrence) {
   HostTensor q = random_tensor({1, 2, 7, 8}, 1), k = random_tensor({1, 1, 150, 8}, 2),
              v = random_tensor({1, 1, 150, 6}, 3);
   AttentionParams params;
-  params.causal = true;
+  params.mods.causal = true;
   check_trace(GetParam(), q, k, v, params, 1, 5);
 }
 
@@ -77,8 +77,8 @@ TEST_P(TraceTest, FallingThenRisingAndMaskedKeys) {
   HostTensor q({1, 1}, {1.0f}), k({130, 1}, s), v = random_tensor({130, 4}, 4);
   AttentionParams params;
   params.scale = 1.0f;
-  params.key_mask.assign(130, 1);
-  for (int j = 40; j < 60; ++j) params.key_mask[size_t(j)] = 0;
+  params.mods.key_mask.assign(130, 1);
+  for (int j = 40; j < 60; ++j) params.mods.key_mask[size_t(j)] = 0;
   check_trace(GetParam(), q, k, v, params, 0, 0);
 }
 

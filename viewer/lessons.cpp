@@ -229,13 +229,13 @@ void sliding_window(Lesson& l, const Model& model) {
       "ones are (s = -inf, w = 0), and the kernels never load the tiles that lie wholly "
       "outside: the heatmap shows the band, and the tiled trace records nothing for the "
       "skipped tiles.",
-      static_cast<long long>(p.window_left), static_cast<long long>(p.window_left + 1),
-      static_cast<long long>(p.window_left));
+      static_cast<long long>(p.mods.window_left), static_cast<long long>(p.mods.window_left + 1),
+      static_cast<long long>(p.mods.window_left));
   int first = first_visible(model);
   add(l, first, "the window's first key",
       format("Key %d is the first this query sees (its diagonal minus %lld). The state starts "
              "here, as if the row began at this key; the tiles before it were skipped, not read.",
-             first, static_cast<long long>(p.window_left)));
+             first, static_cast<long long>(p.mods.window_left)));
   add_end(l, model,
           "The diagonal ends the window: the output matches softmax over the window's keys in "
           "float64 (Output panel), whatever the row's length.");
@@ -263,7 +263,7 @@ void sink_logit(Lesson& l, const Model& model) {
 }
 
 void softcap(Lesson& l, const Model& model) {
-  double c = model.inputs().params.softcap;
+  double c = model.inputs().params.mods.softcap;
   l.intro = format(
       "Logit softcapping (Gemma 2) replaces each score s by c tanh(s / c), here c = %.3g: scores "
       "near 0 stay as they are, large ones are squeezed to just under c, so no key can take all "

@@ -93,7 +93,7 @@ Options parse(const std::vector<std::string>& argv) {
     o.inputs.q = npy::read(args.required("q"), "Q");
     o.inputs.k = npy::read(args.required("k"), "K");
     o.inputs.v = npy::read(args.required("v"), "V");
-    o.inputs.params.causal = args.flag("causal");
+    o.inputs.params.mods.causal = args.flag("causal");
   } else {
     std::string preset = args.text("preset", "sample");
     o.inputs = make_preset(preset, o.ui.assets);
@@ -114,7 +114,7 @@ void print_summary(const Model& model, const std::string& path) {
               model.context().device().name.c_str());
   std::printf("  input B=%u H=%u Nq=%u Nk=%u d=%u dv=%u%s, row %u of head %u, step %d of %d\n",
               d.batch, d.heads, d.nq, d.nk, d.d, d.dv,
-              model.inputs().params.causal ? " causal" : "", model.row, model.head, model.cursor,
+              model.inputs().params.mods.causal ? " causal" : "", model.row, model.head, model.cursor,
               model.steps() - 1);
   for (const auto& t : model.traces()) {
     double err = 0;

@@ -97,9 +97,9 @@ void Model::retrace() {
   }
   scores_ = reference::row_scores(q_, k_, dims_, in_.params, batch, head, row);
   raw_scores_.clear();
-  if (in_.params.softcap > 0) {
+  if (in_.params.mods.softcap > 0) {
     AttentionParams raw = in_.params;
-    raw.softcap = 0;
+    raw.mods.softcap = 0;
     raw_scores_ = reference::row_scores(q_, k_, dims_, raw, batch, head, row);
   }
   std::vector<reference::Vec> values = reference::value_rows(v_, dims_, batch, head);

@@ -73,7 +73,7 @@ Inputs make_random(const RandomSpec& r) {
   in.k = gaussian({1, r.heads, r.nk, r.d}, uint32_t(r.seed) + 1);
   in.v = gaussian({1, r.heads, r.nk, r.d}, uint32_t(r.seed) + 2);
   if (r.scale > 0) in.params.scale = r.scale;
-  in.params.causal = r.causal;
+  in.params.mods.causal = r.causal;
   in.row = uint32_t(r.nq - 1);
   return in;
 }
@@ -85,7 +85,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.q = npy::read(assets + "/sample/q.npy", "Q");
     in.k = npy::read(assets + "/sample/k.npy", "K");
     in.v = npy::read(assets + "/sample/v.npy", "V");
-    in.params.causal = true;
+    in.params.mods.causal = true;
     in.row = 20;
   } else if (name == "huge-logits") {
     in.name = name;
@@ -112,33 +112,33 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.q = gaussian({1, 1, 4, 16}, 7);
     in.k = gaussian({1, 1, 160, 16}, 8);
     in.v = gaussian({1, 1, 160, 8}, 9);
-    in.params.key_mask.assign(160, 1);
+    in.params.mods.key_mask.assign(160, 1);
     for (int j = 0; j < 160; ++j)
-      if (j == 0 || (j >= 40 && j < 90) || j % 9 == 4) in.params.key_mask[size_t(j)] = 0;
+      if (j == 0 || (j >= 40 && j < 90) || j % 9 == 4) in.params.mods.key_mask[size_t(j)] = 0;
   } else if (name == "fully-masked-row") {
     in.name = name;
     in.q = gaussian({1, 1, 40, 16}, 10);
     in.k = gaussian({1, 1, 24, 16}, 11);
     in.v = gaussian({1, 1, 24, 8}, 12);
-    in.params.causal = true;
+    in.params.mods.causal = true;
     in.row = 3;
   } else if (name == "empty-split") {
     in.name = name;
     in.q = gaussian({1, 1, 2, 16}, 13);
     in.k = gaussian({1, 1, 256, 16}, 14);
     in.v = gaussian({1, 1, 256, 8}, 15);
-    in.params.splits = 4;
+    in.params.hints.splits = 4;
     in.needs = {Variant::splitkv};  // its lesson is the chunk table of the Output panel
-    in.params.key_mask.assign(256, 1);
-    for (int j = 64; j < 128; ++j) in.params.key_mask[size_t(j)] = 0;
+    in.params.mods.key_mask.assign(256, 1);
+    for (int j = 64; j < 128; ++j) in.params.mods.key_mask[size_t(j)] = 0;
   } else if (name == "sliding-window") {
     // Query 150 sees keys 119..150 (window 31, 0): the kernels walk only the tiles that hold them.
     in.name = name;
     in.q = gaussian({1, 1, 160, 16}, 21);
     in.k = gaussian({1, 1, 160, 16}, 22);
     in.v = gaussian({1, 1, 160, 8}, 23);
-    in.params.causal = true;
-    in.params.window_left = 31;
+    in.params.mods.causal = true;
+    in.params.mods.window_left = 31;
     in.row = 150;
   } else if (name == "sink-logit") {
     // The sink (2.0) is above most scores: it takes a large share of the denominator, and every
@@ -147,7 +147,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.q = gaussian({1, 1, 8, 16}, 31);
     in.k = gaussian({1, 1, 64, 16}, 32);
     in.v = gaussian({1, 1, 64, 8}, 33);
-    in.params.sinks = {2.0f};
+    in.params.mods.sinks = {2.0f};
     in.row = 5;
   } else if (name == "softcap") {
     // Scores up to about +-20, capped at c = 5: the largest ones are squeezed to just under 5.
@@ -156,7 +156,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.k = gaussian({1, 1, 96, 16}, 42);
     in.v = gaussian({1, 1, 96, 8}, 43);
     in.params.scale = 1.25f;
-    in.params.softcap = 5.0f;
+    in.params.mods.softcap = 5.0f;
     in.row = 2;
   } else if (name == "q4-kv") {
     // d = dv = 32: one q4_0 block a key row, 16 levels between -8 d and 7 d.
@@ -165,7 +165,7 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.k = gaussian({1, 1, 96, 32}, 52);
     in.v = gaussian({1, 1, 96, 32}, 53);
     in.storage = Storage(DType::f32, DType::q4_0, DType::q4_0);
-    in.params.causal = true;
+    in.params.mods.causal = true;
     in.row = 7;
   } else if (name == "fp16-overflow") {
     // A kernel that forms e^s (or its sum) in fp16 overflows here; flashvk stores fp16 but keeps

@@ -271,7 +271,7 @@ void refresh_lesson(const Model& model, UiState& ui) {
       model.inputs().name + "/" + std::to_string(model.batch) + "/" + std::to_string(model.head) +
       "/" + std::to_string(model.row) + "/" + std::to_string(model.steps()) + "/" +
       std::to_string(int(model.inputs().storage.q)) +
-      std::to_string(int(model.inputs().storage.k)) + std::to_string(model.inputs().params.causal) +
+      std::to_string(int(model.inputs().storage.k)) + std::to_string(model.inputs().params.mods.causal) +
       std::to_string(model.traces().size());
   if (of == ui.lesson_of) return;
   bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
@@ -433,9 +433,9 @@ void controls_selection(Model& model, UiState& ui) {
   tip("Which query head to trace (and the heatmap's head).");
   if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) model.row = uint32_t(r), changed = true;
   tip("The query row whose keys the steps walk through.");
-  bool causal = model.inputs().params.causal;
+  bool causal = model.inputs().params.mods.causal;
   if (ImGui::Checkbox("causal", &causal))
-    model.mutable_inputs().params.causal = causal, changed = true;
+    model.mutable_inputs().params.mods.causal = causal, changed = true;
   tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
   ImGui::SameLine();
   const Storage& st = model.inputs().storage;
@@ -723,7 +723,7 @@ void draw_heatmap(Model& model, UiState& ui) {
       ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
       // Skipped: no row of the block sees a key of the tile (causal limit, sliding window).
-      const AttentionParams& p = model.inputs().params;
+      const Modifiers& p = model.inputs().params.mods;
       uint32_t last_row = std::min(d.nq, i0 + br) - 1;
       KeyRange first = window_keys(p, d.nq, d.nk, i0), last = window_keys(p, d.nq, d.nk, last_row);
       bool masked = int64_t(j0) >= last.end || int64_t(j0 + bc) <= first.begin;
@@ -742,12 +742,8 @@ void draw_heatmap(Model& model, UiState& ui) {
 
 // The step's score as the kernels form it: scale * q.k, then the modifiers the inputs use.
 void write_score(const Model& model, const char* name, int i) {
-  const AttentionParams& p = model.inputs().params;
-  std::string formula = "scale * q.k_" + std::to_string(i);
-  if (p.softcap > 0) formula = "c tanh(" + formula + " / c)";
-  if (!p.alibi_slopes.empty() || p.alibi_max_bias > 0)
-    formula += " - slope |diag - " + std::to_string(i) + "|";
-  if (!p.mask.data.empty()) formula += " + mask";
+  const Modifiers& p = model.inputs().params.mods;
+  std::string formula = score_formula(p, std::to_string(i));
   wrapped("%s_%d = %s = %.6g", name, i, formula.c_str(), model.scores()[size_t(i)]);
   if (!model.raw_scores().empty())
     wrapped("     before the cap (c = %g): %.6g", double(p.softcap), model.raw_scores()[size_t(i)]);

@@ -101,37 +101,6 @@ Variant parse_variant(const std::string& name) {
   throw Error("unknown variant '" + name + "'; expected one of " + names);
 }
 
-std::vector<float> alibi_slopes(uint32_t heads, float max_bias) {
-  uint32_t n = 1;
-  while (n * 2 <= heads) n *= 2;  // 2^floor(log2 H)
-  double m0 = std::pow(2.0, -double(max_bias) / n), m1 = std::pow(2.0, -double(max_bias) / (2 * n));
-  std::vector<float> slopes(heads);
-  for (uint32_t h = 0; h < heads; ++h)
-    slopes[h] = static_cast<float>(h < n ? std::pow(m0, h + 1) : std::pow(m1, 2 * (h - n) + 1));
-  return slopes;
-}
-
-Window effective_window(const AttentionParams& params) {
-  return {params.window_left < 0 ? -1 : params.window_left,
-          params.causal ? 0 : (params.window_right < 0 ? -1 : params.window_right)};
-}
-
-KeyRange window_keys(const AttentionParams& params, uint32_t nq, uint32_t nk, uint32_t i) {
-  Window w = effective_window(params);
-  int64_t diag = int64_t(i) + int64_t(nk) - int64_t(nq);
-  int64_t lo = w.left < 0 ? 0 : diag - w.left, hi = w.right < 0 ? nk : diag + w.right + 1;
-  KeyRange r;
-  r.begin = std::clamp<int64_t>(lo, 0, nk);
-  r.end = std::clamp<int64_t>(hi, r.begin, nk);
-  return r;
-}
-
-float alibi_slope(const AttentionParams& params, uint32_t heads, uint32_t b, uint32_t h) {
-  if (!params.alibi_slopes.empty())
-    return params.alibi_slopes[params.alibi_slopes.size() == heads ? h : size_t(b) * heads + h];
-  return params.alibi_max_bias > 0 ? alibi_slopes(heads, params.alibi_max_bias)[h] : 0.0f;
-}
-
 const char* rope_name(RopeLayout layout) {
   switch (layout) {
     case RopeLayout::interleaved:

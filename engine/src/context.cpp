@@ -205,7 +205,7 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
 constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
-// shaderFloat16 (AttentionParams::fp16_arithmetic). The engine's instance asks for Vulkan 1.1,
+// shaderFloat16 (ExecutionHints::fp16_arithmetic). The engine's instance asks for Vulkan 1.1,
 // so the extension is enabled even where the device has it in core (1.2).
 constexpr const char* kFloat16Extension = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
 

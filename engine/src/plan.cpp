@@ -12,175 +12,18 @@
 
 namespace flashvk::detail {
 
-// The score modifiers, checked and handed to the kernels: the window (causal folded in) and the
-// softcap as push constants, which of them are compiled in as Spec::mods, and per (batch, head)
-// the ALiBi slope and the sink logit in one small buffer.
-void set_modifiers(Plan& plan) {
-  const AttentionParams& p = plan.params;
-  const Dims& d = plan.dims;
-  auto side = [&](int64_t w, const char* name) {
-    if (w < -1)
-      throw Error(std::string(name) + " must be -1 (unbounded) or at least 0; got " +
-                  std::to_string(w));
-    return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(plan.most_keys) + d.nq));
-  };
-  side(p.window_left, "window_left");
-  side(p.window_right, "window_right");  // checked even where causal overrides it
-  Window w = effective_window(p);
-  plan.push.window_left = side(w.left, "window_left");
-  plan.push.window_right = side(w.right, "window_right");
-
-  if (!std::isfinite(p.softcap) || p.softcap < 0)
-    throw Error("softcap must be 0 (off) or a positive number; got " + std::to_string(p.softcap));
-  if (p.softcap > 0) {
-    plan.spec.mods |= kModSoftcap;
-    plan.push.softcap = p.softcap;
-  }
-
-  if (!std::isfinite(p.alibi_max_bias) || p.alibi_max_bias < 0)
-    throw Error("alibi_max_bias must be 0 (off) or a positive number; got " +
-                std::to_string(p.alibi_max_bias));
-  if (!p.alibi_slopes.empty() && p.alibi_max_bias > 0)
-    throw Error("give ALiBi's slopes or its max_bias, not both");
-  const std::vector<float>& slopes = p.alibi_slopes;
-  bool alibi = !slopes.empty() || p.alibi_max_bias > 0;
-  uint64_t rows = uint64_t(d.batch) * d.heads;
-  if (!slopes.empty() && slopes.size() != d.heads && slopes.size() != rows)
-    throw Error("alibi_slopes has " + std::to_string(slopes.size()) +
-                " entries; expected one per query head (H = " + std::to_string(d.heads) +
-                ") or per batch and head (B * H = " + std::to_string(rows) + ")");
-  if (!p.sinks.empty() && p.sinks.size() != d.heads)
-    throw Error("sinks has " + std::to_string(p.sinks.size()) +
-                " entries; expected one per query head (H = " + std::to_string(d.heads) + ")");
-  for (const std::vector<float>* values : {&slopes, &p.sinks})
-    for (float x : *values)
-      if (!std::isfinite(x))
-        throw Error(std::string(values == &slopes ? "alibi_slopes" : "sinks") +
-                    " must be finite numbers; got " + std::to_string(x));
-  if (!alibi && p.sinks.empty()) return;
-  if (alibi) plan.spec.mods |= kModAlibi;
-  if (!p.sinks.empty()) plan.spec.mods |= kModSinks;
-  std::vector<float> table(2 * rows, 0.0f);
-  for (uint64_t bh = 0; bh < rows; ++bh) {
-    uint32_t b = static_cast<uint32_t>(bh / d.heads), h = static_cast<uint32_t>(bh % d.heads);
-    table[2 * bh] = alibi_slope(p, d.heads, b, h);
-    if (!p.sinks.empty()) table[2 * bh + 1] = p.sinks[h];
-  }
-  plan.heads = plan.scratch(table.size() * 4);
-  plan.heads.write(table.data(), table.size() * 4);
-  plan.bindings[kHeads] = plan.heads.handle();
-}
-
-// The fused kernels' tile bitmap (common.glsl next_seen_tile): for each workgroup (x: a block of
-// spec.block() packed rows, y: batch and KV head, as plan_fused and splitkv dispatch) a bit per
-// tile of spec.keys keys, set where a row of the block has a finite mask entry in the tile. Every
-// invocation of a workgroup reads the same bit (lanes: every lane of a cluster, which walks its own
-// tiles), so fully masked tiles are skipped together, in the middle of a row's keys too (the
-// ranges cut only the ends), in every layout.
-namespace {
-
-void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<int64_t>& shape) {
-  const Dims& d = plan.dims;
-  const HostTensor& m = plan.params.mask;
-  uint64_t tiles = (d.nk + plan.spec.keys - 1) / plan.spec.keys, per_row = (tiles + 31) / 32;
-  uint64_t mask_rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
-  std::vector<uint32_t> row_bits(mask_rows * per_row, 0);
-  for (uint64_t r = 0; r < mask_rows; ++r)
-    for (uint32_t j = 0; j < d.nk; ++j)
-      if (m.data[r * d.nk + j] != -std::numeric_limits<float>::infinity()) {
-        uint64_t t = j / plan.spec.keys;
-        row_bits[r * per_row + t / 32] |= 1u << (t % 32);
-      }
-  uint32_t group = d.heads / d.kv_heads, block = plan.spec.block();
-  uint64_t packed = uint64_t(group) * d.nq, blocks = (packed + block - 1) / block;
-  plan.push.mask_tiles = static_cast<uint32_t>(words.size());
-  words.resize(words.size() + uint64_t(d.batch) * d.kv_heads * blocks * per_row, 0);
-  uint32_t* out = words.data() + plan.push.mask_tiles;
-  for (uint32_t b = 0; b < d.batch; ++b)
-    for (uint32_t hkv = 0; hkv < d.kv_heads; ++hkv)
-      for (uint64_t x = 0; x < blocks; ++x, out += per_row)
-        for (uint64_t r = x * block; r < std::min(packed, (x + 1) * block); ++r) {
-          uint64_t h = hkv * group + r / d.nq, i = r % d.nq;
-          uint64_t row = b * plan.push.mask_bstride + h * plan.push.mask_hstride + i;
-          for (uint64_t w = 0; w < per_row; ++w) out[w] |= row_bits[row * per_row + w];
-        }
-}
-
-}  // namespace
-
-// The key mask [B, Nk] and the additive mask, in one buffer of 32-bit words (common.glsl's
-// mask_buf): the key mask from word 0, then per row of the additive mask its first and last+1
-// finite key (so that keys outside are never read), the fused kernels' tile bitmap
-// (set_mask_tiles), then the additive mask's values.
-void set_masks(Plan& plan) {
-  const AttentionParams& p = plan.params;
-  const Dims& d = plan.dims;
+// The small tables the kernels read from one buffer of 32-bit words (common.glsl's mask_buf):
+// the modifiers' (the key mask from word 0, the additive mask: modifiers.cpp), then a paged
+// cache's page table.
+void set_tables(Plan& plan) {
   std::vector<uint32_t> words;
-  if (!p.key_mask.empty()) {
-    if (p.key_mask.size() != uint64_t(d.batch) * d.nk)
-      throw Error("key_mask has " + std::to_string(p.key_mask.size()) +
-                  " entries; expected batch * Nk = " + std::to_string(uint64_t(d.batch) * d.nk));
-    words.assign(p.key_mask.begin(), p.key_mask.end());
-    plan.spec.key_mask = true;
-  }
+  encode_modifiers(plan, words);
   if (const PageTable* pages = plan.options.pages) {  // common.glsl seq_pages, paged_row
     plan.push.page_table = static_cast<uint32_t>(words.size());
     words.insert(words.end(), pages->indptr.begin(), pages->indptr.end());
     words.insert(words.end(), pages->last_page_len.begin(), pages->last_page_len.end());
     words.insert(words.end(), pages->indices.begin(), pages->indices.end());
     words.push_back(0);  // a sequence without pages looks its keys up here (never weighed)
-  }
-  const HostTensor& m = p.mask;
-  if (!m.shape.empty() || !m.data.empty()) {
-    std::string want = "[Nq, Nk] = [" + std::to_string(d.nq) + ", " + std::to_string(d.nk) +
-                       "] or [B or 1, H or 1, Nq, Nk]";
-    auto shape = m.shape;
-    if (shape.size() == 2) shape.insert(shape.begin(), {1, 1});
-    if (shape.size() != 4 || shape[2] != d.nq || shape[3] != d.nk ||
-        (shape[0] != 1 && shape[0] != d.batch) || (shape[1] != 1 && shape[1] != d.heads))
-      throw Error("mask has shape " + shape_string(m.shape) + "; expected " + want);
-    if (int64_t(m.data.size()) != numel(m.shape))
-      throw Error("mask has " + std::to_string(m.data.size()) + " values for shape " +
-                  shape_string(m.shape));
-    uint64_t rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
-    uint32_t stride = (d.nk + 3) / 4 * 4;  // rows padded to 4 keys (-inf): RGBA texels
-    uint64_t total = words.size() + 2 * rows + 64 + rows * stride;
-    if (total * 4 > plan.ctx.device().max_storage_buffer_range)
-      throw Error("mask of shape " + shape_string(m.shape) + " needs " + std::to_string(total * 4) +
-                  " bytes, more than the device's " + "maxStorageBufferRange (" +
-                  std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
-    plan.push.mask_bstride = shape[0] == 1 ? 0 : static_cast<uint32_t>(shape[1]) * d.nq;
-    plan.push.mask_hstride = shape[1] == 1 ? 0 : d.nq;
-    plan.push.mask_ranges = static_cast<uint32_t>(words.size());
-    words.resize(words.size() + 2 * rows);
-    for (uint64_t r = 0; r < rows; ++r) {
-      uint32_t first = d.nk, last = 0;  // the row's finite keys: [first, last)
-      for (uint32_t j = 0; j < d.nk; ++j) {
-        float x = m.data[r * d.nk + j];
-        if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
-          throw Error("mask holds " + std::string(std::isnan(x) ? "NaN" : "+inf") + " in row " +
-                      std::to_string(r) + ", key " + std::to_string(j) +
-                      "; it takes finite values and -inf (hidden)");
-        if (x != -std::numeric_limits<float>::infinity()) first = std::min(first, j), last = j + 1;
-      }
-      words[plan.push.mask_ranges + 2 * r] = first;
-      words[plan.push.mask_ranges + 2 * r + 1] = last;
-    }
-    if (variant_info(p.variant).fused) set_mask_tiles(plan, words, shape);
-    // The values last, from 256 bytes on (the largest minTexelBufferOffsetAlignment there is):
-    // register tiles read them through a texel view from there to the end.
-    plan.push.mask_values = static_cast<uint32_t>((words.size() + 63) / 64 * 64);
-    total = plan.push.mask_values + rows * stride;
-    if (total * 4 > plan.ctx.device().max_storage_buffer_range)
-      throw Error("mask of shape " + shape_string(m.shape) + " with its tile bitmap needs " +
-                  std::to_string(total * 4) + " bytes, more than the device's " +
-                  "maxStorageBufferRange (" +
-                  std::to_string(plan.ctx.device().max_storage_buffer_range) + " bytes)");
-    words.resize(total, std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity()));
-    for (uint64_t r = 0; r < rows; ++r)
-      std::memcpy(words.data() + plan.push.mask_values + r * stride, m.data.data() + r * d.nk,
-                  d.nk * 4);
-    plan.spec.mods |= kModMask;
   }
   if (words.empty()) return;
   plan.mask = plan.scratch(words.size() * 4);
@@ -389,8 +232,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     bindings[kQ] = binding(q_rot);
     bindings[kK] = binding(k_rot);
   }
-  set_modifiers(*this);
-  set_masks(*this);
+  set_tables(*this);
   if (options.outputs.lse && !params.want_lse)
     throw Error("attention: an LSE output was given with want_lse false");
   out = output(options.outputs.out, dims.out_shape, "O");
@@ -622,9 +464,9 @@ void Plan::check_paged() const {
   if (!variant_info(params.variant).fused)
     refuse("naive materialises a score matrix of one Nk; use a fused variant");
   if (params.rope != RopeLayout::none) refuse("rope: rotate K before it goes into its page");
-  if (!params.mask.shape.empty() || !params.mask.data.empty())
+  if (params.mods.has_mask())
     refuse("an additive mask is [Nq, Nk] of one Nk; the sequences' lengths differ");
-  if (!params.key_mask.empty())
+  if (!params.mods.key_mask.empty())
     refuse("a key mask is [B, Nk] of one Nk; each sequence's length says which keys it has");
   if (options.append.k || options.dynamic_keys || options.trace)
     refuse("paged_attention() is a one-shot call");
@@ -660,7 +502,7 @@ void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
                   (quantised ? "as f32 or f16 (they are quantised as they are appended)"
                              : "in the cache's dtype"));
   }
-  if (!params.key_mask.empty() || !params.mask.data.empty())
+  if (!params.mods.key_mask.empty() || params.mods.has_mask())
     throw Error(
         "attention: a key mask or an additive mask covers a fixed number of keys; a recording "
         "that appends to a KV cache attends over more each step (use causal, a window, or "

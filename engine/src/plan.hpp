@@ -143,8 +143,10 @@ class Plan {
 };
 
 // Kernel families, one host file each, next to their shaders.
-void set_modifiers(Plan& plan);                   // window, softcap, ALiBi, sinks
-void set_masks(Plan& plan);                       // the key mask and the additive mask
+/// The modifiers checked and encoded for the kernels (modifiers.cpp): push constants, Spec::mods,
+/// the per-head table, and their words of the small tables (appended to `words`).
+void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
+void set_tables(Plan& plan);  // the small tables: the modifiers', then the page table
 void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);

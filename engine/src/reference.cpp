@@ -257,30 +257,34 @@ RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, u
 
 Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
                const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row) {
+  const Modifiers& mods = params.mods;
   double scale = params.scale ? double(*params.scale) : 1.0 / std::sqrt(double(d.d));
   uint32_t kv_head = head / (d.heads / d.kv_heads);
   const float* qrow = q.data.data() + ((size_t(batch) * d.heads + head) * d.nq + row) * d.d;
   const float* kbase = k.data.data() + (size_t(batch) * d.kv_heads + kv_head) * d.nk * d.d;
   int64_t diag = int64_t(row) + int64_t(d.nk) - int64_t(d.nq);  // the key query `row` sits on
-  KeyRange keys = window_keys(params, d.nq, d.nk, row);
-  double slope = alibi_slope(params, d.heads, batch, head);
+  double slope = alibi_slope(mods, d.heads, batch, head);
   const float* mask_row = nullptr;  // [Nq, Nk] or [B or 1, H or 1, Nq, Nk]
-  if (!params.mask.data.empty()) {
-    const auto& ms = params.mask.shape;
+  if (!mods.mask.data.empty()) {
+    const auto& ms = mods.mask.shape;
     size_t mb = ms.size() == 4 && ms[0] > 1 ? batch : 0;
     size_t mh = ms.size() == 4 && ms[1] > 1 ? head : 0;
     size_t mheads = ms.size() == 4 ? size_t(ms[1]) : 1;
-    mask_row = params.mask.data.data() + ((mb * mheads + mh) * d.nq + row) * d.nk;
+    mask_row = mods.mask.data.data() + ((mb * mheads + mh) * d.nq + row) * d.nk;
   }
   Vec s(d.nk);
   for (uint32_t j = 0; j < d.nk; ++j) {
     int64_t jj = j;
-    bool visible = jj >= keys.begin && jj < keys.end &&
-                   (params.key_mask.empty() || params.key_mask[size_t(batch) * d.nk + j] != 0);
+    // Which keys the row sees, each limit as its definition states it.
+    bool visible = true;
+    if (mods.causal && jj > diag) visible = false;
+    if (mods.window_left >= 0 && jj < diag - mods.window_left) visible = false;
+    if (mods.window_right >= 0 && jj > diag + mods.window_right) visible = false;
+    if (!mods.key_mask.empty() && mods.key_mask[size_t(batch) * d.nk + j] == 0) visible = false;
     double acc = 0.0;
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);
     double x = scale * acc;
-    if (params.softcap > 0) x = double(params.softcap) * std::tanh(x / double(params.softcap));
+    if (mods.softcap > 0) x = double(mods.softcap) * std::tanh(x / double(mods.softcap));
     x -= slope * double(std::abs(diag - jj));
     if (mask_row) x += double(mask_row[j]);  // -inf hides the key
     s[j] = visible && x != -kInf ? x : -kInf;
@@ -289,7 +293,7 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
 }
 
 double row_sink(const AttentionParams& params, uint32_t head) {
-  return params.sinks.empty() ? kNoSink : double(params.sinks[head]);
+  return params.mods.sinks.empty() ? kNoSink : double(params.mods.sinks[head]);
 }
 
 std::vector<Vec> value_rows(const HostTensor& v, const Dims& d, uint32_t batch, uint32_t head) {
@@ -334,9 +338,8 @@ Result run_rows(const HostTensor& q_in, const HostTensor& k_in, const HostTensor
 
 Result attention(Variant variant, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                  const AttentionParams& params) {
-  uint32_t chunk = params.splits
-                       ? (uint32_t(k.shape[k.shape.size() - 2]) + params.splits - 1) / params.splits
-                       : 0;
+  uint32_t splits = params.hints.splits;
+  uint32_t chunk = splits ? (uint32_t(k.shape[k.shape.size() - 2]) + splits - 1) / splits : 0;
   return run_rows(q, k, v, params, [&](const Vec& s, const std::vector<Vec>& vr, double sink) {
     return variant_row(variant, s, vr, chunk, sink);
   });

@@ -22,8 +22,8 @@ bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
 
 // RGBA texels of the additive mask's values: its rows padded to 4 keys.
 uint64_t mask_texels(const AttentionParams& params, const Dims& dims) {
-  if (params.mask.data.empty() || dims.nk == 0) return 0;
-  return params.mask.data.size() / dims.nk * ((dims.nk + 3) / 4);
+  if (params.mods.mask.data.empty() || dims.nk == 0) return 0;
+  return params.mods.mask.data.size() / dims.nk * ((dims.nk + 3) / 4);
 }
 
 // Query rows each invocation of a register tile works on: every key element broadcast from the
@@ -52,7 +52,7 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
                 rows % info.subgroup_size == 0 && kv_views && texels_fit(info, dims, kv) &&
                 mask_texels(params, dims) <= info.max_texel_buffer_elements;
-  if (params.tile_layout == TileLayout::registers) {
+  if (params.hints.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
     if (!usable)
       throw Error(
@@ -64,15 +64,15 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
           "minTexelBufferOffsetAlignment, " +
           std::to_string(info.min_texel_offset_alignment) + "), and d and dv multiples of 4; " +
           info.name + " with this shape does not qualify");
-    if (params.block_keys && params.block_keys != info.subgroup_size)
+    if (params.hints.block_keys && params.hints.block_keys != info.subgroup_size)
       throw Error(
           "with tile_layout registers a tile is one key per subgroup lane, so block_keys "
           "must be 0 or the subgroup size (" +
           std::to_string(info.subgroup_size) + ")");
     return !trace;  // traces record from the shared-memory kernels
   }
-  return params.tile_layout == TileLayout::automatic && fused && usable && !trace &&
-         info.type == "cpu" && params.block_keys == 0;
+  return params.hints.tile_layout == TileLayout::automatic && fused && usable && !trace &&
+         info.type == "cpu" && params.hints.block_keys == 0;
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
@@ -94,9 +94,9 @@ bool use_coopmat(const DeviceInfo& info, bool coopmat_enabled, const Dims& dims,
                  uint32_t shared_bytes, bool trace) {
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
               dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
-              params.block_rows == 0 && params.block_keys == 0 &&
+              params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
               coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
-  if (params.tile_layout == TileLayout::cooperative_matrix) {
+  if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
     if (!coopmat_enabled)
       throw Error(
           "tile_layout cooperative_matrix needs VK_NV_cooperative_matrix (16x16x16 fp16 "
@@ -110,7 +110,7 @@ bool use_coopmat(const DeviceInfo& info, bool coopmat_enabled, const Dims& dims,
           "engine (block_rows and block_keys 0) and shared memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
-  return params.tile_layout == TileLayout::automatic && coopmat_enabled && fits && !trace;
+  return params.hints.tile_layout == TileLayout::automatic && coopmat_enabled && fits && !trace;
 }
 
 // TileLayout::lanes (shaders/splitkv_lanes.comp): lanes per key, so that each lane loads 16
@@ -163,8 +163,8 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
                const Storage& kv, uint32_t shared_bytes, bool trace) {
   uint32_t lanes = lanes_per_key(info, dims, kv);
   bool usable = variant_info(params.variant).splits_keys && info.subgroup_shuffle && lanes > 0 &&
-                params.block_rows == 0 && params.block_keys <= kLaneKeys;
-  if (params.tile_layout == TileLayout::lanes) {
+                params.hints.block_rows == 0 && params.hints.block_keys <= kLaneKeys;
+  if (params.hints.tile_layout == TileLayout::lanes) {
     if (!usable)
       throw Error(
           "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
@@ -182,8 +182,8 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
   bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
               fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
-  return params.tile_layout == TileLayout::automatic && usable && fits && params.block_keys == 0 &&
-         !trace && info.type != "cpu" && !params.fp16_arithmetic;
+  return params.hints.tile_layout == TileLayout::automatic && usable && fits && params.hints.block_keys == 0 &&
+         !trace && info.type != "cpu" && !params.hints.fp16_arithmetic;
 }
 
 // TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
@@ -216,14 +216,14 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
   uint32_t lanes = block_lanes(info, dims, shuffle);
   if (lanes == 0 || dims.d % 4 != 0) return false;
   uint32_t max_invocations = std::min(info.max_workgroup_invocations, 1024u);
-  uint32_t element = params.fp16_arithmetic ? 2 : 4;
+  uint32_t element = params.hints.fp16_arithmetic ? 2 : 4;
   uint64_t best_score = 0;
   for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
-    if (params.block_rows && br != params.block_rows) continue;
+    if (params.hints.block_rows && br != params.hints.block_rows) continue;
     uint32_t invocations = br / 4 * lanes;
     if (invocations > max_invocations) continue;
     for (uint32_t bc : {64u, 32u, 16u, 8u, 4u}) {
-      if (params.block_keys && bc != params.block_keys) continue;
+      if (params.hints.block_keys && bc != params.hints.block_keys) continue;
       if (bc % lanes != 0) continue;
       for (bool share : {false, true}) {
         if (block_bytes(dims, br, bc, share, invocations, shuffle, element) > shared_bytes)
@@ -251,12 +251,12 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
 bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                 uint32_t shared_bytes, bool trace, Spec& spec) {
   bool fused = variant_info(params.variant).fused;
-  if (params.tile_layout == TileLayout::blocks || params.fp16_arithmetic) {
-    std::string what = params.tile_layout == TileLayout::blocks
+  if (params.hints.tile_layout == TileLayout::blocks || params.hints.fp16_arithmetic) {
+    std::string what = params.hints.tile_layout == TileLayout::blocks
                            ? "tile_layout blocks"
                            : "fp16_arithmetic runs in register blocks, which";
     if (!fused) throw Error("tile_layout blocks applies to the fused variants, not naive");
-    if (params.block_rows && params.block_rows % 4 != 0)
+    if (params.hints.block_rows && params.hints.block_rows % 4 != 0)
       throw Error("with " + what +
                   ", block_rows (query rows of a workgroup) must be a multiple of 4 from 4 to 64");
     if (!size_blocks(info, dims, params, shared_bytes, spec))
@@ -270,11 +270,11 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
           " invocations; d=" + std::to_string(dims.d) + ", dv=" + std::to_string(dims.dv) + " on " +
           info.name + " does not fit");
     if (trace) spec.blocks = false;  // traces record from the shared-memory kernels
-    spec.block_f16 = params.fp16_arithmetic;
+    spec.block_f16 = params.hints.fp16_arithmetic;
     return spec.blocks;
   }
-  return params.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
-         params.block_rows == 0 && params.block_keys == 0 &&
+  return params.hints.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
+         params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
          size_blocks(info, dims, params, shared_bytes, spec);
 }
 
@@ -286,7 +286,7 @@ void check_fp16_arithmetic(const TilingRequest& request) {
     throw Error("fp16_arithmetic applies to the fused variants, not naive");
   if (request.trace || request.forced_keys)
     throw Error("fp16_arithmetic does not apply to traces, which record fp32 arithmetic");
-  TileLayout layout = params.tile_layout;
+  TileLayout layout = params.hints.tile_layout;
   if (layout != TileLayout::automatic && layout != TileLayout::blocks &&
       layout != TileLayout::cooperative_matrix)
     throw Error(std::string("fp16_arithmetic runs in tile_layout blocks or cooperative_matrix, "
@@ -322,19 +322,19 @@ Spec choose_tiling(const TilingRequest& request) {
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
-  uint32_t limit = params.max_shared_memory ? params.max_shared_memory : info.max_shared_memory;
+  uint32_t limit = params.hints.max_shared_memory ? params.hints.max_shared_memory : info.max_shared_memory;
   uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
   spec.kv_quant = kv.own_kv();
   spec.k_format = static_cast<uint32_t>(kv.k);
   spec.v_format = static_cast<uint32_t>(kv.v);
-  if (params.fp16_arithmetic) check_fp16_arithmetic(request);
+  if (params.hints.fp16_arithmetic) check_fp16_arithmetic(request);
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.lanes = true;
     spec.lanes_per_key = lanes_per_key(info, dims, kv);
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
     spec.group_rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
     spec.rows = lanes_workgroup(spec.lanes_per_key, spec.group_rows, dims.dv, shared_bytes);
-    spec.keys = params.block_keys ? params.block_keys : kLaneKeys;  // keys a cluster takes a step
+    spec.keys = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;  // keys a cluster takes a step
     if ((spec.rows / spec.lanes_per_key) * spec.group_rows * (dims.dv + 2) * 4 > shared_bytes)
       throw Error("tile_layout lanes needs " + std::to_string(spec.group_rows * (dims.dv + 2) * 4) +
                   " bytes of shared memory for one cluster's output; this device or "
@@ -353,7 +353,7 @@ Spec choose_tiling(const TilingRequest& request) {
     Spec blocks = spec;
     if (use_blocks(info, dims, params, shared_bytes, trace, blocks)) return blocks;
   }
-  spec.rows = params.block_rows ? params.block_rows : 64;
+  spec.rows = params.hints.block_rows ? params.hints.block_rows : 64;
   uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
   if (spec.rows > max_rows)
     throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
@@ -361,12 +361,12 @@ Spec choose_tiling(const TilingRequest& request) {
   if (use_registers(info, dims, params, kv, request.kv_views, spec.rows, trace)) {
     spec.registers = true;
     spec.keys = info.subgroup_size;
-    size_register_tiles(spec, info, dims, params.block_rows == 0);
+    size_register_tiles(spec, info, dims, params.hints.block_rows == 0);
     return spec;
   }
   uint32_t budget = shared_bytes - 64u;
   uint32_t max_keys = budget / (4u * (dims.d + dims.dv));
-  uint32_t keys = forced_keys ? forced_keys : params.block_keys;
+  uint32_t keys = forced_keys ? forced_keys : params.hints.block_keys;
   if (keys == 0) keys = std::min(64u, max_keys);
   if (keys > max_keys)
     throw Error("block_keys " + std::to_string(keys) + " with d=" + std::to_string(dims.d) +

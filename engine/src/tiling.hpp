@@ -39,7 +39,7 @@ struct TilingRequest {
 };
 
 /// The layout and tile sizes for `request`; throws Error naming what is missing when the call
-/// asks for a layout (AttentionParams::tile_layout) the device or the shape cannot have.
+/// asks for a layout (ExecutionHints::tile_layout) the device or the shape cannot have.
 Spec choose_tiling(const TilingRequest& request);
 /// The layout a Spec runs.
 TileLayout layout_of(const Spec& spec);

@@ -106,12 +106,8 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.dim = dims.d;
   t.dim_v = dims.dv;
   t.scale = tp.push.scale;
-  t.causal = params.causal;
-  t.window_left = effective_window(params).left;
-  t.window_right = effective_window(params).right;
-  t.softcap = params.softcap;
-  t.alibi_slope = alibi_slope(params, dims.heads, batch, head);
-  if (!params.sinks.empty()) t.sink = params.sinks[head];
+  t.heads = dims.heads;
+  t.mods = params.mods;
   t.device = ctx.device().name;
   bool splitkv = variant_info(params.variant).splits_keys;
   if (variant_info(params.variant).fused) {
@@ -124,7 +120,7 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
     options.keys = 1;
     options.keys_per_split = tp.keys_per_split;
     AttentionParams per_key = params;
-    per_key.splits = tp.splits;
+    per_key.hints.splits = tp.splits;
     Run keyed = run_traced(ctx, tq, tk, tv, per_key, options);
     t.steps = to_series(keyed.raw, dims.nk, dims.dv, kept, splitkv ? tp.keys_per_split : 0);
   } else {
@@ -205,14 +201,8 @@ std::string trace_to_json(const Trace& t) {
        ",\"dim\":" + std::to_string(t.dim) + ",\"dim_v\":" + std::to_string(t.dim_v) +
        ",\"scale\":";
   put_number(s, t.scale);
-  s += std::string(",\"causal\":") + (t.causal ? "true" : "false");
-  s += ",\"window\":[" + std::to_string(t.window_left) + "," + std::to_string(t.window_right) +
-       "],\"softcap\":";
-  put_number(s, t.softcap);
-  s += ",\"alibi_slope\":";
-  put_number(s, t.alibi_slope);
-  s += ",\"sink\":";
-  put_number(s, t.sink);  // null: none
+  TracedRow row{t.heads, t.batch, t.head};
+  for (const auto& [name, value] : modifier_json(t.mods, &row)) s += ",\"" + name + "\":" + value;
   s += ",\"device\":\"";
   for (char c : t.device)
     if (c != '"' && c != '\\') s += c;

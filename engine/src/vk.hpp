@@ -88,7 +88,7 @@ struct Spec {
   /// reduced by subgroup shuffles or, without subgroup operations, through shared memory.
   bool blocks = false;
   bool block_shuffle = false;
-  bool block_f16 = false;  // fp16 products (AttentionParams::fp16_arithmetic)
+  bool block_f16 = false;  // fp16 products (ExecutionHints::fp16_arithmetic)
   uint32_t kv_vec4 = 1, v_at = 0;
   /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
   /// tiles), or 16 per subgroup of 32 (cooperative matrices).

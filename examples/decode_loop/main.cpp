@@ -121,7 +121,7 @@ int main() try {
 
   flashvk::AttentionParams params;
   params.variant = flashvk::Variant::splitkv;  // Flash-Decoding: the keys split over workgroups
-  params.causal = true;
+  params.mods.causal = true;
   params.rope = flashvk::RopeLayout::half;  // K rotated once, as it enters the cache
   flashvk::AttentionRecording prefill(ctx, prompt_q, cache, prompt_k, prompt_v, params);
   flashvk::AttentionRecording decode(ctx, step_q, cache, step_k, step_v, params);

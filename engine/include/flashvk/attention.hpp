@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "flashvk/context.hpp"
+#include "flashvk/modifiers.hpp"
 #include "flashvk/tensor.hpp"
 
 namespace flashvk {
@@ -62,25 +63,20 @@ struct RopeParams {
   int64_t position_offset = 0;  ///< position of the first vector of each sequence
 };
 
-struct AttentionParams {
-  Variant variant = Variant::flash2;
-  std::optional<float> scale;  ///< default 1/sqrt(d)
-  bool causal = false;         ///< bottom-right aligned: query i sees keys j <= i + Nk - Nq
-  uint32_t splits = 0;         ///< splitkv: number of key chunks; 0 = chosen from the device
+/// How a call runs, not what it computes: the engine chooses each of these from the device when
+/// left at 0 / automatic (docs/engine.md, "Tile layouts"); a caller sets them to tune one shape
+/// or to try a layout (`flashvk bench` times them).
+struct ExecutionHints {
+  TileLayout tile_layout = TileLayout::automatic;  ///< fused variants (not naive, not traces)
   /// Invocations per workgroup; 0 = auto (64). With shared tiles one query row each; with
   /// register tiles R rows each (AttentionResult::block_rows says how many rows a workgroup
   /// covered).
   uint32_t block_rows = 0;
   uint32_t block_keys = 0;  ///< Bc, keys per tile; 0 = the most that fit in shared memory
-  TileLayout tile_layout = TileLayout::automatic;  ///< fused variants (not naive, not traces)
+  uint32_t splits = 0;      ///< splitkv: number of key chunks; 0 = chosen from the device
   /// Shared memory the kernels may use per workgroup; 0 = the device's (at most 48 KiB).
   /// 16384 runs them as on a device with only Vulkan's guaranteed minimum.
   uint32_t max_shared_memory = 0;
-  RopeLayout rope = RopeLayout::none;  ///< rotate Q and K before attention
-  double rope_base = 10000.0;
-  std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
-  std::vector<uint8_t> key_mask;          ///< optional [B, Nk]; 0 hides key j from batch b
-  bool want_lse = true;
   /// fp16 arithmetic, the path for phones and other GPUs without matrix units: the register
   /// blocks multiply in fp16 (f16vec2, two rows a product) and sum at most 8 products in fp16
   /// before adding them to fp32 scores and outputs; the softmax stays fp32. Q, K, V and P are
@@ -90,51 +86,20 @@ struct AttentionParams {
   /// TileLayout::blocks (which `automatic` then picks, on any device) or cooperative_matrix
   /// (fp16 products always). Error bound: docs/algorithms.md, "fp16 arithmetic".
   bool fp16_arithmetic = false;
-
-  // Score modifiers (docs/algorithms.md, "Modifiers"), for every variant and layout. Query i
-  // sits on key i + Nk - Nq, its diagonal (bottom-right aligned).
-  /// Sliding window: query i sees keys j with diagonal - window_left <= j <= diagonal +
-  /// window_right; -1 leaves that side unbounded. `causal` is window_right = 0. Keys outside the
-  /// window are never read by the fused variants: their cost grows with the window, not with Nk
-  /// (naive materialises all of S and reads every key).
-  int64_t window_left = -1, window_right = -1;
-  /// Logit softcapping (Gemma 2): s = softcap * tanh(s / softcap), before ALiBi; 0 = off.
-  float softcap = 0.0f;
-  /// ALiBi: s -= slope * |diagonal - j|, one slope per query head ([H]) or per batch and head
-  /// ([B * H]). When empty and alibi_max_bias > 0, the slopes are alibi_slopes(H, max_bias).
-  std::vector<float> alibi_slopes;
-  float alibi_max_bias = 0.0f;
-  /// Attention sinks (gpt-oss): one logit per query head ([H]), unscaled and never masked, in
-  /// the softmax's denominator only: O = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^(sink)). LSE
-  /// includes it; a row that sees no key gives O = 0 and LSE = sink.
-  std::vector<float> sinks;
-  /// Additive mask added to the scores last: [Nq, Nk], or [Bm, Hm, Nq, Nk] with Bm 1 or B and
-  /// Hm 1 or H (broadcast). -inf hides a key; NaN and +inf are refused. Keys before a row's
-  /// first finite entry and after its last are never read (fused variants). bool_mask() turns
-  /// PyTorch's boolean attn_mask into one.
-  HostTensor mask;
 };
 
-/// The sliding window with `causal` folded in: (left, right) keys around the diagonal, -1 for
-/// an unbounded side (causal: right = 0).
-struct Window {
-  int64_t left = -1, right = -1;
+/// What one attention call computes: the variant, the scale, the score modifiers, RoPE; and
+/// how it runs (hints).
+struct AttentionParams {
+  Variant variant = Variant::flash2;
+  std::optional<float> scale;  ///< default 1/sqrt(d)
+  Modifiers mods;              ///< causal, window, softcap, ALiBi, sinks, masks (modifiers.hpp)
+  RopeLayout rope = RopeLayout::none;  ///< rotate Q and K before attention
+  double rope_base = 10000.0;
+  std::optional<int64_t> query_position;  ///< RoPE position of query 0; default Nk - Nq
+  bool want_lse = true;
+  ExecutionHints hints;
 };
-Window effective_window(const AttentionParams& params);
-/// The keys query i of Nq sees through the window and the causal limit, [begin, end) of Nk
-/// (begin == end: none); the host's one definition, twin of the shaders' row_keys (where an
-/// additive mask narrows it further). The engine, the reference, the bench and the viewer use it.
-struct KeyRange {
-  int64_t begin = 0, end = 0;
-};
-KeyRange window_keys(const AttentionParams& params, uint32_t nq, uint32_t nk, uint32_t i);
-/// ALiBi's slope for (batch b, query head h) of H heads: alibi_slopes ([H] or [B * H]), or from
-/// alibi_max_bias, or 0 without ALiBi.
-float alibi_slope(const AttentionParams& params, uint32_t heads, uint32_t b, uint32_t h);
-
-/// ggml's ALiBi slopes from max_bias for H heads: n = 2^floor(log2 H), m0 = 2^(-max_bias / n),
-/// m1 = 2^(-max_bias / (2n)); slope_h = m0^(h + 1) for h < n, else m1^(2(h - n) + 1).
-std::vector<float> alibi_slopes(uint32_t heads, float max_bias);
 
 /// The sizes every kernel works with, read from the tensors' shapes.
 struct Dims {

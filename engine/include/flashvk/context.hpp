@@ -35,7 +35,7 @@ struct DeviceInfo {
   uint64_t device_local_memory = 0;  // bytes in the largest device-local heap
   bool fp16_storage = false;         // storageBuffer16BitAccess is supported
   /// shaderFloat16 (VK_KHR_shader_float16_int8 or Vulkan 1.2): fp16 arithmetic in shaders, for
-  /// AttentionParams::fp16_arithmetic.
+  /// ExecutionHints::fp16_arithmetic.
   bool fp16_arithmetic = false;
   /// VK_NV_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup of
   /// 32, shaderFloat16 and the Vulkan memory model (with device scope): the cooperative-matrix
@@ -86,7 +86,7 @@ struct ExternalDevice {
   /// cooperative-matrix kernels need all four.
   bool cooperative_matrix_enabled = false;
   /// Whether shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features) was enabled:
-  /// AttentionParams::fp16_arithmetic needs it. Implied by cooperative_matrix_enabled.
+  /// ExecutionHints::fp16_arithmetic needs it. Implied by cooperative_matrix_enabled.
   bool fp16_arithmetic_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };

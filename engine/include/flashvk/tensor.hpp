@@ -66,7 +66,7 @@ int64_t numel(const std::vector<int64_t>& shape);
 HostTensor stored_values(const HostTensor& x, DType dtype);
 
 /// PyTorch's boolean attn_mask (true = attend) as an additive mask of the same shape
-/// (AttentionParams::mask): 0 where `attend` is nonzero, -inf elsewhere.
+/// (Modifiers::mask): 0 where `attend` is nonzero, -inf elsewhere.
 HostTensor bool_mask(const std::vector<uint8_t>& attend, std::vector<int64_t> shape);
 std::string shape_string(const std::vector<int64_t>& shape);
 

@@ -34,12 +34,10 @@ struct Trace {
   uint32_t batch = 0, head = 0, row = 0;
   uint32_t keys = 0, dim = 0, dim_v = 0;
   float scale = 1.0f;
-  bool causal = false;
-  /// The score modifiers as the traced row meets them: its window (causal folded in: right 0),
-  /// softcap (0: off), its head's ALiBi slope (0: none) and sink logit (-inf: none).
-  int64_t window_left = -1, window_right = -1;
-  float softcap = 0.0f, alibi_slope = 0.0f;
-  float sink = -std::numeric_limits<float>::infinity();
+  uint32_t heads = 1;  ///< query heads of the input, for the row's ALiBi slope
+  /// The score modifiers the row was traced with (the trace JSON names them as the row met them:
+  /// its window, softcap, ALiBi slope and sink; modifier_json()).
+  Modifiers mods;
   std::string device;
   TraceSeries steps;       ///< one entry per key: the per-key recurrence (Bc = 1)
   uint32_t tile_size = 0;  ///< keys per tile of the tiled kernel (0: naive, untiled softmax)

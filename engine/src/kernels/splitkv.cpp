@@ -34,20 +34,20 @@ void plan_splitkv(Plan& plan) {
                                   : plan.spec.keys;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
-    uint32_t splits = plan.params.splits
-                          ? plan.params.splits
+    uint32_t splits = plan.params.hints.splits
+                          ? plan.params.hints.splits
                           : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
                                         plan.most_keys, keys, plan.spec.lanes ? kLaneGroups : 1024);
     uint32_t per = (plan.most_keys + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
-    while (!plan.params.splits && plan.impl.loop_limited && kps > keys &&
+    while (!plan.params.hints.splits && plan.impl.loop_limited && kps > keys &&
            plan.loop_iterations(kps) > Plan::kLoopBudget)
       kps = (kps / 2 + keys - 1) / keys * keys;  // more, shorter chunks for llvmpipe
   }
   plan.check_loop_budget(kps);
   // A forced split count may leave trailing chunks empty; they still run and merge as (0, -inf, 0).
   plan.splits =
-      plan.params.splits ? plan.params.splits : std::max(1u, (plan.most_keys + kps - 1) / kps);
+      plan.params.hints.splits ? plan.params.hints.splits : std::max(1u, (plan.most_keys + kps - 1) / kps);
   plan.keys_per_split = kps;
   plan.push.splits = plan.splits;
   plan.push.keys_per_split = kps;
