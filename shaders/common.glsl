@@ -21,36 +21,13 @@
 #define ELEM float
 #endif
 
-layout(local_size_x_id = 0) in;               // BR: invocations per workgroup
-layout(constant_id = 1) const uint BC = 32;   // keys per K/V tile
-layout(constant_id = 2) const uint D = 64;    // head dim of Q and K
-layout(constant_id = 3) const uint DV = 64;   // head dim of V and O
-layout(constant_id = 4) const uint ROWS = 1;  // query rows per invocation (register tiles: subgroup)
-// A key mask is bound. A constant, not a push-constant flag: llvmpipe runs a branch on a value it
-// cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
-layout(constant_id = 5) const bool KEY_MASK = false;
-// Lanes that share one key's head dimension (LANE_TILE: splitkv_lanes.comp), or the invocations
-// that share a group of query rows (BLOCK_TILE: tile.glsl).
-layout(constant_id = 6) const uint LANES = 1;
-// The score modifiers compiled in (bits MOD_*), a constant for the same reason as KEY_MASK: a call
-// without them runs none of their code.
-layout(constant_id = 7) const uint MODS = 0u;
+// The specialization constants (workgroup size, BC, D, DV, ROWS, KEY_MASK, LANES, MODS, K_FORMAT,
+// V_FORMAT, PAGE_SIZE, KV_VEC4, V_AT), declared once for shaders and host.
+#include "spec_constants.glsl"
 const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
 const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
-// KV_QUANT builds: K and V in storage formats of their own (DType in tensor.hpp, numbered
-// alike), read as 32-bit words (register tiles: q8_0 and q4_0 as 16-byte texels) and converted
-// to float as tiles are loaded (kv_value(); tile.glsl texel()).
-layout(constant_id = 8) const uint K_FORMAT = 0u;
-layout(constant_id = 9) const uint V_FORMAT = 0u;
-// A paged KV cache (attention over a PageTable): tokens a page; 0 for K and V as [B, Hkv, rows].
-layout(constant_id = 10) const uint PAGE_SIZE = 0u;
-// BLOCK_TILE: the K/V tile's shared memory in vectors of 4 elements (16 bytes, 8 with BLOCK_F16),
-// and where the V tile starts in it: 0 when V takes K's place once the scores are done (a
-// smaller footprint, for long head dims).
-layout(constant_id = 11) const uint KV_VEC4 = 1u;
-layout(constant_id = 12) const uint V_AT = 0u;
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little

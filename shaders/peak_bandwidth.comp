@@ -4,7 +4,8 @@
 // invocation, four at a time, and stores their sum.
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x_id = 0) in;
+#extension GL_GOOGLE_include_directive : require
+#include "spec_constants.glsl"  // the workgroup size
 layout(std430, binding = 0) readonly buffer InBuf { vec4 in_buf[]; };
 layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(push_constant) uniform Params {

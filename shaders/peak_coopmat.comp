@@ -10,7 +10,8 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x_id = 0) in;
+#extension GL_GOOGLE_include_directive : require
+#include "spec_constants.glsl"  // the workgroup size
 layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(push_constant) uniform Params {
   uint batch, heads, kv_heads, nq, nk;

@@ -20,14 +20,15 @@
 #define ELEM float
 #endif
 
-layout(local_size_x = 64) in;
+// The workgroup size (64) and, for QUANT_OUT, K_FORMAT: the shared specialization constants.
+#include "spec_constants.glsl"
 layout(std430, binding = 0) readonly buffer In { ELEM x_in[]; };
 #ifdef QUANT_OUT
 // The output in ggml's block format OUT_FORMAT (q8_0 or q4_0, numbered as common.glsl's FMT_*):
 // all the tensor's quants first, then all its fp16 scales, one a block of 32 values (tensor.hpp).
 // Each invocation quantises one block, as ggml's quantize_row_*_ref does, and writes its quants
 // as whole words; two blocks share a word of scales, so each sets its half with atomics.
-layout(constant_id = 8) const uint OUT_FORMAT = 3u;
+#define OUT_FORMAT K_FORMAT
 const uint FMT_Q8_0 = 3u;
 layout(std430, binding = 1) buffer Out { uint out_words[]; };
 #else

@@ -12,7 +12,6 @@
 namespace flashvk {
 namespace {
 
-using detail::layout_of;
 using detail::Spec;
 
 DeviceInfo device(const char* name, const char* type, uint32_t shared, uint32_t invocations,
@@ -67,8 +66,8 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
 // without subgroup operations a float per invocation for the row reductions, and the
 // workgroup's key range.
 uint64_t block_footprint(const Spec& s, uint32_t d) {
-  uint64_t br = s.block(), bc = s.keys, element = s.block_f16 ? 2 : 4;
-  return element * (d * br + bc * br + 4ull * s.kv_vec4) + (s.block_shuffle ? 0 : 4ull * s.rows) +
+  uint64_t br = s.block(), bc = s.bc, element = s.block_f16 ? 2 : 4;
+  return element * (d * br + bc * br + 4ull * s.kv_vec4) + (s.block_shuffle ? 0 : 4ull * s.workgroup) +
          8;
 }
 
@@ -76,36 +75,36 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   Dims prefill64 = dims(8, 8, 4096, 4096, 64, 64), prefill128 = dims(8, 8, 4096, 4096, 128, 128);
   // fp16 prefill on the matrix units: 64 keys a tile at d = 64, 32 at d = 128 (48 KiB).
   Spec cm = tiling(kH100, prefill64, Variant::flash2, DType::f16);
-  EXPECT_EQ(layout_of(cm), TileLayout::cooperative_matrix);
-  EXPECT_EQ(cm.rows, 128u);
-  EXPECT_EQ(cm.keys, 64u);
-  EXPECT_EQ(tiling(kH100, prefill128, Variant::flashd, DType::f16).keys, 32u);
+  EXPECT_EQ(cm.layout, TileLayout::cooperative_matrix);
+  EXPECT_EQ(cm.workgroup, 128u);
+  EXPECT_EQ(cm.bc, 64u);
+  EXPECT_EQ(tiling(kH100, prefill128, Variant::flashd, DType::f16).bc, 32u);
   // fp32 prefill: register blocks, the most rows, then the most keys within 48 KiB: 64 x 32 at
   // d = 64; at d = 128, 64 x 16 with V in K's place (64 x 8 with both would fit too).
   Spec b64 = tiling(kH100, prefill64, Variant::flash2, DType::f32);
-  EXPECT_EQ(layout_of(b64), TileLayout::blocks);
+  EXPECT_EQ(b64.layout, TileLayout::blocks);
   EXPECT_EQ(b64.block(), 64u);
-  EXPECT_EQ(b64.keys, 32u);
+  EXPECT_EQ(b64.bc, 32u);
   EXPECT_NE(b64.v_at, 0u);  // K and V apart
   Spec b128 = tiling(kH100, prefill128, Variant::flash2, DType::f32);
   EXPECT_EQ(b128.block(), 64u);
-  EXPECT_EQ(b128.keys, 16u);
+  EXPECT_EQ(b128.bc, 16u);
   EXPECT_EQ(b128.v_at, 0u);  // V in K's place
   EXPECT_LE(block_footprint(b128, 128), 48u * 1024);
   // Decoding (GQA: 4 query heads a KV head): the lanes kernel, all 4 rows in one workgroup.
   Spec decode = tiling(kH100, dims(32, 8, 1, 65536, 128, 128), Variant::splitkv, DType::f16);
-  EXPECT_EQ(layout_of(decode), TileLayout::lanes);
+  EXPECT_EQ(decode.layout, TileLayout::lanes);
   EXPECT_EQ(decode.block(), 4u);
-  EXPECT_EQ(decode.lanes_per_key, 16u);  // 128 halves: 16 loads of 16 bytes
+  EXPECT_EQ(decode.lanes, 16u);  // 128 halves: 16 loads of 16 bytes
 }
 
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {
   Spec s = tiling(kPhone, dims(8, 2, 1000, 1000, 64, 64), Variant::flashd, DType::f16);
-  EXPECT_EQ(layout_of(s), TileLayout::blocks);
+  EXPECT_EQ(s.layout, TileLayout::blocks);
   EXPECT_TRUE(s.block_shuffle);
-  EXPECT_LE(s.rows, kPhone.max_workgroup_invocations);
+  EXPECT_LE(s.workgroup, kPhone.max_workgroup_invocations);
   EXPECT_LE(block_footprint(s, 64), kPhone.max_shared_memory);
-  EXPECT_EQ(layout_of(tiling(kPhone, dims(32, 8, 1, 4096, 128, 128), Variant::splitkv, DType::f16)),
+  EXPECT_EQ(tiling(kPhone, dims(32, 8, 1, 4096, 128, 128), Variant::splitkv, DType::f16).layout,
             TileLayout::lanes);
   // The matrix layout asked for where there is none: refused by name.
   try {
@@ -127,24 +126,24 @@ TEST(TilingTest, Fp16ArithmeticTakesRegisterBlocksOrTheMatrixUnits) {
     SCOPED_TRACE(info->name);
     for (const Dims& shape : {prefill, decode}) {
       Spec s = tiling(*info, shape, Variant::splitkv, DType::f16, TileLayout::automatic, true);
-      EXPECT_EQ(layout_of(s), TileLayout::blocks);
+      EXPECT_EQ(s.layout, TileLayout::blocks);
       EXPECT_TRUE(s.block_f16);
       EXPECT_EQ(s.block_shuffle, info->subgroup_shuffle);
     }
     EXPECT_FALSE(tiling(*info, prefill, Variant::flash2, DType::f16).block_f16);
   }
   EXPECT_EQ(
-      layout_of(tiling(kH100, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true)),
+      tiling(kH100, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true).layout,
       TileLayout::cooperative_matrix);
   Spec fp32 = tiling(kH100, prefill, Variant::flash2, DType::f32, TileLayout::automatic, true);
-  EXPECT_EQ(layout_of(fp32), TileLayout::blocks);
+  EXPECT_EQ(fp32.layout, TileLayout::blocks);
   EXPECT_TRUE(fp32.block_f16);
   // fp16 tiles take half the shared memory: at Vulkan's minimums with d = 128, at least twice
   // the rows x keys of fp32's (32 x 16 against 16 x 8).
   Dims long_head = dims(8, 8, 4096, 4096, 128, 128);
   Spec small = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks);
   Spec half = tiling(kMinimum, long_head, Variant::flash2, DType::f32, TileLayout::blocks, true);
-  EXPECT_GE(half.block() * half.keys, 2 * small.block() * small.keys);
+  EXPECT_GE(half.block() * half.bc, 2 * small.block() * small.bc);
   EXPECT_LE(block_footprint(half, 128), 16384u);
   DeviceInfo without = kPhone;
   without.fp16_arithmetic = false;
@@ -162,9 +161,9 @@ TEST(TilingTest, VulkanMinimumsRunRegisterBlocksThroughSharedMemory) {
     for (uint32_t d : {64u, 128u, 256u}) {
       SCOPED_TRACE(std::string(variant_name(v)) + " d=" + std::to_string(d));
       Spec s = tiling(kMinimum, dims(8, 8, 1, 4096, d, d), v, DType::f32);
-      EXPECT_EQ(layout_of(s), TileLayout::blocks);
+      EXPECT_EQ(s.layout, TileLayout::blocks);
       EXPECT_FALSE(s.block_shuffle);
-      EXPECT_LE(s.rows, 128u);
+      EXPECT_LE(s.workgroup, 128u);
       EXPECT_LE(block_footprint(s, d), 16384u);
     }
   // No subgroup shuffles: lanes refused by name.
@@ -179,10 +178,10 @@ TEST(TilingTest, VulkanMinimumsRunRegisterBlocksThroughSharedMemory) {
 
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
   Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
-  EXPECT_EQ(layout_of(s), TileLayout::registers);
-  EXPECT_EQ(s.keys, 8u);        // a key per lane
-  EXPECT_EQ(s.group_rows, 4u);  // 512 / d rows an invocation, at most 4
-  EXPECT_EQ(layout_of(tiling(kCpu, dims(32, 8, 1, 16384, 128, 128), Variant::splitkv, DType::f16)),
+  EXPECT_EQ(s.layout, TileLayout::registers);
+  EXPECT_EQ(s.bc, 8u);        // a key per lane
+  EXPECT_EQ(s.rows, 4u);  // 512 / d rows an invocation, at most 4
+  EXPECT_EQ(tiling(kCpu, dims(32, 8, 1, 16384, 128, 128), Variant::splitkv, DType::f16).layout,
             TileLayout::registers);  // lanes is a GPU layout
 }
 
@@ -213,13 +212,13 @@ TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
               try {
                 Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks, f16);
                 EXPECT_EQ(s.block_f16, f16);
-                ASSERT_TRUE(s.blocks);
-                EXPECT_LE(s.rows, invocations);
+                ASSERT_TRUE((s.layout == TileLayout::blocks));
+                EXPECT_LE(s.workgroup, invocations);
                 EXPECT_EQ(s.block() % 4, 0u);
-                EXPECT_EQ(s.keys % s.lanes_per_key, 0u);
-                EXPECT_EQ(dv % (4 * s.lanes_per_key), 0u);  // whole float4s of output a lane
+                EXPECT_EQ(s.bc % s.lanes, 0u);
+                EXPECT_EQ(dv % (4 * s.lanes), 0u);  // whole float4s of output a lane
                 uint64_t kv = s.v_at == 0 ? std::max(d, dv) : d + dv;
-                EXPECT_EQ(4ull * s.kv_vec4, kv * s.keys);
+                EXPECT_EQ(4ull * s.kv_vec4, kv * s.bc);
                 EXPECT_LE(block_footprint(s, d), shared);
                 ++checked;
               } catch (const Error& e) {

@@ -284,7 +284,7 @@ AttentionResult run(Context& ctx, detail::Plan& plan) {
   result.tile_layout = plan.tile_layout();
   if (variant_info(plan.params.variant).fused) {
     result.block_rows = plan.spec.block();
-    result.block_keys = plan.spec.keys;
+    result.block_keys = plan.spec.bc;
   }
   result.splits = plan.splits;
   result.out = std::move(plan.out);

@@ -537,20 +537,8 @@ VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
-  std::array<uint32_t, 13> values = {spec.rows,
-                                     spec.keys,
-                                     spec.d,
-                                     spec.dv,
-                                     spec.group_rows,
-                                     spec.key_mask ? 1u : 0u,
-                                     spec.lanes_per_key,
-                                     spec.mods,
-                                     spec.k_format,
-                                     spec.v_format,
-                                     spec.page_size,
-                                     spec.kv_vec4,
-                                     spec.v_at};
-  std::array<VkSpecializationMapEntry, values.size()> entries{};
+  std::array<uint32_t, spec_id::count> values = spec.constants();
+  std::array<VkSpecializationMapEntry, spec_id::count> entries{};
   for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
   VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),
                                  sizeof(values), values.data()};

@@ -337,20 +337,20 @@ namespace {
 
 // The fused kernels' tile bitmap (modifiers.glsl next_seen_tile): for each workgroup (x: a block
 // of spec.block() packed rows, y: batch and KV head, as plan_fused and splitkv dispatch) a bit
-// per tile of spec.keys keys, set where a row of the block has a finite mask entry in the tile.
+// per tile of spec.bc keys, set where a row of the block has a finite mask entry in the tile.
 // Every invocation of a workgroup reads the same bit (lanes: every lane of a cluster, which walks
 // its own tiles), so fully masked tiles are skipped together, in the middle of a row's keys too
 // (the ranges cut only the ends), in every layout.
 void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<int64_t>& shape) {
   const Dims& d = plan.dims;
   const HostTensor& m = plan.params.mods.mask;
-  uint64_t tiles = (d.nk + plan.spec.keys - 1) / plan.spec.keys, per_row = (tiles + 31) / 32;
+  uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
   uint64_t mask_rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
   std::vector<uint32_t> row_bits(mask_rows * per_row, 0);
   for (uint64_t r = 0; r < mask_rows; ++r)
     for (uint32_t j = 0; j < d.nk; ++j)
       if (m.data[r * d.nk + j] != -kInf) {
-        uint64_t t = j / plan.spec.keys;
+        uint64_t t = j / plan.spec.bc;
         row_bits[r * per_row + t / 32] |= 1u << (t % 32);
       }
   uint32_t group = d.heads / d.kv_heads, block = plan.spec.block();

@@ -246,14 +246,14 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   if (options.trace) {
     uint32_t records =
-        variant_info(params.variant).fused ? (dims.nk + spec.keys - 1) / spec.keys : dims.nk;
+        variant_info(params.variant).fused ? (dims.nk + spec.bc - 1) / spec.bc : dims.nk;
     trace = Buffer(impl, uint64_t(std::max(records, 1u)) * (6 + dims.dv) * 4);
     trace.fill(0x7fc00000u);  // NaN marks what a kernel did not record
     bindings[kTrace] = trace.handle();
   }
   check_binding(q_rot.empty() ? q : q_rot, "Q");
   check_binding(out, "O");
-  if (spec.registers) {
+  if ((spec.layout == TileLayout::registers)) {
     make_texel_views();
     // The kernels read K and V through the views only; the storage slots get the placeholder,
     // so K and V may exceed maxStorageBufferRange.
@@ -327,20 +327,20 @@ void Plan::add_barrier() {
 }
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
-  uint64_t tiles = (keys + spec.keys - 1) / spec.keys;
-  uint64_t chunks = spec.registers || spec.lanes || spec.blocks ? 0 : spec.keys;  // shared: a key
+  uint64_t tiles = (keys + spec.bc - 1) / spec.bc;
+  uint64_t chunks = (spec.layout == TileLayout::registers) || (spec.layout == TileLayout::lanes) || (spec.layout == TileLayout::blocks) ? 0 : spec.bc;  // shared: a key
   uint64_t passes = variant_info(params.variant).passes;
   uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
   // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped
   // (lanes test each tile's bit instead).
-  if (push.mask_tiles && !spec.lanes) iterations += passes * (tiles + tiles / 32 + 2);
+  if (push.mask_tiles && !(spec.layout == TileLayout::lanes)) iterations += passes * (tiles + tiles / 32 + 2);
   return iterations;
 }
 
 void Plan::check_loop_budget(uint64_t keys) const {
   if (!impl.loop_limited || loop_iterations(keys) <= kLoopBudget) return;
   throw Error(std::string(variant_name(params.variant)) + " over " + std::to_string(keys) +
-              " keys with tiles of " + std::to_string(spec.keys) + " needs about " +
+              " keys with tiles of " + std::to_string(spec.bc) + " needs about " +
               std::to_string(loop_iterations(keys)) + " loop iterations per invocation, but " +
               ctx.device().name +
               " (llvmpipe) stops every shader loop after 65535; use splitkv, "
@@ -391,18 +391,18 @@ Plan::~Plan() {
 }
 
 std::string Plan::shader(const char* family) const {
-  if (spec.coopmat) return std::string("flash_cm_") + family;
-  if (spec.lanes) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
+  if ((spec.layout == TileLayout::cooperative_matrix)) return std::string("flash_cm_") + family;
+  if ((spec.layout == TileLayout::lanes)) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
   return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
          (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
-         (spec.registers ? "_reg" : "") +
-         (spec.blocks ? std::string(spec.block_f16 ? "_blk16" : "_blk") +
+         ((spec.layout == TileLayout::registers) ? "_reg" : "") +
+         ((spec.layout == TileLayout::blocks) ? std::string(spec.block_f16 ? "_blk16" : "_blk") +
                             (spec.block_shuffle ? "" : "_nosg")
                       : "");
 }
 
 TileLayout Plan::tile_layout() const {
-  return layout_of(spec);
+  return spec.layout;
 }
 
 void Plan::check_binding(const Tensor& t, const char* name) const {

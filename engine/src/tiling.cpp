@@ -37,11 +37,11 @@ uint64_t mask_texels(const AttentionParams& params, const Dims& dims) {
 void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, bool auto_rows) {
   uint32_t most = std::clamp(512u / std::max(dims.d, dims.dv), 1u, 4u);
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  spec.group_rows = static_cast<uint32_t>(std::clamp<uint64_t>(rows / info.subgroup_size, 1, most));
+  spec.rows = static_cast<uint32_t>(std::clamp<uint64_t>(rows / info.subgroup_size, 1, most));
   if (!auto_rows) return;
-  uint64_t lanes = (rows + spec.group_rows - 1) / spec.group_rows;
+  uint64_t lanes = (rows + spec.rows - 1) / spec.rows;
   uint64_t subgroups = (lanes + info.subgroup_size - 1) / info.subgroup_size;
-  spec.rows = static_cast<uint32_t>(std::min<uint64_t>(spec.rows, subgroups * info.subgroup_size));
+  spec.workgroup = static_cast<uint32_t>(std::min<uint64_t>(spec.workgroup, subgroups * info.subgroup_size));
 }
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
@@ -231,18 +231,18 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
         uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
         if (score <= best_score) continue;
         best_score = score;
-        spec.rows = invocations;
-        spec.keys = bc;
-        spec.group_rows = 4;
-        spec.lanes_per_key = lanes;
+        spec.workgroup = invocations;
+        spec.bc = bc;
+        spec.rows = 4;
+        spec.lanes = lanes;
         spec.block_shuffle = shuffle;
         spec.v_at = share ? 0 : dims.d * bc / 4;
         spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
       }
     }
   }
-  spec.blocks = best_score > 0;
-  return spec.blocks;
+  if (best_score > 0) spec.layout = TileLayout::blocks;
+  return best_score > 0;
 }
 
 // Register blocks where they are asked for (or fp16 arithmetic is, which only they and the
@@ -269,9 +269,9 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
           std::to_string(info.max_workgroup_invocations) +
           " invocations; d=" + std::to_string(dims.d) + ", dv=" + std::to_string(dims.dv) + " on " +
           info.name + " does not fit");
-    if (trace) spec.blocks = false;  // traces record from the shared-memory kernels
+    if (trace) spec.layout = TileLayout::shared;  // traces record from the shared-memory kernels
     spec.block_f16 = params.hints.fp16_arithmetic;
-    return spec.blocks;
+    return (spec.layout == TileLayout::blocks);
   }
   return params.hints.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
          params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
@@ -304,12 +304,6 @@ void check_fp16_arithmetic(const TilingRequest& request) {
 // 128 invocations); a device with more shared memory gets longer tiles.
 }  // namespace
 
-TileLayout layout_of(const Spec& spec) {
-  if (spec.coopmat) return TileLayout::cooperative_matrix;
-  if (spec.lanes) return TileLayout::lanes;
-  if (spec.blocks) return TileLayout::blocks;
-  return spec.registers ? TileLayout::registers : TileLayout::shared;
-}
 
 Spec choose_tiling(const TilingRequest& request) {
   const DeviceInfo& info = request.info;
@@ -329,14 +323,14 @@ Spec choose_tiling(const TilingRequest& request) {
   spec.v_format = static_cast<uint32_t>(kv.v);
   if (params.hints.fp16_arithmetic) check_fp16_arithmetic(request);
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
-    spec.lanes = true;
-    spec.lanes_per_key = lanes_per_key(info, dims, kv);
+    spec.layout = TileLayout::lanes;
+    spec.lanes = lanes_per_key(info, dims, kv);
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
-    spec.group_rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
-    spec.rows = lanes_workgroup(spec.lanes_per_key, spec.group_rows, dims.dv, shared_bytes);
-    spec.keys = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;  // keys a cluster takes a step
-    if ((spec.rows / spec.lanes_per_key) * spec.group_rows * (dims.dv + 2) * 4 > shared_bytes)
-      throw Error("tile_layout lanes needs " + std::to_string(spec.group_rows * (dims.dv + 2) * 4) +
+    spec.rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
+    spec.workgroup = lanes_workgroup(spec.lanes, spec.rows, dims.dv, shared_bytes);
+    spec.bc = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;  // keys a cluster takes a step
+    if ((spec.workgroup / spec.lanes) * spec.rows * (dims.dv + 2) * 4 > shared_bytes)
+      throw Error("tile_layout lanes needs " + std::to_string(spec.rows * (dims.dv + 2) * 4) +
                   " bytes of shared memory for one cluster's output; this device or "
                   "max_shared_memory allows " +
                   std::to_string(shared_bytes));
@@ -344,23 +338,23 @@ Spec choose_tiling(const TilingRequest& request) {
   }
   if (!forced_keys &&
       use_coopmat(info, request.coopmat_enabled, dims, params, dtype, kv, shared_bytes, trace)) {
-    spec.coopmat = true;
-    spec.rows = 128;  // four subgroups of 32, 16 query rows each
-    spec.keys = coopmat_keys(shared_bytes, dims.d, dims.dv);
+    spec.layout = TileLayout::cooperative_matrix;
+    spec.workgroup = 128;  // four subgroups of 32, 16 query rows each
+    spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv);
     return spec;
   }
   if (!forced_keys) {
     Spec blocks = spec;
     if (use_blocks(info, dims, params, shared_bytes, trace, blocks)) return blocks;
   }
-  spec.rows = params.hints.block_rows ? params.hints.block_rows : 64;
+  spec.workgroup = params.hints.block_rows ? params.hints.block_rows : 64;
   uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
-  if (spec.rows > max_rows)
-    throw Error("block_rows " + std::to_string(spec.rows) + " exceeds the device's " +
+  if (spec.workgroup > max_rows)
+    throw Error("block_rows " + std::to_string(spec.workgroup) + " exceeds the device's " +
                 "maxComputeWorkGroupInvocations (" + std::to_string(max_rows) + ")");
-  if (use_registers(info, dims, params, kv, request.kv_views, spec.rows, trace)) {
-    spec.registers = true;
-    spec.keys = info.subgroup_size;
+  if (use_registers(info, dims, params, kv, request.kv_views, spec.workgroup, trace)) {
+    spec.layout = TileLayout::registers;
+    spec.bc = info.subgroup_size;
     size_register_tiles(spec, info, dims, params.hints.block_rows == 0);
     return spec;
   }
@@ -373,7 +367,7 @@ Spec choose_tiling(const TilingRequest& request) {
                 ", dv=" + std::to_string(dims.dv) + " needs " +
                 std::to_string(4u * keys * (dims.d + dims.dv)) + " bytes of shared memory; the " +
                 "device's maxComputeSharedMemorySize is " + std::to_string(info.max_shared_memory));
-  spec.keys = keys;
+  spec.bc = keys;
   return spec;
 }
 

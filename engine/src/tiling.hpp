@@ -41,7 +41,5 @@ struct TilingRequest {
 /// The layout and tile sizes for `request`; throws Error naming what is missing when the call
 /// asks for a layout (ExecutionHints::tile_layout) the device or the shape cannot have.
 Spec choose_tiling(const TilingRequest& request);
-/// The layout a Spec runs.
-TileLayout layout_of(const Spec& spec);
 
 }  // namespace flashvk::detail

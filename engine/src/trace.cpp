@@ -111,10 +111,10 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.device = ctx.device().name;
   bool splitkv = variant_info(params.variant).splits_keys;
   if (variant_info(params.variant).fused) {
-    t.tile_size = tp.spec.keys;
-    uint32_t tiles = (dims.nk + tp.spec.keys - 1) / tp.spec.keys;
+    t.tile_size = tp.spec.bc;
+    uint32_t tiles = (dims.nk + tp.spec.bc - 1) / tp.spec.bc;
     t.tiles =
-        to_series(tiled.raw, tiles, dims.dv, kept, splitkv ? tp.keys_per_split / tp.spec.keys : 0);
+        to_series(tiled.raw, tiles, dims.dv, kept, splitkv ? tp.keys_per_split / tp.spec.bc : 0);
     t.tiles.s.clear();  // a tile has no single score
     // The same kernels with Bc = 1 run the seeds' per-key loops.
     options.keys = 1;

@@ -12,6 +12,7 @@
 
 #include <vulkan/vulkan.h>
 
+#include "flashvk/attention.hpp"
 #include "flashvk/context.hpp"
 #include "flashvk/error.hpp"
 
@@ -68,42 +69,73 @@ void copy_to_buffer(ContextImpl& ctx, VkBuffer dst, uint64_t offset, const void*
                     uint64_t bytes);
 void copy_from_buffer(ContextImpl& ctx, VkBuffer src, uint64_t offset, void* data, uint64_t bytes);
 
-/// Specialization constants shared by every kernel: workgroup size, tile keys, head dims.
+/// The specialization constants, in ID order (shaders/spec_constants.glsl).
+namespace spec_id {
+enum : uint32_t {
+#define SPEC_WORKGROUP(id, field, value) field,
+#define SPEC_CONSTANT(id, type, NAME, field, value) field,
+#include "../../shaders/spec_constants.glsl"
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+  count
+};
+// Every constant's ID is its position in the list: the map entries below are made by position.
+#define SPEC_WORKGROUP(id, field, value) static_assert(field == id, "spec_constants.glsl: " #field);
+#define SPEC_CONSTANT(id, type, NAME, field, value) \
+  static_assert(field == id, "spec_constants.glsl: " #NAME "'s ID is not its position");
+#include "../../shaders/spec_constants.glsl"
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+}  // namespace spec_id
+
+/// What a pipeline is built from besides its SPIR-V: the tile layout, the build options that
+/// pick the SPIR-V (shaders/builds.def), and the specialization constants, each field named as
+/// the shaders name the constant (in lower case: `bc` is BC, `rows` is ROWS).
 struct Spec {
-  uint32_t rows = 64, keys = 32, d = 64, dv = 64;
-  bool registers = false;      // fused kernels: register tiles (TileLayout::registers)
-  uint32_t group_rows = 1;     // register tiles: query rows each invocation works on
-  bool key_mask = false;       // a key mask is bound (a constant, so unmasked calls skip its reads)
-  bool coopmat = false;        // fused kernels: TileLayout::cooperative_matrix (128 invocations)
-  bool lanes = false;          // splitkv: TileLayout::lanes (group_rows rows per workgroup)
-  uint32_t lanes_per_key = 1;  // TileLayout::lanes: lanes sharing one key's head dimension
-  uint32_t mods = 0;           // score modifiers compiled in (kMod* in plan.hpp)
-  /// K and V storage when either differs from Q's (the KV_QUANT kernels): DType numbers.
-  bool kv_quant = false;
-  uint32_t k_format = 0, v_format = 0;
-  uint32_t page_size = 0;  // K and V are pages of this many tokens (a PageTable); 0: not paged
-  /// Fused kernels: TileLayout::blocks. `rows` invocations, `lanes_per_key` of them sharing
-  /// `group_rows` (4) query rows; the K/V tile's shared memory in vectors of 4 (fp32, or fp16
-  /// with block_f16), with V from `v_at` (0: in K's place once the scores are done); rows
-  /// reduced by subgroup shuffles or, without subgroup operations, through shared memory.
-  bool blocks = false;
-  bool block_shuffle = false;
-  bool block_f16 = false;  // fp16 products (ExecutionHints::fp16_arithmetic)
-  uint32_t kv_vec4 = 1, v_at = 0;
-  /// Query rows one workgroup covers: one per invocation, group_rows per invocation (register
-  /// tiles), or 16 per subgroup of 32 (cooperative matrices).
+  TileLayout layout = TileLayout::shared;
+  bool kv_quant = false;       // KV_QUANT: K and V in storage formats of their own
+  bool block_shuffle = false;  // blocks: rows reduced with subgroup shuffles (BLOCK_SHUFFLE)
+  bool block_f16 = false;      // blocks: fp16 products (BLOCK_F16; ExecutionHints::fp16_arithmetic)
+#define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
+#define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
+#include "../../shaders/spec_constants.glsl"
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+
+  /// The constants' values, by ID.
+  std::array<uint32_t, spec_id::count> constants() const {
+    return {
+#define SPEC_WORKGROUP(id, field, value) field,
+#define SPEC_CONSTANT(id, type, NAME, field, value) field,
+#include "../../shaders/spec_constants.glsl"
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+    };
+  }
+  /// Query rows one workgroup covers: one an invocation (shared tiles), ROWS an invocation
+  /// (register tiles), ROWS a row group of LANES invocations (blocks), ROWS (lanes: all of a KV
+  /// head's), or 16 a subgroup of 32 (cooperative matrices).
   uint32_t block() const {
-    if (coopmat) return rows / 2;
-    if (lanes) return group_rows;
-    if (blocks) return rows / lanes_per_key * group_rows;
-    return registers ? rows * group_rows : rows;
+    switch (layout) {
+      case TileLayout::cooperative_matrix:
+        return workgroup / 2;
+      case TileLayout::lanes:
+        return rows;
+      case TileLayout::blocks:
+        return workgroup / lanes * rows;
+      case TileLayout::registers:
+        return workgroup * rows;
+      default:
+        return workgroup;
+    }
   }
-  auto tie() const {
-    return std::tie(rows, keys, d, dv, registers, group_rows, key_mask, coopmat, lanes,
-                    lanes_per_key, mods, kv_quant, k_format, v_format, page_size, blocks,
-                    block_shuffle, block_f16, kv_vec4, v_at);
+  bool operator<(const Spec& o) const {
+    return std::tie(layout, kv_quant, block_shuffle, block_f16) <
+               std::tie(o.layout, o.kv_quant, o.block_shuffle, o.block_f16) ||
+           (std::tie(layout, kv_quant, block_shuffle, block_f16) ==
+                std::tie(o.layout, o.kv_quant, o.block_shuffle, o.block_f16) &&
+            constants() < o.constants());
   }
-  bool operator<(const Spec& o) const { return tie() < o.tie(); }
 };
 
 /// Storage-buffer bindings of the one descriptor set layout every kernel uses.

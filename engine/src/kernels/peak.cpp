@@ -24,7 +24,7 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.nk = iterations;
   push.scale = 0.999f;
   detail::Spec spec;
-  spec.rows = kGroupSize;
+  spec.workgroup = kGroupSize;
   plan.add(ctx.impl().pipeline(shader, spec), plan.make_set(b), {groups, 1, 1}, &push,
            sizeof(push));
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });

@@ -68,7 +68,8 @@ void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, V
                 static_cast<uint32_t>(dst.shape()[dst.shape().size() - 2]),
                 static_cast<uint32_t>(numel(dst.shape()))};
   uint64_t invocations = uint64_t(push.vectors) * (quantise ? dim / 32 : dim / 2 + dim % 2);
-  Spec spec{64, 1, 1, 1};
+  Spec spec;
+  spec.workgroup = 64;  // rope.comp: a pair (or a block) an invocation, 64 a workgroup
   spec.k_format = static_cast<uint32_t>(dst.dtype());  // QUANT_OUT's OUT_FORMAT
   VkPipeline pipe =
       plan.impl.pipeline(std::string("rope") + (x.dtype() == DType::f16 ? "_f16" : "_f32") +

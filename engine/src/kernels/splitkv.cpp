@@ -30,14 +30,14 @@ void plan_splitkv(Plan& plan) {
   uint64_t rows = uint64_t(group) * d.nq;
   uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
   // Keys a workgroup takes per step: a tile, or with lanes every cluster's keys.
-  uint32_t keys = plan.spec.lanes ? plan.spec.keys * (plan.spec.rows / plan.spec.lanes_per_key)
-                                  : plan.spec.keys;
+  uint32_t keys = (plan.spec.layout == TileLayout::lanes) ? plan.spec.bc * (plan.spec.workgroup / plan.spec.lanes)
+                                  : plan.spec.bc;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
     uint32_t splits = plan.params.hints.splits
                           ? plan.params.hints.splits
                           : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
-                                        plan.most_keys, keys, plan.spec.lanes ? kLaneGroups : 1024);
+                                        plan.most_keys, keys, (plan.spec.layout == TileLayout::lanes) ? kLaneGroups : 1024);
     uint32_t per = (plan.most_keys + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
     while (!plan.params.hints.splits && plan.impl.loop_limited && kps > keys &&
@@ -66,14 +66,14 @@ void plan_splitkv(Plan& plan) {
   // The merge: a row per invocation on CPU drivers; on GPUs a row's elements spread over 32
   // lanes (keys = invocations per row), so that its reads of the chunks are wide.
   Spec merge_spec;
-  merge_spec.rows = 64;
-  merge_spec.keys = plan.ctx.device().type == "cpu" ? 1 : 32;
+  merge_spec.workgroup = 64;
+  merge_spec.bc = plan.ctx.device().type == "cpu" ? 1 : 32;
   merge_spec.d = plan.spec.d;
   merge_spec.dv = plan.spec.dv;
   merge_spec.mods = plan.spec.mods & kModSinks;  // the merge adds the sink
   VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
-  uint64_t merge_groups = (total_rows + 64 / merge_spec.keys - 1) / (64 / merge_spec.keys);
+  uint64_t merge_groups = (total_rows + 64 / merge_spec.bc - 1) / (64 / merge_spec.bc);
   uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);
   plan.add(merge, set,
            {static_cast<uint32_t>(across),

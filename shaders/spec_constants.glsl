@@ -1,0 +1,43 @@
+// The kernels' specialization constants, declared once for both sides, as push_fields.glsl does
+// the push constants: a shader includes this file and gets each one declared below (constant_id
+// = its ID), and engine/src/vk.hpp includes it with its own SPEC_WORKGROUP and SPEC_CONSTANT to
+// make Spec's fields (named after the constants, lower case) and the VkSpecializationMapEntry
+// list, and static_asserts that every ID is its entry's position. Every constant is 32 bits (a
+// bool is a VkBool32).
+//   SPEC_WORKGROUP(id, field, default)                 the workgroup size (local_size_x_id)
+//   SPEC_CONSTANT(id, type, NAME, field, default)
+#ifndef SPEC_CONSTANT
+#define SPEC_WORKGROUP(id, field, value) layout(local_size_x_id = id) in;
+#define SPEC_CONSTANT(id, type, NAME, field, value) layout(constant_id = id) const type NAME = value;
+#define SPEC_CONSTANTS_IN_GLSL
+#endif
+SPEC_WORKGROUP(0, workgroup, 64)                  // invocations per workgroup
+SPEC_CONSTANT(1, uint, BC, bc, 32)                // keys per K/V tile (lanes: keys a cluster takes a step)
+SPEC_CONSTANT(2, uint, D, d, 64)                  // head dim of Q and K
+SPEC_CONSTANT(3, uint, DV, dv, 64)                // head dim of V and O
+SPEC_CONSTANT(4, uint, ROWS, rows, 1)             // query rows each invocation works on (blocks: each row group)
+// A key mask is bound. A constant, not a push-constant flag: llvmpipe runs a branch on a value it
+// cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
+SPEC_CONSTANT(5, bool, KEY_MASK, key_mask, false)
+// Lanes that share one key's head dimension (lanes), or the invocations that share a group of
+// query rows (blocks).
+SPEC_CONSTANT(6, uint, LANES, lanes, 1)
+// The score modifiers compiled in (bits MOD_* of modifiers.glsl), a constant for the same reason as
+// KEY_MASK: a call without them runs none of their code.
+SPEC_CONSTANT(7, uint, MODS, mods, 0)
+// KV_QUANT builds and lanes: K's and V's storage formats (FMT_* in common.glsl, DType's numbers);
+// rope.comp's QUANT_OUT build: the format it writes (K_FORMAT).
+SPEC_CONSTANT(8, uint, K_FORMAT, k_format, 0)
+SPEC_CONSTANT(9, uint, V_FORMAT, v_format, 0)
+// A paged KV cache (attention over a PageTable): tokens a page; 0 for K and V as [B, Hkv, rows].
+SPEC_CONSTANT(10, uint, PAGE_SIZE, page_size, 0)
+// Blocks: the K/V tile's shared memory in vectors of 4 elements (16 bytes, 8 with BLOCK_F16), and
+// where the V tile starts in it: 0 when V takes K's place once the scores are done (a smaller
+// footprint, for long head dims).
+SPEC_CONSTANT(11, uint, KV_VEC4, kv_vec4, 1)
+SPEC_CONSTANT(12, uint, V_AT, v_at, 0)
+#ifdef SPEC_CONSTANTS_IN_GLSL
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+#undef SPEC_CONSTANTS_IN_GLSL
+#endif
