@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "plan.hpp"
+#include "variants.hpp"
 
 namespace flashvk {
 
@@ -12,27 +13,7 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// Every fact about a variant the engine needs, in one place.
-constexpr VariantInfo kVariants[] = {
-    {Variant::naive, "naive",
-     "naive: three passes over the row (max, sum, output); S and P are materialised.", false, 1,
-     true, false, false, false, false},
-    {Variant::online, "online",
-     "online: two passes; the first keeps a running max and a rescaled sum.", true, 2, true, true,
-     false, false, false},
-    {Variant::flash1, "flash1",
-     "flash1 (FlashAttention): one pass, the output normalised at every step.", true, 1, true, true,
-     true, false, false},
-    {Variant::flash2, "flash2",
-     "flash2 (FlashAttention-2): one pass, the division by l deferred to the end.", true, 1, true,
-     true, true, false, true},
-    {Variant::flashd, "flashd",
-     "flashd (FLASH-D): one pass with sigmoid weights; no max, no division.", true, 1, false, true,
-     true, false, false},
-    {Variant::splitkv, "splitkv",
-     "splitkv (Flash-Decoding): chunks of keys in parallel, merged with log-sum-exp.", true, 1,
-     true, true, true, true, true},
-};
+using detail::kVariants;  // variants.hpp: every fact about a variant the engine needs
 
 // Reads [N, d], [H, N, d] or [B, H, N, d] as (B, H, N, d).
 std::array<int64_t, 4> as_4d(const std::vector<int64_t>& shape, const char* name) {

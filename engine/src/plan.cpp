@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "flashvk/context.hpp"
+#include "kernels.hpp"
 #include "tiling.hpp"
 
 namespace flashvk::detail {
@@ -390,15 +391,14 @@ Plan::~Plan() {
   objects_destroyed(destroyed);
 }
 
-std::string Plan::shader(const char* family) const {
-  if ((spec.layout == TileLayout::cooperative_matrix)) return std::string("flash_cm_") + family;
-  if ((spec.layout == TileLayout::lanes)) return std::string(family) + "_lanes" + (dtype == DType::f16 ? "_f16" : "_f32");
-  return std::string(family) + (dtype == DType::f16 ? "_f16" : "_f32") +
-         (spec.kv_quant ? "_kvq" : "") + (options.trace ? "_trace" : "") +
-         ((spec.layout == TileLayout::registers) ? "_reg" : "") +
-         ((spec.layout == TileLayout::blocks) ? std::string(spec.block_f16 ? "_blk16" : "_blk") +
-                            (spec.block_shuffle ? "" : "_nosg")
-                      : "");
+std::string Plan::kernel(std::string_view program) const {
+  return kernel_name({.program = program,
+                      .layout = spec.layout,
+                      .q = dtype,
+                      .kv_quant = spec.kv_quant,
+                      .trace = options.trace,
+                      .shuffle = spec.block_shuffle,
+                      .f16math = spec.block_f16});
 }
 
 TileLayout Plan::tile_layout() const {

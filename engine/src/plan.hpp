@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dispatch_list.hpp"
@@ -116,7 +117,8 @@ class Plan {
   uint64_t device_bytes = 0;
   TexelViews texel_views{};  // K, V as texels (register tiles)
 
-  std::string shader(const char* family) const;
+  /// The build of `program` (shaders/builds.def) this plan's layout, storage and options run.
+  std::string kernel(std::string_view program) const;
   TileLayout tile_layout() const;
   VkDescriptorSet make_set(const Bindings& buffers);
   /// Adds a dispatch; `push_data` defaults to the plan's Push.

@@ -11,7 +11,7 @@ void plan_fused(Plan& plan, const char* family) {
   uint64_t rows = uint64_t(group) * d.nq;
   uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
   plan.check_loop_budget(plan.most_keys);
-  VkPipeline pipe = plan.impl.pipeline(plan.shader(family), plan.spec);
+  VkPipeline pipe = plan.impl.pipeline(plan.kernel(family), plan.spec);
   plan.add(pipe, plan.make_set(plan.bindings), {blocks, d.batch * d.kv_heads, 1});
 }
 

@@ -3,6 +3,7 @@
 // slices as one storage-buffer binding can hold; larger problems run slice group by slice group.
 #include <algorithm>
 
+#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk::detail {
@@ -26,11 +27,11 @@ void plan_naive(Plan& plan) {
 
   Spec softmax_spec = plan.spec;
   softmax_spec.workgroup = 64;  // threads per row in the reduction: a power of two
-  VkPipeline scores = plan.impl.pipeline(plan.shader("naive_scores"), plan.spec);
+  VkPipeline scores = plan.impl.pipeline(plan.kernel("naive_scores"), plan.spec);
   // The softmax reads and writes only the fp32 scores, whatever Q, K and V are stored as.
   VkPipeline softmax = plan.impl.pipeline(
-      std::string("naive_softmax_f32") + (plan.options.trace ? "_trace" : ""), softmax_spec);
-  VkPipeline pv = plan.impl.pipeline(plan.shader("naive_pv"), plan.spec);
+      kernel_name({.program = "naive_softmax", .trace = plan.options.trace}), softmax_spec);
+  VkPipeline pv = plan.impl.pipeline(plan.kernel("naive_pv"), plan.spec);
   uint32_t blocks = (d.nq + plan.spec.workgroup - 1) / plan.spec.workgroup;
   for (uint32_t bh0 = 0; bh0 < total; bh0 += per_chunk) {
     uint32_t n = std::min(per_chunk, total - bh0);

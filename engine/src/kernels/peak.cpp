@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk {
@@ -25,7 +26,7 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.scale = 0.999f;
   detail::Spec spec;
   spec.workgroup = kGroupSize;
-  plan.add(ctx.impl().pipeline(shader, spec), plan.make_set(b), {groups, 1, 1}, &push,
+  plan.add(ctx.impl().pipeline(detail::kernel_name({shader}), spec), plan.make_set(b), {groups, 1, 1}, &push,
            sizeof(push));
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
   return plan.gpu_ms();
@@ -52,7 +53,7 @@ uint64_t read_size(const DeviceInfo& info, uint64_t at_most) {
 
 double read_ms(Context& ctx, const detail::Buffer& in, const detail::Buffer& out) {
   auto per_thread = static_cast<uint32_t>(in.bytes() / 16 / kReadThreads);
-  return time_dispatch(ctx, "peak_bandwidth_f32", in.handle(), out.handle(), kReadGroups,
+  return time_dispatch(ctx, "peak_bandwidth", in.handle(), out.handle(), kReadGroups,
                        per_thread);
 }
 
@@ -86,7 +87,7 @@ FmaProbe::FmaProbe(Context& ctx, double min_ms)
 FmaProbe::~FmaProbe() = default;
 
 double FmaProbe::run_ms() {
-  return time_dispatch(*ctx_, "peak_fma_f32", VK_NULL_HANDLE, out_->buffer.handle(),
+  return time_dispatch(*ctx_, "peak_fma", VK_NULL_HANDLE, out_->buffer.handle(),
                        fma_groups(*ctx_), iterations_);
 }
 
@@ -110,7 +111,7 @@ double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
   detail::Buffer out(ctx.impl(), uint64_t(kGroups) * kSubgroups * 256 * 4);
   uint32_t iterations = 16;
   auto run = [&] {
-    return time_dispatch(ctx, "peak_coopmat_f16", VK_NULL_HANDLE, out.handle(), kGroups,
+    return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups,
                          iterations);
   };
   while (iterations < (1u << 20) && run() < min_ms) iterations *= 2;

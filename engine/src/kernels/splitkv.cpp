@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk::detail {
@@ -60,7 +61,7 @@ void plan_splitkv(Plan& plan) {
   b[kScratch2] = plan.scratch2.handle();
   VkDescriptorSet set = plan.make_set(b);
 
-  VkPipeline partial = plan.impl.pipeline(plan.shader("splitkv"), plan.spec);
+  VkPipeline partial = plan.impl.pipeline(plan.kernel("splitkv"), plan.spec);
   plan.add(partial, set, {blocks, d.batch * d.kv_heads, plan.splits});
   plan.add_barrier();
   // The merge: a row per invocation on CPU drivers; on GPUs a row's elements spread over 32
@@ -71,7 +72,7 @@ void plan_splitkv(Plan& plan) {
   merge_spec.d = plan.spec.d;
   merge_spec.dv = plan.spec.dv;
   merge_spec.mods = plan.spec.mods & kModSinks;  // the merge adds the sink
-  VkPipeline merge = plan.impl.pipeline("splitkv_merge_f32", merge_spec);
+  VkPipeline merge = plan.impl.pipeline(kernel_name({"splitkv_merge"}), merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   uint64_t merge_groups = (total_rows + 64 / merge_spec.bc - 1) / (64 / merge_spec.bc);
   uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);

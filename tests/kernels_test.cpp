@@ -1,0 +1,47 @@
+// The kernel build table (shaders/builds.def): every build the engine can name is embedded, under
+// the name CMake gave it, and its SPIR-V is a module.
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "flashvk/error.hpp"
+#include "kernels.hpp"
+#include "shader_registry.hpp"
+
+namespace flashvk::detail {
+namespace {
+
+TEST(KernelTable, EveryBuildTheTableNamesIsEmbedded) {
+  std::set<std::string> embedded;
+  for (const ShaderBlob& blob : shader_blobs()) {
+    embedded.insert(blob.name);
+    ASSERT_GE(blob.bytes, 20u) << blob.name;
+    EXPECT_EQ(blob.words[0], 0x07230203u) << blob.name << ": not SPIR-V";
+  }
+  size_t named = 0;
+  for (const KernelBuilds& line : kernel_table())
+    // Every value of every option; those the line lacks are not looked at.
+    for (uint32_t bits = 0; bits < 64; ++bits) {
+      KernelKey key{.program = line.program,
+                    .layout = line.layout,
+                    .q = bits & 1 ? DType::f16 : DType::f32,
+                    .kv_quant = (bits & 2) != 0,
+                    .trace = (bits & 4) != 0,
+                    .shuffle = (bits & 8) != 0,
+                    .f16math = (bits & 16) != 0,
+                    .quant = (bits & 32) != 0};
+      std::string name = kernel_name(key);
+      EXPECT_TRUE(embedded.count(name)) << name << " (" << line.source << ") is not embedded";
+      ++named;
+    }
+  EXPECT_GT(named, 0u);
+}
+
+TEST(KernelTable, AProgramWithoutABuildInALayoutIsAnInternalError) {
+  EXPECT_THROW(kernel_name({.program = "naive_scores", .layout = TileLayout::lanes}), Error);
+  EXPECT_THROW(kernel_name({.program = "no_such_program"}), Error);
+}
+
+}  // namespace
+}  // namespace flashvk::detail
