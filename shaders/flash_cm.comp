@@ -134,13 +134,14 @@ void tile_scores() {
   subgroup_sync();
 }
 
-// The recurrence's state for this lane's row (both lanes of a row hold the same).
-#ifdef CM_FLASHD
+// The variant's recurrence (the same hooks the fused kernels call), on this lane's row (both
+// lanes of a row hold the same state).
+#if defined(CM_FLASHD)
 #include "flashd_step.glsl"
-float lse_run = NEG_INF;
+#elif defined(CM_FLASH1)
+#include "flash1_step.glsl"
 #else
-float m_run = NEG_INF;
-float l_run = 0.0;
+#include "flash2_step.glsl"
 #endif
 
 // Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, P into p_sh. Returns
@@ -157,17 +158,12 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
     m_loc = max(m_loc, s[c]);
   }
   float m_tile = max(m_loc, subgroupShuffleXor(m_loc, 1u));
-#ifdef CM_FLASHD
-  float m_ref = m_tile;  // FLASH-D weighs each tile by its own log-sum-exp
-#else
-  float m_new = max(m_run, m_tile);
-  float m_ref = m_new;
-#endif
+  float ref = tile_ref(0u, m_tile);  // FLASH-D: the tile's own max; else the running one
   uint p_base = (sg() * SG_ROWS * PS + r * PS + first) / 8u;
   float l_loc = 0.0;
   float p[HALF];
   [[unroll]] for (uint c = 0u; c < HALF; ++c) {
-    p[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - m_ref);  // exp(-inf) spelled out as 0
+    p[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - ref);  // exp(-inf) spelled out as 0
     l_loc += p[c];
   }
   [[unroll]] for (uint c = 0u; c < HALF; c += 8u)
@@ -175,23 +171,7 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
         uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
               packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
   float l_tile = l_loc + subgroupShuffleXor(l_loc, 1u);
-#ifdef CM_FLASHD
-  keep = 1.0, coef = 0.0;  // nothing visible: the output stays
-  if (l_tile > 0.0) sigma_step(m_tile, l_tile, lse_run, keep, coef);
-#else
-  float alpha = m_run == NEG_INF ? 0.0 : exp(m_run - m_new);
-  float l_new = l_run * alpha + l_tile;
-#ifdef CM_FLASH1
-  float inv = l_new > 0.0 ? 1.0 / l_new : 0.0;  // the output stays normalised
-  keep = l_run * alpha * inv;
-  coef = inv;
-#else
-  keep = alpha;  // FlashAttention-2: unnormalised until the end
-  coef = 1.0;
-#endif
-  m_run = m_new;
-  l_run = l_new;
-#endif
+  tile_step(0u, ref, l_tile, keep, coef);
   subgroup_sync();
 }
 
@@ -245,38 +225,23 @@ void finish(Row row) {
   if (!row.valid) return;
   uint index = row.bh * pc.nq + row.i;
   bool writer = lane() % 2u == 0u;
-#if defined(CM_FLASHD)
-  store_row(o_at(row.bh, row.i), 1.0);
-  if ((pc.flags & FLAG_LSE) != 0u && writer) lse_buf[index] = lse_run;
-#else
-  float inv = l_run > 0.0 ? 1.0 / l_run : 0.0;
-#ifdef CM_FLASH1
-  inv = 1.0;
-#endif
 #ifdef SPLIT_KV
   uint part = index * pc.splits + gl_WorkGroupID.z;  // seed 002: normalised o', m and d'
-  store_row(part * DV, inv);
+  store_row(part * DV, out_scale(0u));
   if (writer) {
-    scratch2[part * 2u] = m_run;
-    scratch2[part * 2u + 1u] = l_run;
+    scratch2[part * 2u] = m_run[0];
+    scratch2[part * 2u + 1u] = l_run[0];
   }
 #else
-  store_row(o_at(row.bh, row.i), inv);
-  if ((pc.flags & FLAG_LSE) != 0u && writer)
-    lse_buf[index] = l_run > 0.0 ? m_run + log(l_run) : NEG_INF;
-#endif
+  store_row(o_at(row.bh, row.i), out_scale(0u));
+  if ((pc.flags & FLAG_LSE) != 0u && writer) lse_buf[index] = row_lse(0u);
 #endif
 }
 
 void main() {
   Row row = local_row(sg() * SG_ROWS + lane() / 2u);
   rows[0] = row;
-#ifdef CM_FLASHD
-  lse_run = start_max(0u);
-#else
-  m_run = start_max(0u);
-  l_run = start_sum(0u);
-#endif
+  state_start(0u);
   [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
   load_queries();
   uint begin, end;

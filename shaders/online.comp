@@ -5,32 +5,27 @@
 // Pass 2 walks them again: a_i = e^(x_i - m_N) / d'_N, o_i = o_{i-1} + a_i v_i.
 #include "common.glsl"
 #include "tile.glsl"
+#include "max_state.glsl"
 
 const uint PASSES = 2u;
 bool pass_needs_v(uint pass) { return pass == 1u; }
 
-float m_run[ROWS];
-float l_run[ROWS];
 float w_tile[ROWS];  // pass 2: the weight the tile's keys add to the output
 
 void state_init(uint rr) {
-  m_run[rr] = start_max(rr);
-  l_run[rr] = start_sum(rr);
+  state_start(rr);
   [[unroll]] for (uint e = 0; e < OW; ++e) o_acc[rr][e] = 0.0;
 }
 
 void tile_begin(uint pass, uint rr) { w_tile[rr] = 0.0; }
 
 void first_pass(uint rr) {
-  float m_new = max(m_run[rr], chunk_max(rr));
+  float ref = tile_ref(rr, chunk_max(rr));
   float l_chunk = 0.0;
   [[unroll]] for (uint ci = 0; ci < CH; ++ci)
-    l_chunk += sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - m_new);
-  l_chunk = row_sum(l_chunk);  // before the branch: with register blocks every invocation sums
-  if (m_new == NEG_INF) return;
-  float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
-  l_run[rr] = l_run[rr] * alpha + l_chunk;
-  m_run[rr] = m_new;
+    l_chunk += sc[rr][ci] == NEG_INF ? 0.0 : exp(sc[rr][ci] - ref);
+  l_chunk = row_sum(l_chunk);  // with register blocks every invocation sums
+  rescale_state(rr, ref, l_chunk);
 }
 
 void second_pass(uint rr) {
@@ -68,9 +63,8 @@ void tile_end(uint pass, uint j0, uint rr) {
 
 void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
-  float m = m_run[rr], l = l_run[rr];
   store_o(o_at(rows[rr].bh, rows[rr].i), rr, 1.0);
-  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = l > 0.0 ? m + log(l) : NEG_INF;
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = row_lse(rr);
 }
 
 #include "fused_main.glsl"

@@ -19,6 +19,8 @@
 #define SPLIT_KV
 #define LANE_TILE
 #include "common.glsl"
+#include "flash2_step.glsl"  // the recurrence every FlashAttention-2 layout runs
+#include "lse_merge.glsl"    // the clusters' merge
 
 // Values in one 16-byte load of K (V): 4 floats, 8 halves or bfloat16s, 16 q8_0 quants (half a
 // block) or 32 q4_0 quants (a whole block), so that vector x / VEC holds value x.
@@ -47,7 +49,6 @@ float v_scale(uint x) {
 
 float q_reg[ROWS][KE];
 float o_acc[ROWS][VE];
-float m_run[ROWS], l_run[ROWS];
 
 shared float part_ml[CLUSTERS][ROWS][2];
 shared float part_o[CLUSTERS][ROWS][DV];
@@ -65,8 +66,7 @@ void main() {
     [[unroll]] for (uint e = 0; e < KE; ++e)
       q_reg[rr][e] = valid ? float(q_buf[base + e]) * pc.scale : 0.0;
     [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
-    m_run[rr] = start_max(rr);  // empty: splitkv_merge.comp adds the sink
-    l_run[rr] = start_sum(rr);
+    state_start(rr);  // empty: splitkv_merge.comp adds the sink
   }
   uint lo, hi, begin, end;
   rows_key_union(lo, hi);  // every invocation holds all the workgroup's rows
@@ -110,21 +110,21 @@ void main() {
       [[unroll]] for (uint c = 0; c < KB; ++c)
         [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] += subgroupShuffleXor(s[c][rr], step);
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-      float m_new = m_run[rr];
+      float m_step = NEG_INF;
       [[unroll]] for (uint c = 0; c < KB; ++c) {
         s[c][rr] = row_score(rr, j0 + c, j0 + c < end && key_visible(rr, j0 + c), s[c][rr]);
-        m_new = max(m_new, s[c][rr]);
+        m_step = max(m_step, s[c][rr]);
       }
-      // As in flash2_state.glsl: exp(-inf) spelled out as 0, no branch while nothing is seen.
-      float alpha = m_run[rr] == NEG_INF ? 0.0 : exp(m_run[rr] - m_new);
-      l_run[rr] *= alpha;
-      [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] *= alpha;
+      float ref = tile_ref(rr, m_step), l_step = 0.0;
       [[unroll]] for (uint c = 0; c < KB; ++c) {
-        float p = s[c][rr] == NEG_INF ? 0.0 : exp(s[c][rr] - m_new);
-        l_run[rr] += p;
+        float p = s[c][rr] == NEG_INF ? 0.0 : exp(s[c][rr] - ref);  // exp(-inf) spelled out as 0
+        l_step += p;
         s[c][rr] = p;
       }
-      m_run[rr] = m_new;
+      float keep, coef;  // coef = 1: FlashAttention-2 divides by l once, at the end
+      tile_step(rr, ref, l_step, keep, coef);
+      [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] *= keep;
+      [[unroll]] for (uint c = 0; c < KB; ++c) s[c][rr] *= coef;
     }
     [[unroll]] for (uint c = 0; c < KB; ++c)
       [[unroll]] for (uint u = 0; u < VE / VVEC; ++u) {
@@ -139,7 +139,8 @@ void main() {
       }
   }
 
-  // The clusters' states merge with log-sum-exp, as chunks do in splitkv_merge.comp.
+  // The clusters' states merge with log-sum-exp (lse_merge.glsl), as chunks do in
+  // splitkv_merge.comp.
   if (CLUSTERS > 1u) {
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       if (sub == 0u) {
@@ -156,8 +157,7 @@ void main() {
       l_run[rr] = 0.0;
       [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
       for (uint c = 0u; c < CLUSTERS; ++c) {
-        float m = part_ml[c][rr][0];
-        float w = m == NEG_INF ? 0.0 : exp(m - m_all);
+        float w = merge_weight(part_ml[c][rr][0], m_all);
         l_run[rr] += part_ml[c][rr][1] * w;
         [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[c][rr][sub * VE + e] * w;
       }
@@ -168,7 +168,7 @@ void main() {
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     if (!rows[rr].valid) continue;
     uint part = (rows[rr].bh * pc.nq + rows[rr].i) * pc.splits + gl_WorkGroupID.z;
-    float inv = l_run[rr] > 0.0 ? 1.0 / l_run[rr] : 0.0;
+    float inv = out_scale(rr);
     [[unroll]] for (uint e = 0; e < VE; ++e) scratch1[part * DV + sub * VE + e] = o_acc[rr][e] * inv;
     if (sub == 0u) {
       scratch2[part * 2u] = m_run[rr];

@@ -1,13 +1,14 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
 // Flash-Decoding reduction (seed 002): merge the per-chunk (o'_c, m_c, d'_c) of one row with
-// log-sum-exp, m_N = max_c m_c, d'_N = sum_c d'_c e^(m_c - m_N), o = sum_c o'_c d'_c e^(m_c - m_N) / d'_N.
-// A chunk that saw no key has m = -inf and d' = 0 and adds nothing. An attention sink is merged
+// log-sum-exp (lse_merge.glsl), m_N = max_c m_c, d'_N = sum_c d'_c e^(m_c - m_N),
+// o = sum_c o'_c d'_c e^(m_c - m_N) / d'_N. An attention sink is merged
 // here (as a chunk of zero output), not in the chunks.
 // BC invocations share a row, each merging the output elements e = lane, lane + BC, ...: one on
 // CPU drivers (a row per invocation, its elements in unrolled loops), a warp's worth on GPUs, so
 // that the merge reads the chunks' outputs in wide, contiguous requests.
 #include "common.glsl"
+#include "lse_merge.glsl"
 
 const uint PER_LANE = (DV + BC - 1u) / BC;
 
@@ -28,7 +29,7 @@ void main() {
   for (uint c0 = 0u; c0 < pc.splits; c0 += STEP)
     [[unroll]] for (uint u = 0; u < STEP; ++u)
       if (c0 + u < pc.splits) m_all = max(m_all, scratch2[(first + c0 + u) * 2u]);
-  float l_all = sink == NEG_INF ? 0.0 : exp(sink - m_all);
+  float l_all = merge_weight(sink, m_all);
   // Chunks outside, head dim inside (unrolled): llvmpipe counts loop iterations per invocation.
   float acc[PER_LANE];
   [[unroll]] for (uint k = 0; k < PER_LANE; ++k) acc[k] = 0.0;
@@ -36,9 +37,8 @@ void main() {
     [[unroll]] for (uint u = 0; u < STEP; ++u) {
       uint c = min(c0 + u, pc.splits - 1u);
       float m = scratch2[(first + c) * 2u];
-      float weight = c0 + u < pc.splits && m != NEG_INF
-                         ? scratch2[(first + c) * 2u + 1u] * exp(m - m_all)
-                         : 0.0;
+      float weight = c0 + u < pc.splits ? scratch2[(first + c) * 2u + 1u] * merge_weight(m, m_all)
+                                        : 0.0;
       l_all += weight;
       [[unroll]] for (uint k = 0; k < PER_LANE; ++k) {
         uint e = lane + k * BC;
