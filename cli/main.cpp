@@ -12,6 +12,8 @@
 #include "args.hpp"
 #include "bench.hpp"
 #include "flashvk.hpp"
+#include "flashvk/reference.hpp"
+#include "flashvk/trace.hpp"
 #include "npy.hpp"
 
 namespace flashvk::cli {

@@ -1,16 +1,22 @@
-# `cmake --install`: the static library, its headers, a CMake package (find_package(flashvk
-# CONFIG) gives flashvk::flashvk, which brings its Vulkan dependency) and flashvk.pc for
-# pkg-config; the flashvk command too when it is built.
+# `cmake --install`: the static libraries, their headers, a CMake package (find_package(flashvk
+# CONFIG) gives flashvk::flashvk, the engine, which brings its Vulkan dependency, and beside it
+# flashvk::reference, flashvk::trace and flashvk::peak) and flashvk.pc for pkg-config; the
+# flashvk command too when it is built.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS flashvk EXPORT flashvkTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS flashvk flashvk_reference flashvk_trace flashvk_peak EXPORT flashvkTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${flashvk_SOURCE_DIR}/engine/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(FLASHVK_CLI)
   install(TARGETS flashvk_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 
 set(FLASHVK_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashvk)
+# The exported names drop the prefix: flashvk::reference, flashvk::trace, flashvk::peak.
+set_target_properties(flashvk_reference PROPERTIES EXPORT_NAME reference)
+set_target_properties(flashvk_trace PROPERTIES EXPORT_NAME trace)
+set_target_properties(flashvk_peak PROPERTIES EXPORT_NAME peak)
 install(EXPORT flashvkTargets NAMESPACE flashvk:: DESTINATION ${FLASHVK_CMAKE_DIR})
 configure_package_config_file(${flashvk_SOURCE_DIR}/cmake/flashvkConfig.cmake.in
                               ${flashvk_BINARY_DIR}/flashvkConfig.cmake

@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              "window", "softcap", "alibi-max-bias"},
                             {"causal"});
     flashvk::AttentionParams params;
-    flashvk::cli::modifier_options(args, params);
+    flashvk::cli::modifier_options(args, params.mods);
     args.integer("splits", 0, 1, 4096);
     args.integer("device", -1, 0, 1 << 20);
     args.number("scale", 1.0);

@@ -7,12 +7,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-60}"
 bash "$root/scripts/setup.sh"
 out="$root/build-fuzz"
-mkdir -p "$out"
-flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-       -I"$root/engine/include" -I"$root/cli")
-common=("$root/cli/npy.cpp" "$root/cli/args.cpp" "$root/engine/src/host_tensor.cpp" "$root/engine/src/error.cpp")
+# The fuzzers link the engine's libraries, built with clang, the fuzzer's instrumentation and
+# ASan + UBSan (FLASHVK_FUZZ).
+CXX=clang++ cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHVK_FUZZ=ON \
+  -DFLASHVK_WERROR=ON -DFLASHVK_CLI=OFF -DFLASHVK_VIEWER=OFF -DFLASHVK_TESTS=OFF \
+  -DFLASHVK_INSTALL=OFF >/dev/null
+cmake --build "$out" -j "$(nproc)" --target npy_fuzz args_fuzz >/dev/null
 for target in npy args; do
-  clang++ "${flags[@]}" "$root/fuzz/${target}_fuzz.cpp" "${common[@]}" -o "$out/${target}_fuzz"
   corpus="$out/corpus_$target"
   mkdir -p "$corpus"
   cp -n "$root/fuzz/corpus/$target/"* "$corpus/" 2>/dev/null || true

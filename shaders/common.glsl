@@ -24,10 +24,6 @@
 // The specialization constants (workgroup size, BC, D, DV, ROWS, KEY_MASK, LANES, MODS, K_FORMAT,
 // V_FORMAT, PAGE_SIZE, KV_VEC4, V_AT), declared once for shaders and host.
 #include "spec_constants.glsl"
-const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
-const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
-const uint MOD_SINKS = 4u;    // a sink logit in the denominator
-const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
 const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
@@ -212,30 +208,17 @@ struct Row {
   uint mask_row;  // MOD_MASK: this row's index among the mask's rows
 };
 
-// The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
-// that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
-// keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
-// the host). Every kernel and layout takes its key loop's bounds and its per-key test
-// (key_visible) from here, so the fused kernels never read keys outside the window (naive's
-// scores pass writes every key's score, -inf for hidden ones).
-// With an additive mask the keys also stop at the row's first and last finite mask entry.
-uint mask_row_of(uint b, uint h, uint i) {
-  return b * pc.mask_bstride + h * pc.mask_hstride + i;
-}
+// The rows this invocation works on (ROWS; one but for register tiles and lanes), set by each
+// kernel from make_row. The functions below take a row's index, not the Row: llvmpipe gives
+// every by-value struct argument fresh stack space, and a call per key overflowed its fixed
+// per-invocation stack after a few hundred keys.
+Row rows[ROWS];
 
-void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
-  int nk = int(seq_len(b));  // Nk, or sequence b's own length in a paged cache
-  int diag = int(i) + nk - int(pc.nq);
-  int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
-  int hi = pc.window_right < 0 ? nk : diag + pc.window_right + 1;
-  if ((MODS & MOD_MASK) != 0u) {
-    uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
-    lo = max(lo, int(mask_buf[at]));
-    hi = min(hi, int(mask_buf[at + 1u]));
-  }
-  begin = uint(clamp(lo, 0, nk));
-  end = uint(clamp(hi, int(begin), nk));
-}
+// Whether key j is inside row rr's keys (row_keys).
+bool in_row_keys(uint rr, uint j) { return j >= rows[rr].key_begin && j < rows[rr].key_end; }
+
+// Which keys a row sees, its sink, and the score hook (the modifiers).
+#include "modifiers.glsl"
 
 Row make_row(uint b, uint h, uint i, bool valid) {
   Row r;
@@ -246,18 +229,9 @@ Row make_row(uint b, uint h, uint i, bool valid) {
   r.kv_base = b * pc.kv_bstride + (h / group) * pc.kv_hstride;
   r.i = i;
   row_keys(b, h, i, r.key_begin, r.key_end);
-  r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(b, h, i) : 0u;
   if (!valid) r.key_begin = r.key_end = 0u;
   r.diag = int(i) + int(seq_len(b)) - int(pc.nq);
-  r.slope = 0.0;
-  r.sink = NEG_INF;
-  if ((MODS & (MOD_ALIBI | MOD_SINKS)) != 0u) {
-    vec2 head = head_buf[r.bh];
-    r.slope = head.x;
-#ifndef SPLIT_KV  // splitkv's chunks start empty; the merge adds the sink once
-    if ((MODS & MOD_SINKS) != 0u) r.sink = head.y;
-#endif
-  }
+  row_modifiers(r, h);
   return r;
 }
 
@@ -286,15 +260,6 @@ Row packed_row(uint rr) {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-// The rows this invocation works on (ROWS; one but for register tiles and lanes), set by each
-// kernel from make_row. The functions below take a row's index, not the Row: llvmpipe gives
-// every by-value struct argument fresh stack space, and a call per key overflowed its fixed
-// per-invocation stack after a few hundred keys.
-Row rows[ROWS];
-
-// Whether key j is inside row rr's keys (row_keys).
-bool in_row_keys(uint rr, uint j) { return j >= rows[rr].key_begin && j < rows[rr].key_end; }
-
 // The union of the keys this invocation's rows see, [lo, hi) (lo >= hi: none).
 void rows_key_union(out uint lo, out uint hi) {
   lo = 0xffffffffu;
@@ -304,54 +269,6 @@ void rows_key_union(out uint lo, out uint hi) {
       lo = min(lo, rows[rr].key_begin);
       hi = max(hi, rows[rr].key_end);
     }
-}
-
-// Whether row rr sees key j: inside its keys and not hidden by the key mask. (Register tiles
-// read the key mask once per lane and shuffle it: they test in_row_keys and the mask apart.)
-bool key_visible(uint rr, uint j) {
-  if (!in_row_keys(rr, j)) return false;
-  // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
-  // when no mask is bound (the binding then holds a 16-byte placeholder).
-  if (KEY_MASK) {
-    if (mask_buf[rows[rr].b * pc.nk + j] == 0u) return false;
-  }
-  return true;
-}
-
-uint mask_stride() { return (pc.nk + 3u) & ~3u; }
-
-// The additive mask of row rr at key j (MOD_MASK). Register tiles prefetch their tile's entries
-// four keys a texel (tile.glsl): llvmpipe runs a per-lane storage-buffer read as a loop over the
-// lanes, and a texel fetch as a called gather.
-#ifdef REG_TILE
-float mask_value(uint rr, uint j);
-#else
-float mask_value(uint rr, uint j) {
-  return uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
-}
-#endif
-
-// The score hook: every kernel and layout turns the scaled dot product s = scale * q.k of row rr
-// and key j into the score its recurrence uses here, and only here. Softcapping first, then
-// ALiBi's bias (FlashAttention-2 and ggml's order), then the additive mask. tanh's argument is clamped to +-15, where
-// tanh is 1 in fp32, so that no driver's e^2x overflows into inf / inf.
-float modify_score(uint rr, uint j, float s) {
-  if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
-  if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
-  // -inf from the mask hides the key: every recurrence treats it as masked.
-  if ((MODS & MOD_MASK) != 0u) s += mask_value(rr, j);
-  return s;
-}
-
-// The state a row's recurrence starts from: nothing seen (m = -inf, l = 0), or with an attention
-// sink s the sink as a key of zero value seen first: m = s, l = 1 (FLASH-D: L = s). A row that
-// then sees no key keeps O = 0 and LSE = s.
-float start_max(uint rr) { return rows[rr].sink; }
-float start_sum(uint rr) { return rows[rr].sink == NEG_INF ? 0.0 : 1.0; }
-
-// Row rr's score for key j, or -inf where `seen` says the row does not see it.
-float row_score(uint rr, uint j, bool seen, float scaled_dot) {
-  return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
 }
 
 #if !defined(REG_TILE) && !defined(LANE_TILE)
@@ -374,36 +291,6 @@ void workgroup_keys(inout uint lo, inout uint hi) {
   hi = wg_key_hi;
 }
 #endif
-
-// The additive mask's tile bitmap (MOD_MASK; the fused kernels): a bit per workgroup and tile of
-// BC keys, set where a row of the workgroup has a finite entry in the tile (plan.cpp
-// set_mask_tiles). This is the word holding tile t's bit (bit t % 32).
-uint mask_tile_word(uint t) {
-  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
-  uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
-  return mask_buf[base + t / 32u];
-}
-
-// The first tile from key j0 on (a multiple of BC) whose bit is set, or `end`. The key loops step
-// from one such tile to the next, so fully masked tiles cost nothing: a branch around a tile
-// would not (llvmpipe runs both sides of a branch on a loaded value), and the row ranges only cut
-// a row's ends. Every invocation reads the same words, so a workgroup steps together.
-uint next_seen_tile(uint j0, uint end) {
-  if ((MODS & MOD_MASK) == 0u) return j0;
-  for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
-    uint bits = mask_tile_word(t) >> (t % 32u);
-    if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
-  }
-  return end;
-}
-
-// Whether tile j0's bit (j0 a multiple of BC) is set; always without MOD_MASK. For kernels whose
-// invocations walk different tiles (lanes: each cluster its own), which branch around a hidden
-// tile: never read, which saves a GPU its memory traffic (on llvmpipe the branch saves little).
-bool tile_seen(uint j0) {
-  if ((MODS & MOD_MASK) == 0u) return true;
-  return ((mask_tile_word(j0 / BC) >> (j0 / BC % 32u)) & 1u) != 0u;
-}
 
 // The keys a workgroup (or, for splitkv, its chunk) walks, given the union [lo, hi) of the keys
 // its rows see: begin rounded down to a whole tile of BC keys, so that tiles (and their trace

@@ -13,12 +13,17 @@ namespace flashvk::detail {
 namespace {
 
 TEST(KernelTable, EveryBuildTheTableNamesIsEmbedded) {
+  // The engine's builds, the traces' and the calibrations', each embedded once.
   std::set<std::string> embedded;
-  for (const ShaderBlob& blob : shader_blobs()) {
-    embedded.insert(blob.name);
-    ASSERT_GE(blob.bytes, 20u) << blob.name;
-    EXPECT_EQ(blob.words[0], 0x07230203u) << blob.name << ": not SPIR-V";
-  }
+  for (const auto* registry : {&shader_blobs(), &trace_shader_blobs(), &peak_shader_blobs()})
+    for (const ShaderBlob& blob : *registry) {
+      EXPECT_TRUE(embedded.insert(blob.name).second) << blob.name << " is embedded twice";
+      ASSERT_GE(blob.bytes, 20u) << blob.name;
+      EXPECT_EQ(blob.words[0], 0x07230203u) << blob.name << ": not SPIR-V";
+    }
+  // The engine embeds no trace build: traces are flashvk_trace's.
+  for (const ShaderBlob& blob : shader_blobs())
+    EXPECT_EQ(std::string(blob.name).find("_trace"), std::string::npos) << blob.name;
   size_t named = 0;
   for (const KernelBuilds& line : kernel_table())
     // Every value of every option; those the line lacks are not looked at.

@@ -218,7 +218,7 @@ TEST_P(ClosedFormTest, AlibiWithEqualScores) {
     params.variant = GetParam();
     params.mods.causal = causal;
     params.mods.alibi_slopes = causal ? std::vector<float>{0.5f, 0.125f}
-                                 : std::vector<float>{0.5f, 0.125f, 0.25f, 1.0f};  // [B, H]
+                                      : std::vector<float>{0.5f, 0.125f, 0.25f, 1.0f};  // [B, H]
     HostAttentionResult gpu = attention(context(), q, k, v, params);
     for (uint32_t bb = 0; bb < b; ++bb)
       for (uint32_t hh = 0; hh < h; ++hh) {
@@ -377,7 +377,8 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
              v = random_tensor({batch, 2, nk, d}, 23);
   AttentionParams params;
   params.variant = variant;
-  if (variant_info(variant).splits_keys) params.hints.splits = 3;  // chunks from keys 0 and 128 on too
+  if (variant_info(variant).splits_keys)
+    params.hints.splits = 3;  // chunks from keys 0 and 128 on too
   params.mods.mask = HostTensor({batch, heads, nq, nk});
   const float hidden = -std::numeric_limits<float>::infinity();
   for (uint32_t b = 0; b < batch; ++b)

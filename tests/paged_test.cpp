@@ -127,8 +127,8 @@ void expect_sequences_match(const HostTensor& q, const PagedBatch& p, const Stor
       for (float x : out.data) EXPECT_EQ(x, 0.0f);
       int64_t nq = q.shape[2];
       for (int64_t r = 0; r < numel(lse.shape); ++r) {
-        float want =
-            params.mods.sinks.empty() ? -std::numeric_limits<float>::infinity() : params.mods.sinks[r / nq];
+        float want = params.mods.sinks.empty() ? -std::numeric_limits<float>::infinity()
+                                               : params.mods.sinks[r / nq];
         EXPECT_EQ(lse.data[r], want);
       }
       continue;

@@ -3,8 +3,8 @@
 #include <functional>
 #include <thread>
 
-#include "flashvk/tools/testing.hpp"
 #include "test_util.hpp"
+#include "testing.hpp"
 
 namespace flashvk::test {
 namespace {

@@ -89,8 +89,8 @@ double tolerance(const HostTensor& q, const HostTensor& k, const HostTensor& v,
   // ALiBi's bias, slope |diagonal - j|, is at most the largest slope times Nk + Nq.
   for (uint32_t b = 0; b < d.batch; ++b)
     for (uint32_t h = 0; h < d.heads; ++h)
-      score_mag = std::max(
-          score_mag, std::abs(double(alibi_slope(params.mods, d.heads, b, h))) * double(d.nk + d.nq));
+      score_mag = std::max(score_mag, std::abs(double(alibi_slope(params.mods, d.heads, b, h))) *
+                                          double(d.nk + d.nq));
   double vmax = std::max(1e-30f, max_abs(v));
   double accumulation = 32.0 * (1.0 + std::log2(double(d.nk)));
   return vmax * u * (4.0 * score_mag + accumulation);

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "flashvk.hpp"
+#include "flashvk/reference.hpp"
+#include "flashvk/trace.hpp"
 
 namespace flashvk::test {
 

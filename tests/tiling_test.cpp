@@ -67,8 +67,8 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
 // workgroup's key range.
 uint64_t block_footprint(const Spec& s, uint32_t d) {
   uint64_t br = s.block(), bc = s.bc, element = s.block_f16 ? 2 : 4;
-  return element * (d * br + bc * br + 4ull * s.kv_vec4) + (s.block_shuffle ? 0 : 4ull * s.workgroup) +
-         8;
+  return element * (d * br + bc * br + 4ull * s.kv_vec4) +
+         (s.block_shuffle ? 0 : 4ull * s.workgroup) + 8;
 }
 
 TEST(TilingTest, GpuWithMatrixUnits) {
@@ -132,9 +132,8 @@ TEST(TilingTest, Fp16ArithmeticTakesRegisterBlocksOrTheMatrixUnits) {
     }
     EXPECT_FALSE(tiling(*info, prefill, Variant::flash2, DType::f16).block_f16);
   }
-  EXPECT_EQ(
-      tiling(kH100, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true).layout,
-      TileLayout::cooperative_matrix);
+  EXPECT_EQ(tiling(kH100, prefill, Variant::flash2, DType::f16, TileLayout::automatic, true).layout,
+            TileLayout::cooperative_matrix);
   Spec fp32 = tiling(kH100, prefill, Variant::flash2, DType::f32, TileLayout::automatic, true);
   EXPECT_EQ(fp32.layout, TileLayout::blocks);
   EXPECT_TRUE(fp32.block_f16);
@@ -179,7 +178,7 @@ TEST(TilingTest, VulkanMinimumsRunRegisterBlocksThroughSharedMemory) {
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
   Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
   EXPECT_EQ(s.layout, TileLayout::registers);
-  EXPECT_EQ(s.bc, 8u);        // a key per lane
+  EXPECT_EQ(s.bc, 8u);    // a key per lane
   EXPECT_EQ(s.rows, 4u);  // 512 / d rows an invocation, at most 4
   EXPECT_EQ(tiling(kCpu, dims(32, 8, 1, 16384, 128, 128), Variant::splitkv, DType::f16).layout,
             TileLayout::registers);  // lanes is a GPU layout
@@ -212,7 +211,7 @@ TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
               try {
                 Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks, f16);
                 EXPECT_EQ(s.block_f16, f16);
-                ASSERT_TRUE((s.layout == TileLayout::blocks));
+                ASSERT_TRUE(s.layout == TileLayout::blocks);
                 EXPECT_LE(s.workgroup, invocations);
                 EXPECT_EQ(s.block() % 4, 0u);
                 EXPECT_EQ(s.bc % s.lanes, 0u);

@@ -114,8 +114,8 @@ void print_summary(const Model& model, const std::string& path) {
               model.context().device().name.c_str());
   std::printf("  input B=%u H=%u Nq=%u Nk=%u d=%u dv=%u%s, row %u of head %u, step %d of %d\n",
               d.batch, d.heads, d.nq, d.nk, d.d, d.dv,
-              model.inputs().params.mods.causal ? " causal" : "", model.row, model.head, model.cursor,
-              model.steps() - 1);
+              model.inputs().params.mods.causal ? " causal" : "", model.row, model.head,
+              model.cursor, model.steps() - 1);
   for (const auto& t : model.traces()) {
     double err = 0;
     for (size_t c = 0; c < model.direct().out.size(); ++c)
@@ -133,9 +133,10 @@ void print_summary(const Model& model, const std::string& path) {
   }
   const Storage& st = model.inputs().storage;
   if (st.q != DType::f32 || st.k != DType::f32 || st.v != DType::f32)
-    std::printf("  storage %s: moves the float64 output by %.2e from the inputs as given (fp16: "
-                "%.2e); the errors above are against float64 on the stored values\n",
-                cli::storage_text(st).c_str(), model.storage_cost(), model.fp16_cost());
+    std::printf(
+        "  storage %s: moves the float64 output by %.2e from the inputs as given (fp16: "
+        "%.2e); the errors above are against float64 on the stored values\n",
+        cli::storage_text(st).c_str(), model.storage_cost(), model.fp16_cost());
   Lesson lesson = lesson_for(model);
   std::printf("  lesson: %zu points of interest", lesson.points.size());
   for (const auto& p : lesson.points)

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "flashvk.hpp"
+#include "flashvk/reference.hpp"
+#include "flashvk/trace.hpp"
 
 namespace flashvk::viewer {
 

@@ -271,8 +271,8 @@ void refresh_lesson(const Model& model, UiState& ui) {
       model.inputs().name + "/" + std::to_string(model.batch) + "/" + std::to_string(model.head) +
       "/" + std::to_string(model.row) + "/" + std::to_string(model.steps()) + "/" +
       std::to_string(int(model.inputs().storage.q)) +
-      std::to_string(int(model.inputs().storage.k)) + std::to_string(model.inputs().params.mods.causal) +
-      std::to_string(model.traces().size());
+      std::to_string(int(model.inputs().storage.k)) +
+      std::to_string(model.inputs().params.mods.causal) + std::to_string(model.traces().size());
   if (of == ui.lesson_of) return;
   bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
   ui.lesson = lesson_for(model);

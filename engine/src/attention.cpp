@@ -261,15 +261,13 @@ AttentionResult run(Context& ctx, detail::Plan& plan) {
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
   AttentionResult result;
   result.gpu_ms = plan.gpu_ms();
-  result.device_bytes = plan.device_bytes;
+  result.device_bytes = plan.allocated_bytes();
   result.tile_layout = plan.tile_layout();
-  if (variant_info(plan.params.variant).fused) {
-    result.block_rows = plan.spec.block();
-    result.block_keys = plan.spec.bc;
-  }
-  result.splits = plan.splits;
-  result.out = std::move(plan.out);
-  result.lse = std::move(plan.lse);
+  result.block_rows = plan.block_rows();
+  result.block_keys = plan.block_keys();
+  result.splits = plan.key_chunks();
+  result.out = plan.take_out();
+  result.lse = plan.take_lse();
   return result;
 }
 }  // namespace
@@ -327,7 +325,7 @@ HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTenso
 Tensor rope(Context& ctx, const Tensor& x, const RopeParams& params) {
   detail::Plan plan(ctx, x, params);
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
-  return std::move(plan.out);
+  return plan.take_out();
 }
 
 AttentionRecording::AttentionRecording(Context& ctx, const Tensor& q, const Tensor& k,
@@ -356,10 +354,10 @@ void AttentionRecording::record(VkCommandBuffer cmd) {
   plan_->record(cmd);
 }
 const Tensor& AttentionRecording::out() const {
-  return plan_->out;
+  return plan_->out();
 }
 const Tensor& AttentionRecording::lse() const {
-  return plan_->lse;
+  return plan_->lse();
 }
 void AttentionRecording::set_keys(uint32_t n) {
   plan_->set_keys(n);

@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "flashvk/context.hpp"
-#include "flashvk/tools/testing.hpp"
 #include "shader_registry.hpp"
 #include "vk.hpp"
 
@@ -40,29 +39,6 @@ void device_memory(int64_t bytes) {
 
 void check(VkResult result, const char* call) {
   if (result != VK_SUCCESS) throw VulkanError(result, call);
-}
-
-namespace {
-struct Fault {
-  std::mutex mutex;
-  std::string call;
-  VkResult result = VK_SUCCESS;
-  int skip = 0;
-};
-Fault& fault() {
-  static Fault f;
-  return f;
-}
-}  // namespace
-
-VkResult injected(const char* call) {
-  Fault& f = fault();
-  std::lock_guard lock(f.mutex);
-  if (f.call.empty() || f.call != call) return VK_SUCCESS;
-  if (f.skip-- > 0) return VK_SUCCESS;
-  VkResult r = f.result;
-  f.call.clear();
-  return r;
 }
 
 void apply_overrides(DeviceInfo& info, const LimitOverrides& o) {
@@ -521,19 +497,15 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
   return UINT32_MAX;
 }
 
-VkPipeline ContextImpl::pipeline(const std::string& name, const Spec& spec) {
+VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   std::lock_guard lock(pipeline_mutex);
-  auto key = std::make_pair(name, spec);
+  auto key = std::make_pair(std::string(blob.name), spec);
   if (auto it = pipelines.find(key); it != pipelines.end()) return it->second;
-  VkShaderModule& module = modules[name];
+  VkShaderModule& module = modules[key.first];
   if (module == VK_NULL_HANDLE) {
-    const auto& blobs = shader_blobs();
-    auto blob = std::find_if(blobs.begin(), blobs.end(),
-                             [&](const ShaderBlob& b) { return name == b.name; });
-    if (blob == blobs.end()) throw Error("internal: no embedded shader named " + name);
     VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-    module_info.codeSize = blob->bytes;
-    module_info.pCode = blob->words;
+    module_info.codeSize = blob.bytes;
+    module_info.pCode = blob.words;
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
@@ -601,19 +573,6 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
 }
 
 }  // namespace detail
-
-namespace testing {
-void inject_failure(const std::string& call, VkResult result, int skip) {
-  detail::Fault& f = detail::fault();
-  std::lock_guard lock(f.mutex);
-  f.call = call;
-  f.result = result;
-  f.skip = skip;
-}
-void clear_failures() {
-  inject_failure("", VK_SUCCESS, 0);
-}
-}  // namespace testing
 
 std::vector<DeviceInfo> list_devices() {
   detail::ContextImpl probe;

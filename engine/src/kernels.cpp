@@ -3,6 +3,7 @@
 #include "kernels.hpp"
 
 #include "flashvk/error.hpp"
+#include "shader_registry.hpp"
 #include "variants.hpp"
 
 namespace flashvk::detail {
@@ -12,7 +13,7 @@ namespace {
 namespace builds {
 using namespace build_option;
 constexpr KernelBuilds kTable[] = {
-#define KERNEL(program, source, layout, options, defines) \
+#define KERNEL(program, source, layout, options, defines, library) \
   {#program, #source, TileLayout::layout, options},
 #include "../../shaders/builds.def"
 #undef KERNEL
@@ -84,6 +85,12 @@ std::string kernel_name(const KernelKey& key) {
   part(F16, key.f16math, "_f16math", "");
   part(QUANT, key.quant, "_quant", "");
   return name;
+}
+
+const ShaderBlob& find_build(const std::vector<ShaderBlob>& blobs, const std::string& name) {
+  for (const ShaderBlob& b : blobs)
+    if (name == b.name) return b;
+  throw Error("internal: no embedded shader named " + name);
 }
 
 std::span<const KernelBuilds> kernel_table() {

@@ -61,7 +61,8 @@ HostTensor causal_mask(const Dims& d, Keep keep) {
   for (uint32_t i = 0; i < d.nq; ++i) {
     KeyRange seen = window_keys(causal, d.nq, d.nk, i);
     for (int64_t j = 0; j < d.nk; ++j)
-      if (j >= seen.end || !keep(j, seen.end - 1)) mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -kInf;
+      if (j >= seen.end || !keep(j, seen.end - 1))
+        mask.data[uint64_t(i) * d.nk + uint64_t(j)] = -kInf;
   }
   return mask;
 }
@@ -74,8 +75,7 @@ std::vector<ModifierInfo> make_table() {
   std::vector<ModifierInfo> t;
   t.push_back(
       {"causal",
-       {{"causal", "", Kind::flag,
-         "bottom-right causal mask: query i sees keys j <= i + Nk - Nq"}},
+       {{"causal", "", Kind::flag, "bottom-right causal mask: query i sees keys j <= i + Nk - Nq"}},
        [](Modifiers& m, const std::string&, const OptionValue&) { m.causal = true; },
        [](const Modifiers& m) { return m.causal; },
        [](const Modifiers&) { return std::string("causal"); },
@@ -92,8 +92,9 @@ std::vector<ModifierInfo> make_table() {
          "variants)"}},
        [](Modifiers& m, const std::string&, const OptionValue& v) {
          if (v.integers.size() != 2 || v.integers[0] < -1 || v.integers[1] < -1)
-           throw Error("must be L,R with integers of at least -1 (keys before and after the "
-                       "diagonal; -1: unbounded)");
+           throw Error(
+               "must be L,R with integers of at least -1 (keys before and after the "
+               "diagonal; -1: unbounded)");
          m.window_left = v.integers[0];
          m.window_right = v.integers[1];
        },
@@ -104,30 +105,30 @@ std::vector<ModifierInfo> make_table() {
        [](const Modifiers&, const std::string& s, const std::string&) { return s; },
        [](const Modifiers& m, const TracedRow*, Members& out) {
          Window w = effective_window(m);
-         out.emplace_back("window", "[" + std::to_string(w.left) + "," + std::to_string(w.right) + "]");
+         out.emplace_back("window",
+                          "[" + std::to_string(w.left) + "," + std::to_string(w.right) + "]");
        },
        nullptr});
-  t.push_back(
-      {"softcap",
-       {{"softcap", "C", Kind::number,
-         "logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)"}},
-       [](Modifiers& m, const std::string&, const OptionValue& v) {
-         if (!(v.number > 0)) throw Error("must be positive");
-         m.softcap = static_cast<float>(v.number);
-       },
-       [](const Modifiers& m) { return m.softcap > 0; },
-       [](const Modifiers& m) { return "softcap " + number_text(m.softcap); },
-       [](const Modifiers&, const std::string& s, const std::string&) {
-         return "c tanh(" + s + " / c)";
-       },
-       [](const Modifiers& m, const TracedRow*, Members& out) {
-         out.emplace_back("softcap", json_number(m.softcap));
-       },
-       [](const Modifiers& base, const Dims&) {
-         Modifiers e = base;
-         e.softcap = 30.0f;
-         return std::vector<Modifiers>{e};
-       }});
+  t.push_back({"softcap",
+               {{"softcap", "C", Kind::number,
+                 "logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)"}},
+               [](Modifiers& m, const std::string&, const OptionValue& v) {
+                 if (!(v.number > 0)) throw Error("must be positive");
+                 m.softcap = static_cast<float>(v.number);
+               },
+               [](const Modifiers& m) { return m.softcap > 0; },
+               [](const Modifiers& m) { return "softcap " + number_text(m.softcap); },
+               [](const Modifiers&, const std::string& s, const std::string&) {
+                 return "c tanh(" + s + " / c)";
+               },
+               [](const Modifiers& m, const TracedRow*, Members& out) {
+                 out.emplace_back("softcap", json_number(m.softcap));
+               },
+               [](const Modifiers& base, const Dims&) {
+                 Modifiers e = base;
+                 e.softcap = 30.0f;
+                 return std::vector<Modifiers>{e};
+               }});
   t.push_back(
       {"alibi",
        {{"alibi-max-bias", "B", Kind::number,
@@ -172,7 +173,9 @@ std::vector<ModifierInfo> make_table() {
        },
        [](const Modifiers& m) { return !m.sinks.empty(); },
        [](const Modifiers&) { return std::string("sinks"); },
-       [](const Modifiers&, const std::string& s, const std::string&) { return s; },  // in the denominator only
+       [](const Modifiers&, const std::string& s, const std::string&) {
+         return s;
+       },  // in the denominator only
        [](const Modifiers& m, const TracedRow* row, Members& out) {
          if (row)
            out.emplace_back("sink", m.sinks.empty() ? "null" : json_number(m.sinks.at(row->head)));
@@ -192,7 +195,8 @@ std::vector<ModifierInfo> make_table() {
        [](Modifiers& m, const std::string&, const OptionValue& v) { m.mask = v.table; },
        [](const Modifiers& m) { return m.has_mask(); },
        [](const Modifiers& m) {
-         return "mask " + (m.mask_name.empty() ? shape_string(m.mask.shape) : "(" + m.mask_name + ")");
+         return "mask " +
+                (m.mask_name.empty() ? shape_string(m.mask.shape) : "(" + m.mask_name + ")");
        },
        [](const Modifiers&, const std::string& s, const std::string&) { return s + " + mask"; },
        [](const Modifiers& m, const TracedRow*, Members& out) {
@@ -210,19 +214,17 @@ std::vector<ModifierInfo> make_table() {
          const int64_t global = d.nk / 32, window = d.nk / 8;
          sparse.mask = causal_mask(
              d, [&](int64_t j, int64_t last) { return j < global || j > last - window; });
-         sparse.mask_name =
-             std::to_string(global) + " global + window " + std::to_string(window);
+         sparse.mask_name = std::to_string(global) + " global + window " + std::to_string(window);
          return std::vector<Modifiers>{all, sparse};
        }});
-  t.push_back(
-      {"key_mask",
-       {},  // the API's alone: a padding mask per batch
-       [](Modifiers&, const std::string&, const OptionValue&) {},
-       [](const Modifiers& m) { return !m.key_mask.empty(); },
-       [](const Modifiers&) { return std::string("key mask"); },
-       [](const Modifiers&, const std::string& s, const std::string&) { return s; },
-       [](const Modifiers&, const TracedRow*, Members&) {},
-       nullptr});
+  t.push_back({"key_mask",
+               {},  // the API's alone: a padding mask per batch
+               [](Modifiers&, const std::string&, const OptionValue&) {},
+               [](const Modifiers& m) { return !m.key_mask.empty(); },
+               [](const Modifiers&) { return std::string("key mask"); },
+               [](const Modifiers&, const std::string& s, const std::string&) { return s; },
+               [](const Modifiers&, const TracedRow*, Members&) {},
+               nullptr});
   return t;
 }
 
@@ -297,7 +299,8 @@ void check_modifiers(const Modifiers& m, const Dims& d) {
   if (shape.empty() || shape[2] != d.nq || shape[3] != d.nk ||
       (shape[0] != 1 && shape[0] != d.batch) || (shape[1] != 1 && shape[1] != d.heads))
     throw Error("mask has shape " + shape_string(m.mask.shape) + "; expected [Nq, Nk] = [" +
-                std::to_string(d.nq) + ", " + std::to_string(d.nk) + "] or [B or 1, H or 1, Nq, Nk]");
+                std::to_string(d.nq) + ", " + std::to_string(d.nk) +
+                "] or [B or 1, H or 1, Nq, Nk]");
   if (int64_t(m.mask.data.size()) != numel(m.mask.shape))
     throw Error("mask has " + std::to_string(m.mask.data.size()) + " values for shape " +
                 shape_string(m.mask.shape));
@@ -335,15 +338,26 @@ namespace detail {
 
 namespace {
 
+// What the mask's encoding reads and writes of the plan being built (encode_modifiers).
+struct MaskEncoding {
+  const Dims& dims;
+  const HostTensor& mask;
+  bool fused;      // the fused kernels' tile bitmap is wanted
+  uint64_t range;  // the device's maxStorageBufferRange
+  Push& push;
+  Spec& spec;
+};
+
 // The fused kernels' tile bitmap (modifiers.glsl next_seen_tile): for each workgroup (x: a block
 // of spec.block() packed rows, y: batch and KV head, as plan_fused and splitkv dispatch) a bit
 // per tile of spec.bc keys, set where a row of the block has a finite mask entry in the tile.
 // Every invocation of a workgroup reads the same bit (lanes: every lane of a cluster, which walks
 // its own tiles), so fully masked tiles are skipped together, in the middle of a row's keys too
 // (the ranges cut only the ends), in every layout.
-void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<int64_t>& shape) {
+void set_mask_tiles(MaskEncoding& plan, std::vector<uint32_t>& words,
+                    const std::vector<int64_t>& shape) {
   const Dims& d = plan.dims;
-  const HostTensor& m = plan.params.mods.mask;
+  const HostTensor& m = plan.mask;
   uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
   uint64_t mask_rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
   std::vector<uint32_t> row_bits(mask_rows * per_row, 0);
@@ -372,13 +386,13 @@ void set_mask_tiles(Plan& plan, std::vector<uint32_t>& words, const std::vector<
 // outside are never read; the fused kernels' tile bitmap; then the values, rows padded to 4 keys
 // with -inf (RGBA texels), from 256 bytes on (the largest minTexelBufferOffsetAlignment there
 // is): register tiles read them through a texel view from there to the end.
-void encode_mask(Plan& plan, std::vector<uint32_t>& words) {
+void encode_mask(MaskEncoding& plan, std::vector<uint32_t>& words) {
   const Dims& d = plan.dims;
-  const HostTensor& m = plan.params.mods.mask;
+  const HostTensor& m = plan.mask;
   std::vector<int64_t> shape = mask_shape4(m);
   uint64_t rows = uint64_t(shape[0]) * uint64_t(shape[1]) * d.nq;
   uint32_t stride = (d.nk + 3) / 4 * 4;
-  uint64_t range = plan.ctx.device().max_storage_buffer_range;
+  uint64_t range = plan.range;
   auto check_size = [&](uint64_t total, const char* what) {
     if (total * 4 > range)
       throw Error("mask of shape " + shape_string(m.shape) + what + " needs " +
@@ -397,7 +411,7 @@ void encode_mask(Plan& plan, std::vector<uint32_t>& words) {
     words[plan.push.mask_ranges + 2 * r] = first;
     words[plan.push.mask_ranges + 2 * r + 1] = last;
   }
-  if (variant_info(plan.params.variant).fused) set_mask_tiles(plan, words, shape);
+  if (plan.fused) set_mask_tiles(plan, words, shape);
   plan.push.mask_values = static_cast<uint32_t>((words.size() + 63) / 64 * 64);
   uint64_t total = plan.push.mask_values + rows * stride;
   check_size(total, " with its tile bitmap");
@@ -445,7 +459,15 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
     words.assign(m.key_mask.begin(), m.key_mask.end());
     plan.spec.key_mask = true;
   }
-  if (m.has_mask()) encode_mask(plan, words);
+  if (m.has_mask()) {
+    MaskEncoding encoding{d,
+                          m.mask,
+                          variant_info(plan.params.variant).fused,
+                          plan.ctx.device().max_storage_buffer_range,
+                          plan.push,
+                          plan.spec};
+    encode_mask(encoding, words);
+  }
 }
 
 }  // namespace detail

@@ -16,20 +16,20 @@ namespace flashvk::detail {
 // The small tables the kernels read from one buffer of 32-bit words (common.glsl's mask_buf):
 // the modifiers' (the key mask from word 0, the additive mask: modifiers.cpp), then a paged
 // cache's page table.
-void set_tables(Plan& plan) {
+void Plan::set_tables() {
   std::vector<uint32_t> words;
-  encode_modifiers(plan, words);
-  if (const PageTable* pages = plan.options.pages) {  // common.glsl seq_pages, paged_row
-    plan.push.page_table = static_cast<uint32_t>(words.size());
+  encode_modifiers(*this, words);
+  if (const PageTable* pages = options.pages) {  // common.glsl seq_pages, paged_row
+    push.page_table = static_cast<uint32_t>(words.size());
     words.insert(words.end(), pages->indptr.begin(), pages->indptr.end());
     words.insert(words.end(), pages->last_page_len.begin(), pages->last_page_len.end());
     words.insert(words.end(), pages->indices.begin(), pages->indices.end());
     words.push_back(0);  // a sequence without pages looks its keys up here (never weighed)
   }
   if (words.empty()) return;
-  plan.mask = plan.scratch(words.size() * 4);
-  plan.mask.write(words.data(), words.size() * 4);
-  plan.bindings[kMask] = plan.mask.handle();
+  mask = scratch(words.size() * 4);
+  mask.write(words.data(), words.size() * 4);
+  bindings[kMask] = mask.handle();
 }
 
 Range binding(const Tensor& t) {
@@ -233,17 +233,17 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     bindings[kQ] = binding(q_rot);
     bindings[kK] = binding(k_rot);
   }
-  set_tables(*this);
+  set_tables();
   if (options.outputs.lse && !params.want_lse)
     throw Error("attention: an LSE output was given with want_lse false");
-  out = output(options.outputs.out, dims.out_shape, "O");
-  bindings[kO] = binding(out);
-  RowStrides qs = row_strides(q_rot.empty() ? q : q_rot, "Q"), os = row_strides(out, "O");
+  out_ = output(options.outputs.out, dims.out_shape, "O");
+  bindings[kO] = binding(out_);
+  RowStrides qs = row_strides(q_rot.empty() ? q : q_rot, "Q"), os = row_strides(out_, "O");
   push.q_bstride = qs.b, push.q_hstride = qs.h, push.q_rstride = qs.r;
   push.o_bstride = os.b, push.o_hstride = os.h, push.o_rstride = os.r;
   if (params.want_lse) {
-    lse = output(options.outputs.lse, dims.lse_shape, "LSE");
-    bindings[kLse] = binding(lse);
+    lse_ = output(options.outputs.lse, dims.lse_shape, "LSE");
+    bindings[kLse] = binding(lse_);
   }
   if (options.trace) {
     uint32_t records =
@@ -253,8 +253,8 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     bindings[kTrace] = trace.handle();
   }
   check_binding(q_rot.empty() ? q : q_rot, "Q");
-  check_binding(out, "O");
-  if ((spec.layout == TileLayout::registers)) {
+  check_binding(out_, "O");
+  if (spec.layout == TileLayout::registers) {
     make_texel_views();
     // The kernels read K and V through the views only; the storage slots get the placeholder,
     // so K and V may exceed maxStorageBufferRange.
@@ -305,7 +305,7 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(con
   if (dtype != DType::f32 && dtype != DType::f16)
     throw Error(std::string("rope rotates f32 or f16 tensors; x is ") + dtype_name(dtype) +
                 " (rotate before quantising)");
-  plan_rope(*this, x, out, rope.position_offset);
+  plan_rope(*this, x, out_, rope.position_offset);
 }
 
 Plan::Plan(Context& context) : ctx(context), impl(context.impl()), dispatches_(impl) {}
@@ -329,12 +329,15 @@ void Plan::add_barrier() {
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.bc - 1) / spec.bc;
-  uint64_t chunks = (spec.layout == TileLayout::registers) || (spec.layout == TileLayout::lanes) || (spec.layout == TileLayout::blocks) ? 0 : spec.bc;  // shared: a key
+  bool whole_tiles = spec.layout == TileLayout::registers || spec.layout == TileLayout::lanes ||
+                     spec.layout == TileLayout::blocks;
+  uint64_t chunks = whole_tiles ? 0 : spec.bc;  // shared tiles: a key a chunk
   uint64_t passes = variant_info(params.variant).passes;
   uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
   // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped
   // (lanes test each tile's bit instead).
-  if (push.mask_tiles && !(spec.layout == TileLayout::lanes)) iterations += passes * (tiles + tiles / 32 + 2);
+  if (push.mask_tiles && spec.layout != TileLayout::lanes)
+    iterations += passes * (tiles + tiles / 32 + 2);
   return iterations;
 }
 
@@ -391,18 +394,38 @@ Plan::~Plan() {
   objects_destroyed(destroyed);
 }
 
-std::string Plan::kernel(std::string_view program) const {
-  return kernel_name({.program = program,
-                      .layout = spec.layout,
-                      .q = dtype,
-                      .kv_quant = spec.kv_quant,
-                      .trace = options.trace,
-                      .shuffle = spec.block_shuffle,
-                      .f16math = spec.block_f16});
+const ShaderBlob& Plan::kernel(std::string_view program) const {
+  return build({.program = program,
+                .layout = spec.layout,
+                .q = dtype,
+                .kv_quant = spec.kv_quant,
+                .trace = options.trace,
+                .shuffle = spec.block_shuffle,
+                .f16math = spec.block_f16});
 }
 
-TileLayout Plan::tile_layout() const {
-  return spec.layout;
+const ShaderBlob& Plan::build(const KernelKey& key) const {
+  if (key.trace && !options.trace_builds)
+    throw Error("internal: a trace plan without the trace builds (flashvk_trace)");
+  return find_build(key.trace ? *options.trace_builds : shader_blobs(), kernel_name(key));
+}
+
+uint32_t Plan::block_rows() const {
+  return variant_info(params.variant).fused ? spec.block() : 0;
+}
+
+uint32_t Plan::block_keys() const {
+  return variant_info(params.variant).fused ? spec.bc : 0;
+}
+
+std::vector<float> Plan::read_floats(const Buffer& buffer) {
+  std::vector<float> data(buffer.bytes() / 4);
+  buffer.read(data.data(), buffer.bytes());
+  return data;
+}
+
+std::vector<float> Plan::trace_records() const {
+  return read_floats(trace);
 }
 
 void Plan::check_binding(const Tensor& t, const char* name) const {

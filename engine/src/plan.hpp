@@ -15,6 +15,8 @@
 
 #include "dispatch_list.hpp"
 #include "flashvk/attention.hpp"
+#include "kernels.hpp"
+#include "shader_registry.hpp"
 #include "vk.hpp"
 
 namespace flashvk::detail {
@@ -55,6 +57,8 @@ RowStrides row_strides(const Tensor& t, const char* name);
 /// the caller's outputs.
 struct PlanOptions {
   bool trace = false;
+  /// The TRACE builds (flashvk_trace's trace_shader_blobs()), which a trace plan runs.
+  const std::vector<ShaderBlob>* trace_builds = nullptr;
   uint32_t trace_bh = 0, trace_row = 0;
   uint32_t keys = 0;            ///< force Bc (1 = the per-key recurrence)
   uint32_t keys_per_split = 0;  ///< force the splitkv chunk length
@@ -70,11 +74,22 @@ struct PlanOptions {
   } append;
 };
 
+class Plan;
+// The kernel families, one host file each next to its shaders (kernels/*.cpp), and the
+// modifiers' encoding (modifiers.cpp): the steps of a plan's construction, and the only code
+// besides plan.cpp that sees its state.
+/// The modifiers checked and encoded for the kernels (modifiers.cpp): push constants, Spec::mods,
+/// the per-head table, and their words of the small tables (appended to `words`).
+void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
+void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
+void plan_naive(Plan& plan);
+void plan_splitkv(Plan& plan);
+
 class Plan {
  public:
   Plan(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
        const AttentionParams& params, const PlanOptions& options = {});
-  /// A plan that only rotates `x` (the standalone RoPE op); the result is `out`.
+  /// A plan that only rotates `x` (the standalone RoPE op); the result is out().
   Plan(Context& ctx, const Tensor& x, const RopeParams& rope);
   /// An empty plan, for dispatches added by hand (the calibration kernels).
   explicit Plan(Context& ctx);
@@ -90,7 +105,66 @@ class Plan {
   /// [position, position + Nq), attention over position + Nq keys.
   void set_position(uint32_t position);
 
-  // Set by the constructor and the kernel families it calls; read-only after it.
+  // What ran, and what it made (AttentionResult's fields).
+  TileLayout tile_layout() const { return spec.layout; }
+  /// Query rows a workgroup covers and keys a tile holds (0, 0 for naive, which has no tiles).
+  uint32_t block_rows() const;
+  uint32_t block_keys() const;
+  /// splitkv's chunks of keys and their length (1 and 0 for the other variants).
+  uint32_t key_chunks() const { return splits; }
+  uint32_t keys_per_chunk() const { return keys_per_split; }
+  uint64_t allocated_bytes() const { return device_bytes; }
+  float scale() const { return push.scale; }
+  const Tensor& out() const { return out_; }
+  const Tensor& lse() const { return lse_; }
+  /// Hands O and LSE over (a one-shot call's result).
+  Tensor take_out() { return std::move(out_); }
+  Tensor take_lse() { return std::move(lse_); }
+  /// A trace plan's records (PlanOptions::trace), once the recorded work has finished.
+  std::vector<float> trace_records() const;
+  /// splitkv's partial results, once the recorded work has finished: each row's chunks' o'
+  /// ([B * H * Nq * chunks, dv]) and (m, l) ([B * H * Nq * chunks, 2]).
+  std::vector<float> chunk_outputs() const { return read_floats(scratch1); }
+  std::vector<float> chunk_states() const { return read_floats(scratch2); }
+
+  // Building a plan by hand (the calibrations): descriptor sets and dispatches.
+  VkDescriptorSet make_set(const Bindings& buffers);
+  /// Adds a dispatch; `push_data` defaults to the plan's Push.
+  void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
+           const void* push_data = nullptr, uint32_t push_bytes = 0);
+  void add_barrier();
+  Buffer scratch(uint64_t bytes);
+
+ private:
+  friend void encode_modifiers(Plan&, std::vector<uint32_t>&);
+  friend void plan_fused(Plan&, const char*);
+  friend void plan_naive(Plan&);
+  friend void plan_splitkv(Plan&);
+  friend VkBuffer plan_angles(Plan&, uint32_t, uint32_t, int64_t);
+  friend void plan_rows(Plan&, const Tensor&, const Tensor&, uint32_t, VkBuffer);
+  friend void plan_rope(Plan&, const Tensor&, Tensor&, int64_t);
+
+  /// The build of `program` (shaders/builds.def) this plan's layout, storage and options run.
+  const ShaderBlob& kernel(std::string_view program) const;
+  /// The build `key` names: a TRACE build from options.trace_builds, else the engine's.
+  const ShaderBlob& build(const KernelKey& key) const;
+  /// An output of `shape`: the caller's `given` (checked, as a view) or a new tensor.
+  Tensor output(const Tensor* given, const std::vector<int64_t>& shape, const char* name);
+  /// Throws when tensor `name` is larger than one storage-buffer binding may be.
+  void check_binding(const Tensor& t, const char* name) const;
+  /// Loop iterations one invocation runs over `keys` keys (llvmpipe caps them; see below).
+  uint64_t loop_iterations(uint64_t keys) const;
+  /// Throws on llvmpipe when one invocation would loop past its cap of 65535 iterations.
+  void check_loop_budget(uint64_t keys) const;
+  static constexpr uint64_t kLoopBudget = 60000;
+  static std::vector<float> read_floats(const Buffer& buffer);
+  void set_tables();  // the small tables: the modifiers', then the page table
+  void make_texel_views();
+  void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
+  void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
+  void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
+
+  // Set by the constructor and the construction steps it calls; read-only after it.
   Context& ctx;
   ContextImpl& impl;
   AttentionParams params;
@@ -101,7 +175,7 @@ class Plan {
   Spec spec;
   Push push{};
   Bindings bindings{};
-  Tensor out, lse;      // the plan's own, or views of the caller's (PlanOptions::outputs)
+  Tensor out_, lse_;    // the plan's own, or views of the caller's (PlanOptions::outputs)
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
   Buffer heads;  // [B * H] (ALiBi slope, sink logit), when a modifier needs them
@@ -116,53 +190,12 @@ class Plan {
   Buffer lengths;        // host-visible: the Nk the kernels read (common.glsl `lengths`)
   uint64_t device_bytes = 0;
   TexelViews texel_views{};  // K, V as texels (register tiles)
-
-  /// The build of `program` (shaders/builds.def) this plan's layout, storage and options run.
-  std::string kernel(std::string_view program) const;
-  TileLayout tile_layout() const;
-  VkDescriptorSet make_set(const Bindings& buffers);
-  /// Adds a dispatch; `push_data` defaults to the plan's Push.
-  void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
-           const void* push_data = nullptr, uint32_t push_bytes = 0);
-  void add_barrier();
-  Buffer scratch(uint64_t bytes);
-  /// An output of `shape`: the caller's `given` (checked, as a view) or a new tensor.
-  Tensor output(const Tensor* given, const std::vector<int64_t>& shape, const char* name);
-  /// Throws when tensor `name` is larger than one storage-buffer binding may be.
-  void check_binding(const Tensor& t, const char* name) const;
-  /// Loop iterations one invocation runs over `keys` keys (llvmpipe caps them; see below).
-  uint64_t loop_iterations(uint64_t keys) const;
-  /// Throws on llvmpipe when one invocation would loop past its cap of 65535 iterations.
-  void check_loop_budget(uint64_t keys) const;
-  static constexpr uint64_t kLoopBudget = 60000;
-
- private:
-  void make_texel_views();
-  void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
-  void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
-  void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
   DispatchList dispatches_;
 };
 
-// Kernel families, one host file each, next to their shaders.
-/// The modifiers checked and encoded for the kernels (modifiers.cpp): push constants, Spec::mods,
-/// the per-head table, and their words of the small tables (appended to `words`).
-void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
-void set_tables(Plan& plan);  // the small tables: the modifiers', then the page table
-void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
-void plan_naive(Plan& plan);
-void plan_splitkv(Plan& plan);
 /// rope.comp's flags: rotate (else copy), pairs (x_i, x_i+d/2), output rows and angles from
 /// lengths.position.
 constexpr uint32_t kRowsHalf = 1, kRowsRotate = 2, kRowsAtPosition = 4, kAnglesAtPosition = 8;
-/// A table of cos/sin for `positions` positions from `first` (the plan's rope_base), kept by the
-/// plan.
-VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first);
-/// Rows of `x` ([.., N, d], dense) rotated by `angles` (kRowsRotate) or copied into `dst`
-/// ([.., N or more, d]): of x's dtype, or quantised into q8_0 or q4_0.
-void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, VkBuffer angles);
-/// `x` rotated into a new tensor, positions from `first_position`.
-void plan_rope(Plan& plan, const Tensor& x, Tensor& rotated, int64_t first_position);
 /// Q [B, H, Nq, d] against K and V pages [pages, Hkv, page_size, d or dv] and their page table
 /// (attention.cpp): Nk is the longest sequence's length, kv_rows 1.
 Dims check_paged_shapes(const std::vector<int64_t>& q, const std::vector<int64_t>& k,

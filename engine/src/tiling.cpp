@@ -41,7 +41,8 @@ void size_register_tiles(Spec& spec, const DeviceInfo& info, const Dims& dims, b
   if (!auto_rows) return;
   uint64_t lanes = (rows + spec.rows - 1) / spec.rows;
   uint64_t subgroups = (lanes + info.subgroup_size - 1) / info.subgroup_size;
-  spec.workgroup = static_cast<uint32_t>(std::min<uint64_t>(spec.workgroup, subgroups * info.subgroup_size));
+  spec.workgroup =
+      static_cast<uint32_t>(std::min<uint64_t>(spec.workgroup, subgroups * info.subgroup_size));
 }
 
 // Register tiles where they are asked for, or by default on CPU drivers (docs/engine.md).
@@ -182,8 +183,9 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
   bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
               fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
-  return params.hints.tile_layout == TileLayout::automatic && usable && fits && params.hints.block_keys == 0 &&
-         !trace && info.type != "cpu" && !params.hints.fp16_arithmetic;
+  return params.hints.tile_layout == TileLayout::automatic && usable && fits &&
+         params.hints.block_keys == 0 && !trace && info.type != "cpu" &&
+         !params.hints.fp16_arithmetic;
 }
 
 // TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
@@ -271,10 +273,10 @@ bool use_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams&
           info.name + " does not fit");
     if (trace) spec.layout = TileLayout::shared;  // traces record from the shared-memory kernels
     spec.block_f16 = params.hints.fp16_arithmetic;
-    return (spec.layout == TileLayout::blocks);
+    return spec.layout == TileLayout::blocks;
   }
-  return params.hints.tile_layout == TileLayout::automatic && fused && !trace && info.type != "cpu" &&
-         params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
+  return params.hints.tile_layout == TileLayout::automatic && fused && !trace &&
+         info.type != "cpu" && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
          size_blocks(info, dims, params, shared_bytes, spec);
 }
 
@@ -304,7 +306,6 @@ void check_fp16_arithmetic(const TilingRequest& request) {
 // 128 invocations); a device with more shared memory gets longer tiles.
 }  // namespace
 
-
 Spec choose_tiling(const TilingRequest& request) {
   const DeviceInfo& info = request.info;
   const Dims& dims = request.dims;
@@ -316,7 +317,8 @@ Spec choose_tiling(const TilingRequest& request) {
   Spec spec;
   spec.d = dims.d;
   spec.dv = dims.dv;
-  uint32_t limit = params.hints.max_shared_memory ? params.hints.max_shared_memory : info.max_shared_memory;
+  uint32_t limit =
+      params.hints.max_shared_memory ? params.hints.max_shared_memory : info.max_shared_memory;
   uint32_t shared_bytes = std::min({limit, info.max_shared_memory, 48u * 1024u});
   spec.kv_quant = kv.own_kv();
   spec.k_format = static_cast<uint32_t>(kv.k);
@@ -328,7 +330,8 @@ Spec choose_tiling(const TilingRequest& request) {
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
     spec.rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
     spec.workgroup = lanes_workgroup(spec.lanes, spec.rows, dims.dv, shared_bytes);
-    spec.bc = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;  // keys a cluster takes a step
+    spec.bc = params.hints.block_keys ? params.hints.block_keys
+                                      : kLaneKeys;  // keys a cluster takes a step
     if ((spec.workgroup / spec.lanes) * spec.rows * (dims.dv + 2) * 4 > shared_bytes)
       throw Error("tile_layout lanes needs " + std::to_string(spec.rows * (dims.dv + 2) * 4) +
                   " bytes of shared memory for one cluster's output; this device or "

@@ -51,12 +51,6 @@ TraceSeries to_series(const std::vector<float>& raw, uint32_t records, uint32_t 
   return t;
 }
 
-std::vector<float> read(const detail::Buffer& buffer) {
-  std::vector<float> data(buffer.bytes() / 4);
-  buffer.read(data.data(), buffer.bytes());
-  return data;
-}
-
 struct Run {
   std::unique_ptr<detail::Plan> plan;
   std::vector<float> raw;
@@ -67,7 +61,7 @@ Run run_traced(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
   Run run;
   run.plan = std::make_unique<detail::Plan>(ctx, q, k, v, params, options);
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { run.plan->record(cmd); });
-  run.raw = read(run.plan->trace);
+  run.raw = run.plan->trace_records();
   return run;
 }
 
@@ -91,6 +85,7 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
 
   detail::PlanOptions options;
   options.trace = true;
+  options.trace_builds = &detail::trace_shader_blobs();
   options.trace_bh = batch * dims.heads + head;
   options.trace_row = row;
   Run tiled = run_traced(ctx, tq, tk, tv, params, options);
@@ -105,34 +100,34 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
   t.keys = dims.nk;
   t.dim = dims.d;
   t.dim_v = dims.dv;
-  t.scale = tp.push.scale;
+  t.scale = tp.scale();
   t.heads = dims.heads;
   t.mods = params.mods;
   t.device = ctx.device().name;
   bool splitkv = variant_info(params.variant).splits_keys;
   if (variant_info(params.variant).fused) {
-    t.tile_size = tp.spec.bc;
-    uint32_t tiles = (dims.nk + tp.spec.bc - 1) / tp.spec.bc;
-    t.tiles =
-        to_series(tiled.raw, tiles, dims.dv, kept, splitkv ? tp.keys_per_split / tp.spec.bc : 0);
+    t.tile_size = tp.block_keys();
+    uint32_t tiles = (dims.nk + tp.block_keys() - 1) / tp.block_keys();
+    t.tiles = to_series(tiled.raw, tiles, dims.dv, kept,
+                        splitkv ? tp.keys_per_chunk() / tp.block_keys() : 0);
     t.tiles.s.clear();  // a tile has no single score
     // The same kernels with Bc = 1 run the seeds' per-key loops.
     options.keys = 1;
-    options.keys_per_split = tp.keys_per_split;
+    options.keys_per_split = tp.keys_per_chunk();
     AttentionParams per_key = params;
-    per_key.hints.splits = tp.splits;
+    per_key.hints.splits = tp.key_chunks();
     Run keyed = run_traced(ctx, tq, tk, tv, per_key, options);
-    t.steps = to_series(keyed.raw, dims.nk, dims.dv, kept, splitkv ? tp.keys_per_split : 0);
+    t.steps = to_series(keyed.raw, dims.nk, dims.dv, kept, splitkv ? tp.keys_per_chunk() : 0);
   } else {
     t.steps = to_series(tiled.raw, dims.nk, dims.dv, kept, 0);
   }
   if (splitkv) {
-    std::vector<float> parts = read(tp.scratch1), ml = read(tp.scratch2);
-    size_t first = (size_t(options.trace_bh) * dims.nq + row) * tp.splits;
-    for (uint32_t c = 0; c < tp.splits; ++c) {
+    std::vector<float> parts = tp.chunk_outputs(), ml = tp.chunk_states();
+    size_t first = (size_t(options.trace_bh) * dims.nq + row) * tp.key_chunks();
+    for (uint32_t c = 0; c < tp.key_chunks(); ++c) {
       TraceSplit s;
-      s.begin = std::min(dims.nk, c * tp.keys_per_split);
-      s.end = std::min(dims.nk, s.begin + tp.keys_per_split);
+      s.begin = std::min(dims.nk, c * tp.keys_per_chunk());
+      s.end = std::min(dims.nk, s.begin + tp.keys_per_chunk());
       s.m = ml[(first + c) * 2];
       s.l = ml[(first + c) * 2 + 1];
       s.o.assign(parts.begin() + long((first + c) * dims.dv),
@@ -140,11 +135,11 @@ Trace trace(Context& ctx, const HostTensor& q, const HostTensor& k, const HostTe
       t.splits.push_back(s);
     }
   }
-  HostTensor out = tp.out.download();
+  HostTensor out = tp.out().download();
   size_t flat_row = size_t(options.trace_bh) * dims.nq + row;
   t.out.assign(out.data.begin() + long(flat_row * dims.dv),
                out.data.begin() + long((flat_row + 1) * dims.dv));
-  t.lse = tp.lse.empty() ? kNaN : tp.lse.download().data[flat_row];
+  t.lse = tp.lse().empty() ? kNaN : tp.lse().download().data[flat_row];
   return t;
 }
 

@@ -20,8 +20,15 @@ namespace flashvk::detail {
 
 /// Throws VulkanError naming `call` unless `result` is VK_SUCCESS.
 void check(VkResult result, const char* call);
-/// The failure armed by testing::inject_failure for `call`, or VK_SUCCESS.
+/// The failure armed by testing::inject_failure for `call` (testing.hpp), or VK_SUCCESS; the
+/// check compiles away unless the engine is built for tests (FLASHVK_FAULT_INJECTION).
+#ifdef FLASHVK_FAULT_INJECTION
 VkResult injected(const char* call);
+#else
+inline VkResult injected(const char*) {
+  return VK_SUCCESS;
+}
+#endif
 void apply_overrides(DeviceInfo& info, const LimitOverrides& overrides);
 /// engine_stats()'s counters: every site that creates or destroys a Vulkan object says so.
 void objects_created(uint64_t n = 1);
@@ -29,6 +36,7 @@ void objects_destroyed(uint64_t n = 1);
 void device_memory(int64_t bytes);  ///< allocated (> 0) or freed (< 0)
 
 struct ContextImpl;
+struct ShaderBlob;
 
 /// A storage buffer with its own memory. Move-only.
 class Buffer {
@@ -191,8 +199,8 @@ struct ContextImpl {
   /// Writes the pipeline cache to cache_path (a temporary file, then a rename); false on failure.
   bool save_pipeline_cache() const;
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
-  /// The pipeline of embedded shader `name` with these constants, built once and cached.
-  VkPipeline pipeline(const std::string& name, const Spec& spec);
+  /// The pipeline of the embedded build `blob` with these constants, built once and cached.
+  VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec);
   /// Records with `fill`, submits, and waits for the queue to finish it.
   void submit_and_wait(const std::function<void(VkCommandBuffer)>& fill);
 };

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "flashvk.hpp"
+#include "flashvk/reference.hpp"
 
 namespace {
 

@@ -3,7 +3,6 @@
 // slices as one storage-buffer binding can hold; larger problems run slice group by slice group.
 #include <algorithm>
 
-#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk::detail {
@@ -30,7 +29,7 @@ void plan_naive(Plan& plan) {
   VkPipeline scores = plan.impl.pipeline(plan.kernel("naive_scores"), plan.spec);
   // The softmax reads and writes only the fp32 scores, whatever Q, K and V are stored as.
   VkPipeline softmax = plan.impl.pipeline(
-      kernel_name({.program = "naive_softmax", .trace = plan.options.trace}), softmax_spec);
+      plan.build({.program = "naive_softmax", .trace = plan.options.trace}), softmax_spec);
   VkPipeline pv = plan.impl.pipeline(plan.kernel("naive_pv"), plan.spec);
   uint32_t blocks = (d.nq + plan.spec.workgroup - 1) / plan.spec.workgroup;
   for (uint32_t bh0 = 0; bh0 < total; bh0 += per_chunk) {

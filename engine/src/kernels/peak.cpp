@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk {
@@ -26,8 +25,10 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.scale = 0.999f;
   detail::Spec spec;
   spec.workgroup = kGroupSize;
-  plan.add(ctx.impl().pipeline(detail::kernel_name({shader}), spec), plan.make_set(b), {groups, 1, 1}, &push,
-           sizeof(push));
+  plan.add(
+      ctx.impl().pipeline(
+          detail::find_build(detail::peak_shader_blobs(), detail::kernel_name({shader})), spec),
+      plan.make_set(b), {groups, 1, 1}, &push, sizeof(push));
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
   return plan.gpu_ms();
 }
@@ -53,8 +54,7 @@ uint64_t read_size(const DeviceInfo& info, uint64_t at_most) {
 
 double read_ms(Context& ctx, const detail::Buffer& in, const detail::Buffer& out) {
   auto per_thread = static_cast<uint32_t>(in.bytes() / 16 / kReadThreads);
-  return time_dispatch(ctx, "peak_bandwidth", in.handle(), out.handle(), kReadGroups,
-                       per_thread);
+  return time_dispatch(ctx, "peak_bandwidth", in.handle(), out.handle(), kReadGroups, per_thread);
 }
 
 // Reads a buffer as large as one binding allows (at most 256 MiB), best of `repeat`.
@@ -87,8 +87,8 @@ FmaProbe::FmaProbe(Context& ctx, double min_ms)
 FmaProbe::~FmaProbe() = default;
 
 double FmaProbe::run_ms() {
-  return time_dispatch(*ctx_, "peak_fma", VK_NULL_HANDLE, out_->buffer.handle(),
-                       fma_groups(*ctx_), iterations_);
+  return time_dispatch(*ctx_, "peak_fma", VK_NULL_HANDLE, out_->buffer.handle(), fma_groups(*ctx_),
+                       iterations_);
 }
 
 double FmaProbe::gflops() {
@@ -111,8 +111,7 @@ double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
   detail::Buffer out(ctx.impl(), uint64_t(kGroups) * kSubgroups * 256 * 4);
   uint32_t iterations = 16;
   auto run = [&] {
-    return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups,
-                         iterations);
+    return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups, iterations);
   };
   while (iterations < (1u << 20) && run() < min_ms) iterations *= 2;
   double flops = double(kGroups) * kSubgroups * iterations * 8 * 2 * 16 * 16 * 16;

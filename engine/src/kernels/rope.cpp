@@ -6,7 +6,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk::detail {
@@ -72,8 +71,8 @@ void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, V
   Spec spec;
   spec.workgroup = 64;  // rope.comp: a pair (or a block) an invocation, 64 a workgroup
   spec.k_format = static_cast<uint32_t>(dst.dtype());  // QUANT_OUT's OUT_FORMAT
-  VkPipeline pipe = plan.impl.pipeline(
-      kernel_name({.program = "rope", .q = x.dtype(), .quant = quantise}), spec);
+  VkPipeline pipe =
+      plan.impl.pipeline(plan.build({.program = "rope", .q = x.dtype(), .quant = quantise}), spec);
   plan.add(pipe, plan.make_set(b), {static_cast<uint32_t>((invocations + 63) / 64), 1, 1}, &push,
            sizeof(push));
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <thread>
 
-#include "../kernels.hpp"
 #include "../plan.hpp"
 
 namespace flashvk::detail {
@@ -31,14 +30,14 @@ void plan_splitkv(Plan& plan) {
   uint64_t rows = uint64_t(group) * d.nq;
   uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
   // Keys a workgroup takes per step: a tile, or with lanes every cluster's keys.
-  uint32_t keys = (plan.spec.layout == TileLayout::lanes) ? plan.spec.bc * (plan.spec.workgroup / plan.spec.lanes)
-                                  : plan.spec.bc;
+  bool lanes = plan.spec.layout == TileLayout::lanes;
+  uint32_t keys = lanes ? plan.spec.bc * (plan.spec.workgroup / plan.spec.lanes) : plan.spec.bc;
   uint32_t kps = plan.options.keys_per_split;
   if (kps == 0) {
     uint32_t splits = plan.params.hints.splits
                           ? plan.params.hints.splits
                           : auto_splits(plan.ctx.device(), uint64_t(blocks) * d.batch * d.kv_heads,
-                                        plan.most_keys, keys, (plan.spec.layout == TileLayout::lanes) ? kLaneGroups : 1024);
+                                        plan.most_keys, keys, lanes ? kLaneGroups : 1024);
     uint32_t per = (plan.most_keys + splits - 1) / splits;
     kps = (per + keys - 1) / keys * keys;  // chunks start on tile boundaries
     while (!plan.params.hints.splits && plan.impl.loop_limited && kps > keys &&
@@ -47,8 +46,8 @@ void plan_splitkv(Plan& plan) {
   }
   plan.check_loop_budget(kps);
   // A forced split count may leave trailing chunks empty; they still run and merge as (0, -inf, 0).
-  plan.splits =
-      plan.params.hints.splits ? plan.params.hints.splits : std::max(1u, (plan.most_keys + kps - 1) / kps);
+  plan.splits = plan.params.hints.splits ? plan.params.hints.splits
+                                         : std::max(1u, (plan.most_keys + kps - 1) / kps);
   plan.keys_per_split = kps;
   plan.push.splits = plan.splits;
   plan.push.keys_per_split = kps;
@@ -72,7 +71,7 @@ void plan_splitkv(Plan& plan) {
   merge_spec.d = plan.spec.d;
   merge_spec.dv = plan.spec.dv;
   merge_spec.mods = plan.spec.mods & kModSinks;  // the merge adds the sink
-  VkPipeline merge = plan.impl.pipeline(kernel_name({"splitkv_merge"}), merge_spec);
+  VkPipeline merge = plan.impl.pipeline(plan.build({"splitkv_merge"}), merge_spec);
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   uint64_t merge_groups = (total_rows + 64 / merge_spec.bc - 1) / (64 / merge_spec.bc);
   uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);

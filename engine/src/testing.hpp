@@ -1,6 +1,6 @@
 #pragma once
-// Test tooling, outside the API an application uses (flashvk.hpp does not include it): failures
-// injected into the engine's Vulkan calls, for tests of the error paths.
+// Test tooling, in the engine of test builds only (FLASHVK_FAULT_INJECTION; not installed):
+// failures injected into the engine's Vulkan calls, for tests of the error paths.
 #include <string>
 
 #include <vulkan/vulkan.h>

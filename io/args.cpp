@@ -249,7 +249,8 @@ void modifier_options(const Args& args, Modifiers& mods) {
       try {
         info.set(mods, name, value);
       } catch (const Error& e) {
-        throw UsageError{"--" + name + " " + e.what() + (text.empty() ? "" : ", got '" + text + "'")};
+        throw UsageError{"--" + name + " " + e.what() +
+                         (text.empty() ? "" : ", got '" + text + "'")};
       }
     }
   for (const ModifierInfo& a : modifier_table())  // options of one modifier that exclude each other

@@ -1,0 +1,125 @@
+// The score modifiers on the kernels' side (flashvk/modifiers.hpp and engine/src/modifiers.cpp
+// on the host's, which encodes them into the push constants, MODS and the small tables): which
+// keys a query row sees, where it starts from (an attention sink), and the hook every score
+// passes through. common.glsl includes it once its rows are declared.
+const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
+const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
+const uint MOD_SINKS = 4u;    // a sink logit in the denominator
+const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
+
+// The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
+// that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
+// keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
+// the host). Every kernel and layout takes its key loop's bounds and its per-key test
+// (key_visible) from here, so the fused kernels never read keys outside the window (naive's
+// scores pass writes every key's score, -inf for hidden ones).
+// With an additive mask the keys also stop at the row's first and last finite mask entry.
+uint mask_row_of(uint b, uint h, uint i) {
+  return b * pc.mask_bstride + h * pc.mask_hstride + i;
+}
+
+void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
+  int nk = int(seq_len(b));  // Nk, or sequence b's own length in a paged cache
+  int diag = int(i) + nk - int(pc.nq);
+  int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
+  int hi = pc.window_right < 0 ? nk : diag + pc.window_right + 1;
+  if ((MODS & MOD_MASK) != 0u) {
+    uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
+    lo = max(lo, int(mask_buf[at]));
+    hi = min(hi, int(mask_buf[at + 1u]));
+  }
+  begin = uint(clamp(lo, 0, nk));
+  end = uint(clamp(hi, int(begin), nk));
+}
+
+// The modifiers of row r of query head h: its additive mask row, its ALiBi slope and its sink.
+void row_modifiers(inout Row r, uint h) {
+  r.mask_row = (MODS & MOD_MASK) != 0u ? mask_row_of(r.b, h, r.i) : 0u;
+  r.slope = 0.0;
+  r.sink = NEG_INF;
+  if ((MODS & (MOD_ALIBI | MOD_SINKS)) != 0u) {
+    vec2 head = head_buf[r.bh];
+    r.slope = head.x;
+#ifndef SPLIT_KV  // splitkv's chunks start empty; the merge adds the sink once
+    if ((MODS & MOD_SINKS) != 0u) r.sink = head.y;
+#endif
+  }
+}
+
+// Whether row rr sees key j: inside its keys and not hidden by the key mask. (Register tiles
+// read the key mask once per lane and shuffle it: they test in_row_keys and the mask apart.)
+bool key_visible(uint rr, uint j) {
+  if (!in_row_keys(rr, j)) return false;
+  // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
+  // when no mask is bound (the binding then holds a 16-byte placeholder).
+  if (KEY_MASK) {
+    if (mask_buf[rows[rr].b * pc.nk + j] == 0u) return false;
+  }
+  return true;
+}
+
+uint mask_stride() { return (pc.nk + 3u) & ~3u; }
+
+// The additive mask of row rr at key j (MOD_MASK). Register tiles prefetch their tile's entries
+// four keys a texel (tile.glsl): llvmpipe runs a per-lane storage-buffer read as a loop over the
+// lanes, and a texel fetch as a called gather.
+#ifdef REG_TILE
+float mask_value(uint rr, uint j);
+#else
+float mask_value(uint rr, uint j) {
+  return uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
+}
+#endif
+
+// The score hook: every kernel and layout turns the scaled dot product s = scale * q.k of row rr
+// and key j into the score its recurrence uses here, and only here. Softcapping first, then
+// ALiBi's bias (FlashAttention-2 and ggml's order), then the additive mask. tanh's argument is clamped to +-15, where
+// tanh is 1 in fp32, so that no driver's e^2x overflows into inf / inf.
+float modify_score(uint rr, uint j, float s) {
+  if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
+  if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
+  // -inf from the mask hides the key: every recurrence treats it as masked.
+  if ((MODS & MOD_MASK) != 0u) s += mask_value(rr, j);
+  return s;
+}
+
+// The state a row's recurrence starts from: nothing seen (m = -inf, l = 0), or with an attention
+// sink s the sink as a key of zero value seen first: m = s, l = 1 (FLASH-D: L = s). A row that
+// then sees no key keeps O = 0 and LSE = s.
+float start_max(uint rr) { return rows[rr].sink; }
+float start_sum(uint rr) { return rows[rr].sink == NEG_INF ? 0.0 : 1.0; }
+
+// Row rr's score for key j, or -inf where `seen` says the row does not see it.
+float row_score(uint rr, uint j, bool seen, float scaled_dot) {
+  return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
+}
+
+// The additive mask's tile bitmap (MOD_MASK; the fused kernels): a bit per workgroup and tile of
+// BC keys, set where a row of the workgroup has a finite entry in the tile (plan.cpp
+// encode_modifiers). This is the word holding tile t's bit (bit t % 32).
+uint mask_tile_word(uint t) {
+  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
+  return mask_buf[base + t / 32u];
+}
+
+// The first tile from key j0 on (a multiple of BC) whose bit is set, or `end`. The key loops step
+// from one such tile to the next, so fully masked tiles cost nothing: a branch around a tile
+// would not (llvmpipe runs both sides of a branch on a loaded value), and the row ranges only cut
+// a row's ends. Every invocation reads the same words, so a workgroup steps together.
+uint next_seen_tile(uint j0, uint end) {
+  if ((MODS & MOD_MASK) == 0u) return j0;
+  for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
+    uint bits = mask_tile_word(t) >> (t % 32u);
+    if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
+  }
+  return end;
+}
+
+// Whether tile j0's bit (j0 a multiple of BC) is set; always without MOD_MASK. For kernels whose
+// invocations walk different tiles (lanes: each cluster its own), which branch around a hidden
+// tile: never read, which saves a GPU its memory traffic (on llvmpipe the branch saves little).
+bool tile_seen(uint j0) {
+  if ((MODS & MOD_MASK) == 0u) return true;
+  return ((mask_tile_word(j0 / BC) >> (j0 / BC % 32u)) & 1u) != 0u;
+}
