@@ -10,7 +10,7 @@ const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.ma
 // The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
 // that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
 // keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
-// the host). Every kernel and layout takes its key loop's bounds and its per-key test
+// the host), and a chunk size C those of the diagonal's chunk of C keys. Every kernel and layout takes its key loop's bounds and its per-key test
 // (key_visible) from here, so the fused kernels never read keys outside the window (naive's
 // scores pass writes every key's score, -inf for hidden ones).
 // With an additive mask the keys also stop at the row's first and last finite mask entry.
@@ -23,6 +23,11 @@ void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
   int diag = int(i) + nk - int(pc.nq);
   int lo = pc.window_left < 0 ? 0 : diag - pc.window_left;
   int hi = pc.window_right < 0 ? nk : diag + pc.window_right + 1;
+  if (pc.chunk_size > 0u) {  // Llama 4: the keys of the diagonal's chunk (none before key 0)
+    int c = int(pc.chunk_size), first = diag >= 0 ? diag / c * c : -c;
+    lo = max(lo, first);
+    hi = min(hi, first + c);
+  }
   if ((MODS & MOD_MASK) != 0u) {
     uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
     lo = max(lo, int(mask_buf[at]));

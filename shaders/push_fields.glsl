@@ -17,6 +17,7 @@ PUSH_FIELD(uint, trace_row)       // traced row: query index
 PUSH_FIELD(uint, bh0)             // naive: first (b, h) of this chunk
 PUSH_FIELD(int, window_left)      // keys before its diagonal a query sees; -1 = all (row_keys)
 PUSH_FIELD(int, window_right)     // keys after it; -1 = all, 0 = causal (causal is folded in)
+PUSH_FIELD(uint, chunk_size)      // Llama 4's chunks of keys (modifiers.glsl row_keys); 0 = off
 PUSH_FIELD(float, softcap)        // c of MOD_SOFTCAP
 PUSH_FIELD(uint, mask_ranges)     // MOD_MASK: word offsets in mask_buf, and the strides of
 PUSH_FIELD(uint, mask_values)     // batch and head in mask rows (0 where the mask is broadcast)

@@ -131,12 +131,15 @@ TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
   HostTensor sinks({4});
   sinks.data = {0.5f, -1.0f, 2.0f, 0.0f};
   put_tensor("sinks.npy", sinks);
-  std::string mods = " --window 7,2 --softcap 2.5 --alibi-max-bias 4 --sinks " + path("sinks.npy");
+  std::string mods =
+      " --window 7,2 --chunk 16 --softcap 2.5 --alibi-max-bias 4 --sinks " + path("sinks.npy");
   Outcome o = run_cli("run " + qkv() + mods + " --out " + path("o.npy") + " --lse " +
                       path("lse.npy") + " --variant flashd");
   ASSERT_EQ(o.status, 0) << o.output;
-  EXPECT_NE(o.output.find("window 7,2 softcap 2.5 alibi sinks"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("window 7,2 chunk 16 softcap 2.5 alibi sinks"), std::string::npos)
+      << o.output;
   AttentionParams p;
+  p.mods.chunk_size = 16;
   p.mods.window_left = 7;
   p.mods.window_right = 2;
   p.mods.softcap = 2.5f;
@@ -150,6 +153,7 @@ TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
   ASSERT_EQ(o.status, 0) << o.output;
   nlohmann::json trace = nlohmann::json::parse(read_text(path("t.json")));
   EXPECT_EQ(trace.at("window"), (std::vector<int>{7, 2}));
+  EXPECT_EQ(trace.at("chunk"), 16);
   EXPECT_EQ(trace.at("softcap"), 2.5);
   EXPECT_FLOAT_EQ(trace.at("alibi_slope").get<float>(), alibi_slopes(4, 4.0f)[2]);
   EXPECT_EQ(trace.at("sink"), 2.0);
@@ -580,9 +584,9 @@ void expect_vs_base(const Json& row, const Json& base, const std::string& what) 
   EXPECT_NEAR(row.at("vs_base").get<double>(), median_of(ratio), 1e-3 * median_of(ratio)) << what;
 }
 
-// --suite modifiers: its shape in causal attention (the base), then with softcap, ALiBi, sinks,
-// a mask of the causal pattern in --causal's place and a sparse mask, in that order and in the
-// same rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its
+// --suite modifiers: its shape in causal attention (the base), then with chunks of Nk/8 keys,
+// softcap, ALiBi, sinks, a mask of the causal pattern in --causal's place and a sparse mask, in
+// that order and in the same rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its
 // variant. The causal mask hides what causal attention hides (bottom-right aligned: its GFLOP/s
 // counts the same pairs), the sparse one all but the first Nk/32 keys and Nk/8 up to the
 // diagonal; the options the suite sets itself are refused.
@@ -593,27 +597,30 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
       "--repeat 3",
       path("mod.json"));
   const Json& rows = json.at("results");
-  ASSERT_EQ(rows.size(), 6u) << json;
+  ASSERT_EQ(rows.size(), 7u) << json;
   // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq; of the
-  // sparse mask, those of them below 2 or above the last less 8.
-  double causal_pairs = 0, sparse_pairs = 0;
+  // chunks, those of them in the last one's chunk of 8; of the sparse mask, those below 2 or
+  // above the last less 8.
+  double causal_pairs = 0, chunk_pairs = 0, sparse_pairs = 0;
   for (int i = 0; i < nq; ++i)
     for (int j = 0, last = i + nk - nq; j <= last; ++j) {
       causal_pairs += 1;
+      chunk_pairs += j / 8 == last / 8 ? 1 : 0;
       sparse_pairs += j < 2 || j > last - 8 ? 1 : 0;
     }
   for (size_t i = 0; i < rows.size(); ++i) {
     const Json& r = rows[i];
-    double pairs = i == 5 ? sparse_pairs : causal_pairs;
+    double pairs = i == 1 ? chunk_pairs : i == 6 ? sparse_pairs : causal_pairs;
     EXPECT_EQ(r.at("kind"), "modifier");
     EXPECT_EQ(r.at("variant"), "flash2");
-    EXPECT_EQ(r.at("causal"), i < 4) << i;
-    EXPECT_EQ(r.at("softcap").get<double>(), i == 1 ? 30.0 : 0.0) << i;
-    EXPECT_EQ(r.at("alibi"), i == 2) << i;
-    EXPECT_EQ(r.at("sinks"), i == 3) << i;
-    EXPECT_EQ(r.at("mask"), i >= 4) << i;
-    EXPECT_EQ(r.value("mask_name", ""), i == 4   ? "causal"
-                                        : i == 5 ? "2 global + window 8"
+    EXPECT_EQ(r.at("causal"), i < 5) << i;
+    EXPECT_EQ(r.at("chunk"), i == 1 ? 8 : 0) << i;
+    EXPECT_EQ(r.at("softcap").get<double>(), i == 2 ? 30.0 : 0.0) << i;
+    EXPECT_EQ(r.at("alibi"), i == 3) << i;
+    EXPECT_EQ(r.at("sinks"), i == 4) << i;
+    EXPECT_EQ(r.at("mask"), i >= 5) << i;
+    EXPECT_EQ(r.value("mask_name", ""), i == 5   ? "causal"
+                                        : i == 6 ? "2 global + window 8"
                                                  : "")
         << i;
     EXPECT_EQ(r.at("runs_ms").size(), 3u) << i;
@@ -627,6 +634,7 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
   ASSERT_EQ(table.status, 0) << table.output;
   EXPECT_NE(table.output.find("vs base"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("causal softcap 30"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("causal chunk 1 "), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("mask (causal)"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("mask (0 global + window 1)"), std::string::npos) << table.output;
 
@@ -767,6 +775,8 @@ TEST_F(CliTest, BadOptionValues) {
   expect_refused("run " + qkv() + " --window 3,-2", "--window must be L,R with integers");
   expect_refused("run " + qkv() + " --window a,b", "--window must be L,R with integers");
   expect_refused("run " + qkv() + " --softcap 0", "--softcap must be positive");
+  expect_refused("run " + qkv() + " --chunk 0", "--chunk must be a positive integer");
+  expect_refused("run " + qkv() + " --chunk 2,3", "--chunk must be a positive integer");
   expect_refused("run " + qkv() + " --alibi-max-bias -1", "--alibi-max-bias must be positive");
   put_tensor("three.npy", random_tensor({3}, 4));
   expect_refused("run " + qkv() + " --sinks " + path("three.npy"),

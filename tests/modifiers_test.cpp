@@ -96,6 +96,17 @@ const ModCase kCases[] = {
      [](Modifiers& m, const ModCase& c) { m.mask = document_mask(c); }},
     {"float_mask_per_head_gqa", 1, 4, 2, 23, 61, 16, 16,
      [](Modifiers& m, const ModCase& c) { m.mask = band_mask(c); }},
+    // Llama 4's chunks: causal within each chunk, with sinks and GQA; alone, with Nq > Nk (the
+    // first rows sit before key 0) and a window; decoding, whose one row sees its chunk's start.
+    {"chunk_causal_sinks_gqa", 2, 4, 2, 45, 131, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       m.causal = true, m.chunk_size = 24;
+       sinks(m, c);
+     }},
+    {"chunk_window_nq_gt_nk", 1, 2, 2, 70, 45, 16, 16,
+     [](Modifiers& m, const ModCase&) { m.chunk_size = 16, m.window_left = 9; }},
+    {"chunk_decode_gqa", 1, 8, 2, 1, 300, 64, 64,
+     [](Modifiers& m, const ModCase&) { m.causal = true, m.chunk_size = 128; }},
     {"bool_mask_per_batch_sinks", 2, 4, 2, 30, 70, 16, 8,
      [](Modifiers& m, const ModCase& c) {
        m.mask = random_bool_mask(c);
@@ -414,6 +425,46 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
               tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
         << tile_layout_name(layout);
     EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
+  }
+}
+
+// Chunked attention with q = 0: every key of a row's chunk up to its diagonal gets the same
+// weight, v_j = j, so row i's output is the mean of its chunk's keys. The keys of the other
+// chunks hold NaN in K and V: a kernel that read one would return NaN, so every layout must skip
+// them, as the cost growing with C and not with Nk needs.
+TEST_P(ClosedFormTest, ChunkedAttentionReadsOnlyItsChunk) {
+  Variant variant = GetParam();
+  if (!variant_info(variant).fused) GTEST_SKIP() << "naive reads every key of a row's range";
+  const uint32_t nq = 40, nk = 200, c = 64, d = 16;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor q({1, 2, nq, d}), k({1, 1, nk, d}), v({1, 1, nk, d});
+  // The rows sit on keys 160 .. 199, all in the chunk [128, 192) or [192, 256).
+  for (uint32_t j = 0; j < nk; ++j)
+    for (uint32_t x = 0; x < d; ++x) {
+      bool other = j < 128;
+      k.data[j * d + x] = other ? nan : 0.5f;
+      v.data[j * d + x] = other ? nan : float(j) * float(x + 1) / 64.0f;
+    }
+  AttentionParams params;
+  params.variant = variant;
+  params.mods.causal = true;
+  params.mods.chunk_size = c;
+  if (variant_info(variant).splits_keys) params.hints.splits = 4;  // chunks starting in the NaN
+  ModCase shape{"chunk", 1, 2, 1, nq, nk, d, d};
+  for (TileLayout layout : layouts_for(variant, shape)) {
+    bool f16 = layout == TileLayout::cooperative_matrix;
+    params.hints.tile_layout = layout;
+    HostAttentionResult gpu = attention(context(), q, k, v, params, f16 ? DType::f16 : DType::f32);
+    for (uint32_t h = 0; h < 2; ++h)
+      for (uint32_t i = 0; i < nq; ++i) {
+        int64_t diag = int64_t(i) + nk - nq, first = diag / c * c;
+        double n = double(diag - first + 1), mean = double(first + diag) / 2;
+        for (uint32_t x = 0; x < d; ++x)
+          EXPECT_NEAR(gpu.out.data[(h * nq + i) * d + x], mean * (x + 1) / 64.0,
+                      (f16 ? 2e-3 : 2e-5) * mean * (x + 1) / 64.0 + 1e-6)
+              << tile_layout_name(layout) << " row " << i << " dim " << x;
+        EXPECT_NEAR(gpu.lse.data[h * nq + i], std::log(n), 1e-4) << tile_layout_name(layout);
+      }
   }
 }
 

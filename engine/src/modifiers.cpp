@@ -109,6 +109,29 @@ std::vector<ModifierInfo> make_table() {
                           "[" + std::to_string(w.left) + "," + std::to_string(w.right) + "]");
        },
        nullptr});
+  t.push_back(
+      {"chunk",
+       {{"chunk", "C", Kind::integers,
+         "chunked attention (Llama 4): query i sees only the keys of its diagonal's chunk of C, "
+         "those j with j / C = (i + Nk - Nq) / C (with --causal, up to the diagonal); keys "
+         "outside it are never read (the fused variants)"}},
+       [](Modifiers& m, const std::string&, const OptionValue& v) {
+         if (v.integers.size() != 1 || v.integers[0] < 1 || v.integers[0] > INT32_MAX)
+           throw Error("must be a positive integer (keys a chunk)");
+         m.chunk_size = static_cast<uint32_t>(v.integers[0]);
+       },
+       [](const Modifiers& m) { return m.chunk_size > 0; },
+       [](const Modifiers& m) { return "chunk " + std::to_string(m.chunk_size); },
+       [](const Modifiers&, const std::string& s, const std::string&) { return s; },
+       [](const Modifiers& m, const TracedRow*, Members& out) {
+         out.emplace_back("chunk", std::to_string(m.chunk_size));
+       },
+       // Chunks of Nk/8 keys on causal attention: an eighth of the pairs a row sees, at most.
+       [](const Modifiers& base, const Dims& d) {
+         Modifiers e = base;
+         e.chunk_size = std::max(1u, d.nk / 8);
+         return std::vector<Modifiers>{e};
+       }});
   t.push_back({"softcap",
                {{"softcap", "C", Kind::number,
                  "logit softcapping: s = C tanh(s / C), before ALiBi (Gemma 2)"}},
@@ -244,6 +267,11 @@ KeyRange window_keys(const Modifiers& m, uint32_t nq, uint32_t nk, uint32_t i) {
   Window w = effective_window(m);
   int64_t diag = int64_t(i) + int64_t(nk) - int64_t(nq);
   int64_t lo = w.left < 0 ? 0 : diag - w.left, hi = w.right < 0 ? nk : diag + w.right + 1;
+  if (m.chunk_size > 0) {  // the diagonal's chunk (none when the diagonal is before key 0)
+    int64_t c = m.chunk_size, first = diag >= 0 ? diag / c * c : -c;
+    lo = std::max(lo, first);
+    hi = std::min(hi, first + c);
+  }
   KeyRange r;
   r.begin = std::clamp<int64_t>(lo, 0, nk);
   r.end = std::clamp<int64_t>(hi, r.begin, nk);
@@ -271,6 +299,8 @@ void check_modifiers(const Modifiers& m, const Dims& d) {
     if (w < -1)  // checked even where causal overrides it
       throw Error(std::string(name) + " must be -1 (unbounded) or at least 0; got " +
                   std::to_string(w));
+  if (m.chunk_size > INT32_MAX)
+    throw Error("chunk_size must be at most 2^31 - 1; got " + std::to_string(m.chunk_size));
   if (!std::isfinite(m.softcap) || m.softcap < 0)
     throw Error("softcap must be 0 (off) or a positive number; got " + std::to_string(m.softcap));
   if (!std::isfinite(m.alibi_max_bias) || m.alibi_max_bias < 0)
@@ -435,6 +465,7 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   Window w = effective_window(m);
   plan.push.window_left = side(w.left);
   plan.push.window_right = side(w.right);
+  plan.push.chunk_size = m.chunk_size;
   if (m.softcap > 0) {
     plan.spec.mods |= kModSoftcap;
     plan.push.softcap = m.softcap;

@@ -255,6 +255,12 @@ RowTrace variant_row(Variant variant, const Vec& s, const std::vector<Vec>& v, u
   return direct_row(s, v, sink);
 }
 
+namespace {
+int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+}  // namespace
+
 Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
                const AttentionParams& params, uint32_t batch, uint32_t head, uint32_t row) {
   const Modifiers& mods = params.mods;
@@ -280,6 +286,8 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
     if (mods.causal && jj > diag) visible = false;
     if (mods.window_left >= 0 && jj < diag - mods.window_left) visible = false;
     if (mods.window_right >= 0 && jj > diag + mods.window_right) visible = false;
+    if (mods.chunk_size > 0 && floor_div(jj, mods.chunk_size) != floor_div(diag, mods.chunk_size))
+      visible = false;  // another chunk than the diagonal's
     if (!mods.key_mask.empty() && mods.key_mask[size_t(batch) * d.nk + j] == 0) visible = false;
     double acc = 0.0;
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);

@@ -24,6 +24,11 @@ struct Modifiers {
   /// window_right; -1 leaves that side unbounded. Keys outside are never read by the fused
   /// variants: their cost grows with the window, not with Nk (naive reads every key).
   int64_t window_left = -1, window_right = -1;
+  /// Chunked attention (Llama 4's attention_chunk_size): with C > 0, query i sees key j only
+  /// when j / C = diagonal / C (rounded down: the same chunk of C keys); with `causal`, up to
+  /// the diagonal as well. Keys outside the chunk are never read (fused variants): the cost
+  /// grows with C, not with Nk. 0 = off.
+  uint32_t chunk_size = 0;
   /// Logit softcapping (Gemma 2): s = softcap * tanh(s / softcap), before ALiBi; 0 = off.
   float softcap = 0.0f;
   /// ALiBi: s -= slope * |diagonal - j|, one slope per query head ([H]) or per batch and head
@@ -57,8 +62,8 @@ struct Window {
 Window effective_window(const Modifiers& mods);
 
 /// The keys query i of Nq sees through the limits that cut a row's keys into one range (the
-/// window, causal), [begin, end) of Nk (begin == end: none). The host's twin of the shaders'
-/// row_keys (shaders/modifiers.glsl), where an additive mask narrows it further.
+/// window, causal, the chunk), [begin, end) of Nk (begin == end: none). The host's twin of the
+/// shaders' row_keys (shaders/modifiers.glsl), where an additive mask narrows it further.
 struct KeyRange {
   int64_t begin = 0, end = 0;
 };
