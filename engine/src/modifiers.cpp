@@ -346,7 +346,12 @@ void check_modifiers(const Modifiers& m, const Dims& d) {
 std::string modifier_text(const Modifiers& mods) {
   std::string s;
   for (const ModifierInfo& info : modifier_table())
-    if (info.active(mods)) s += (s.empty() ? "" : " ") + info.text(mods);
+    if (info.active(mods)) {
+      // Appended apart, not (sep + text): GCC 12's -O3 flags that with a false -Wrestrict (its
+      // bug 105329), which an application's Release build would show.
+      if (!s.empty()) s += ' ';
+      s += info.text(mods);
+    }
   return s;
 }
 
