@@ -16,9 +16,16 @@ std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
                         uint32_t block_keys, uint32_t splits) {
   std::string s = tile_layout_name(layout);
   if (block_keys == 0) return s;  // naive: no tiles
-  s += " " + std::to_string(block_rows) + "x" + std::to_string(block_keys);
-  if (variant_info(variant).splits_keys)
-    s += ", " + std::to_string(splits) + (splits == 1 ? " split" : " splits");
+  // Appended piece by piece: GCC 12's -O3 flags " " + std::string with a false -Wrestrict.
+  s += ' ';
+  s += std::to_string(block_rows);
+  s += 'x';
+  s += std::to_string(block_keys);
+  if (variant_info(variant).splits_keys) {
+    s += ", ";
+    s += std::to_string(splits);
+    s += splits == 1 ? " split" : " splits";
+  }
   return s;
 }
 
