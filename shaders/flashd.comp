@@ -31,10 +31,4 @@ void tile_end(uint pass, uint j0, uint rr) {
   [[unroll]] for (uint e = 0; e < OW; ++e) trace_put(t, TRACE_FIELDS + e, o_acc[rr][e]);
 }
 
-void state_finish(uint rr) {
-  uint row = rows[rr].bh * pc.nq + rows[rr].i;
-  store_o(o_at(rows[rr].bh, rows[rr].i), rr, out_scale(rr));
-  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[row] = row_lse(rr);
-}
-
 #include "fused_main.glsl"
