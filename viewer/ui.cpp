@@ -682,7 +682,7 @@ void draw_heatmap(Model& model, UiState& ui) {
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
       "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the kernels skip (causal limit, sliding window).%s",
+      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk).%s",
       br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -722,7 +722,7 @@ void draw_heatmap(Model& model, UiState& ui) {
       ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
       ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
-      // Skipped: no row of the block sees a key of the tile (causal limit, sliding window).
+      // Skipped: no row of the block sees a key of the tile (causal limit, window, chunk: window_keys).
       const Modifiers& p = model.inputs().params.mods;
       uint32_t last_row = std::min(d.nq, i0 + br) - 1;
       KeyRange first = window_keys(p, d.nq, d.nk, i0), last = window_keys(p, d.nq, d.nk, last_row);
