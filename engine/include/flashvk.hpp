@@ -8,4 +8,5 @@
 #include "flashvk/context.hpp"
 #include "flashvk/error.hpp"
 #include "flashvk/modifiers.hpp"
+#include "flashvk/pipelines.hpp"
 #include "flashvk/tensor.hpp"

@@ -153,14 +153,6 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
   return devices;
 }
 
-uint32_t default_device(const std::vector<DeviceInfo>& infos) {
-  for (const auto& info : infos)
-    if (info.type == "discrete") return info.index;
-  for (const auto& info : infos)
-    if (info.type == "integrated") return info.index;
-  return 0;
-}
-
 uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(physical, &count, nullptr);
@@ -217,6 +209,7 @@ void make_device(ContextImpl& ctx) {
   info.queueCreateInfoCount = 1;
   info.pQueueCreateInfos = &queue;
   CoopmatFeatures coopmat;
+  std::vector<const char*> extensions;
   if (ctx.info.cooperative_matrix) {
     coopmat.coopmat.cooperativeMatrix = VK_TRUE;
     coopmat.float16.shaderFloat16 = VK_TRUE;
@@ -224,15 +217,25 @@ void make_device(ContextImpl& ctx) {
     // With the memory model on, the other kernels' atomics (Device scope) need this too.
     coopmat.memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
     storage16.pNext = &coopmat.coopmat;
-    info.enabledExtensionCount = static_cast<uint32_t>(std::size(kCoopmatExtensions));
-    info.ppEnabledExtensionNames = kCoopmatExtensions;
+    extensions.assign(std::begin(kCoopmatExtensions), std::end(kCoopmatExtensions));
   } else if (ctx.info.fp16_arithmetic) {  // shaderFloat16 alone
     coopmat.float16.shaderFloat16 = VK_TRUE;
     coopmat.float16.pNext = nullptr;
     storage16.pNext = &coopmat.float16;
-    info.enabledExtensionCount = 1;
-    info.ppEnabledExtensionNames = &kFloat16Extension;
+    extensions.push_back(kFloat16Extension);
   }
+  // A compile-only context keeps what the driver compiled (describe_pipelines).
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executables{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  ctx.capture = ctx.compile_only && ctx.info.pipeline_statistics;
+  if (ctx.capture) {
+    executables.pipelineExecutableInfo = VK_TRUE;
+    executables.pNext = const_cast<void*>(info.pNext);
+    info.pNext = &executables;
+    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  }
+  info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  info.ppEnabledExtensionNames = extensions.data();
   check(vkCreateDevice(ctx.physical, &info, nullptr, &ctx.device), "vkCreateDevice");
   objects_created();
   vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
@@ -286,6 +289,17 @@ bool fp16_arithmetic(VkPhysicalDevice physical) {
   features.pNext = &float16;
   vkGetPhysicalDeviceFeatures2(physical, &features);
   return float16.shaderFloat16 == VK_TRUE;
+}
+
+bool pipeline_statistics(VkPhysicalDevice physical) {
+  if (!has_extensions(physical, {VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME}))
+    return false;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executables{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &executables;
+  vkGetPhysicalDeviceFeatures2(physical, &features);
+  return executables.pipelineExecutableInfo == VK_TRUE;
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
@@ -357,12 +371,15 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
       info.fp16_storage && cooperative_matrix(instance, physical, info.subgroup_size);
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
+  info.pipeline_statistics = pipeline_statistics(physical);
   return info;
 }
 
 ContextImpl::~ContextImpl() {
   if (device != VK_NULL_HANDLE) {
-    vkDeviceWaitIdle(device);
+    // A context that never got its fence (compile-only, or a device that cannot run work, whose
+    // null driver has no queue to wait on) has submitted nothing.
+    if (fence != VK_NULL_HANDLE) vkDeviceWaitIdle(device);
     save_pipeline_cache();  // best effort: a destructor cannot report failure
     dummy = Buffer();
     for (auto& [key, pipe] : pipelines) vkDestroyPipeline(device, pipe, nullptr);
@@ -480,13 +497,27 @@ void ContextImpl::init_shared_objects() {
   cache_info.pInitialData = saved.empty() ? nullptr : saved.data();
   check(vkCreatePipelineCache(device, &cache_info, nullptr, &cache), "vkCreatePipelineCache");
   objects_created();
+  if (compile_only) return;
+  // What running work needs. A device that cannot run any (a null device, which compiles only)
+  // fails here, said in one line.
+  try {
+    init_queue_objects();
+  } catch (const VulkanError& e) {
+    throw Error(info.name + " cannot run work (" + e.what() +
+                "); a compile-only context (ContextOptions::compile_only, `flashvk pipelines`) "
+                "can still build its pipelines");
+  }
+}
+
+void ContextImpl::init_queue_objects() {
   VkCommandPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pool_info.queueFamilyIndex = family;
   check(vkCreateCommandPool(device, &pool_info, nullptr, &pool), "vkCreateCommandPool");
   objects_created();
   VkFenceCreateInfo fence_info{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  check(vkCreateFence(device, &fence_info, nullptr, &fence), "vkCreateFence");
+  VkResult result = injected("vkCreateFence");
+  check(result ? result : vkCreateFence(device, &fence_info, nullptr, &fence), "vkCreateFence");
   objects_created();
   dummy = Buffer(*this, 16);
 }
@@ -521,6 +552,9 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   create.stage.pName = "main";
   create.stage.pSpecializationInfo = &spec_info;
   create.layout = pipeline_layout;
+  if (capture)
+    create.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR |
+                   VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
   VkPipeline pipe = VK_NULL_HANDLE;
   check(vkCreateComputePipelines(device, cache, 1, &create, nullptr, &pipe),
         "vkCreateComputePipelines");
@@ -529,7 +563,15 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   return pipe;
 }
 
+void ContextImpl::check_runs(const char* what) const {
+  if (compile_only)
+    throw Error(std::string(what) +
+                " on a compile-only context (ContextOptions::compile_only), "
+                "which builds pipelines and runs nothing; create a Context without it");
+}
+
 void ContextImpl::submit_and_wait(const std::function<void(VkCommandBuffer)>& fill) {
+  check_runs("work submitted");
   std::lock_guard lock(submit_mutex);
   VkCommandBufferAllocateInfo alloc{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
   alloc.commandPool = pool;
@@ -585,6 +627,14 @@ std::vector<DeviceInfo> list_devices() {
   return infos;
 }
 
+uint32_t default_device(const std::vector<DeviceInfo>& infos) {
+  for (const auto& info : infos)
+    if (info.type == "discrete") return info.index;
+  for (const auto& info : infos)
+    if (info.type == "integrated") return info.index;
+  return 0;
+}
+
 Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)) {}
 Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;
@@ -608,7 +658,7 @@ Context Context::create(const ContextOptions& options) {
   std::vector<DeviceInfo> infos;
   for (uint32_t i = 0; i < devices.size(); ++i)
     infos.push_back(detail::describe(impl->instance, devices[i], i));
-  int index = options.device < 0 ? static_cast<int>(detail::default_device(infos)) : options.device;
+  int index = options.device < 0 ? static_cast<int>(default_device(infos)) : options.device;
   if (index >= static_cast<int>(devices.size()))
     throw Error("device " + std::to_string(index) + " does not exist: " +
                 std::to_string(devices.size()) + " Vulkan device(s) found (indices 0.." +
@@ -620,6 +670,7 @@ Context Context::create(const ContextOptions& options) {
   if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
+  impl->compile_only = options.compile_only;
   detail::make_device(*impl);
   impl->cache_path = options.pipeline_cache_path;
   impl->init_shared_objects();

@@ -87,6 +87,24 @@ std::string kernel_name(const KernelKey& key) {
   return name;
 }
 
+KernelKey kernel_key(std::string_view program, const Spec& spec, DType q, bool trace) {
+  return {.program = program,
+          .layout = spec.layout,
+          .q = q,
+          .kv_quant = spec.kv_quant,
+          .trace = trace,
+          .shuffle = spec.block_shuffle,
+          .f16math = spec.block_f16};
+}
+
+std::vector<PipelineChoice> attention_pipelines(Variant variant, const Spec& spec, DType q,
+                                                const DeviceInfo& info, bool trace) {
+  const VariantInfo& v = variant_info(variant);
+  if (!v.fused) return naive_pipelines(spec, q, trace);
+  if (v.splits_keys) return splitkv_pipelines(spec, q, info, trace);
+  return {{kernel_key(v.name, spec, q, trace), spec}};  // online, flash1, flash2, flashd
+}
+
 const ShaderBlob& find_build(const std::vector<ShaderBlob>& blobs, const std::string& name) {
   for (const ShaderBlob& b : blobs)
     if (name == b.name) return b;

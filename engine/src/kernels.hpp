@@ -6,8 +6,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "flashvk/attention.hpp"
+#include "vk.hpp"
 
 namespace flashvk::detail {
 
@@ -45,5 +47,26 @@ struct KernelKey {
 std::string kernel_name(const KernelKey& key);
 /// The source file of a program's build in `layout` ("flash2.comp"), for reports.
 std::string_view kernel_source(std::string_view program, TileLayout layout);
+
+/// The build of `program` a call with tiling `spec` runs: the spec's layout and build options,
+/// Q's storage, and whether it traces.
+KernelKey kernel_key(std::string_view program, const Spec& spec, DType q, bool trace = false);
+
+/// One pipeline a call builds: which build, with which constants.
+struct PipelineChoice {
+  KernelKey key;
+  Spec spec;
+};
+
+/// The pipelines a variant's kernels build for tiling `spec`, in dispatch order: the one home of
+/// that choice, read by the plans (kernels/*.cpp) and by describe_pipelines().
+std::vector<PipelineChoice> attention_pipelines(Variant variant, const Spec& spec, DType q,
+                                                const DeviceInfo& info, bool trace = false);
+/// The kernel families' parts of it (kernels/naive.cpp, splitkv.cpp, rope.cpp).
+std::vector<PipelineChoice> naive_pipelines(const Spec& spec, DType q, bool trace);
+std::vector<PipelineChoice> splitkv_pipelines(const Spec& spec, DType q, const DeviceInfo& info,
+                                              bool trace);
+/// rope.comp rotating or copying rows stored as `x` into rows stored as `dst`.
+PipelineChoice rows_pipeline(DType x, DType dst);
 
 }  // namespace flashvk::detail

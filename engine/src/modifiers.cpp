@@ -454,15 +454,23 @@ void encode_mask(MaskEncoding& plan, std::vector<uint32_t>& words) {
   for (uint64_t r = 0; r < rows; ++r)
     std::memcpy(words.data() + plan.push.mask_values + r * stride, m.data.data() + r * d.nk,
                 d.nk * 4);
-  plan.spec.mods |= kModMask;
 }
 
 }  // namespace
+
+void spec_modifiers(const Modifiers& m, Spec& spec) {
+  if (m.softcap > 0) spec.mods |= kModSoftcap;
+  if (m.alibi()) spec.mods |= kModAlibi;
+  if (!m.sinks.empty()) spec.mods |= kModSinks;
+  if (m.has_mask()) spec.mods |= kModMask;
+  if (!m.key_mask.empty()) spec.key_mask = true;
+}
 
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   const Modifiers& m = plan.params.mods;
   const Dims& d = plan.dims;
   check_modifiers(m, d);
+  spec_modifiers(m, plan.spec);
   // The window, causal folded in, each side at most the keys there can be.
   auto side = [&](int64_t w) {
     return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(plan.most_keys) + d.nq));
@@ -472,13 +480,10 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   plan.push.window_right = side(w.right);
   plan.push.chunk_size = m.chunk_size;
   if (m.softcap > 0) {
-    plan.spec.mods |= kModSoftcap;
     plan.push.softcap = m.softcap;
   }
   // Per (batch, head): the ALiBi slope and the sink logit, in one small buffer.
   if (m.alibi() || !m.sinks.empty()) {
-    if (m.alibi()) plan.spec.mods |= kModAlibi;
-    if (!m.sinks.empty()) plan.spec.mods |= kModSinks;
     uint64_t rows = uint64_t(d.batch) * d.heads;
     std::vector<float> table(2 * rows, 0.0f);
     for (uint64_t bh = 0; bh < rows; ++bh) {
@@ -493,7 +498,6 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   // The key mask [B, Nk] from word 0 of the small tables (modifiers.glsl key_visible).
   if (!m.key_mask.empty()) {
     words.assign(m.key_mask.begin(), m.key_mask.end());
-    plan.spec.key_mask = true;
   }
   if (m.has_mask()) {
     MaskEncoding encoding{d,

@@ -270,7 +270,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   else if (info.splits_keys)
     plan_splitkv(*this);
   else
-    plan_fused(*this, info.name);
+    plan_fused(*this);
 }
 
 Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, const char* name) {
@@ -394,20 +394,21 @@ Plan::~Plan() {
   objects_destroyed(destroyed);
 }
 
-const ShaderBlob& Plan::kernel(std::string_view program) const {
-  return build({.program = program,
-                .layout = spec.layout,
-                .q = dtype,
-                .kv_quant = spec.kv_quant,
-                .trace = options.trace,
-                .shuffle = spec.block_shuffle,
-                .f16math = spec.block_f16});
+std::vector<VkPipeline> Plan::pipelines() const {
+  std::vector<VkPipeline> made;
+  for (const PipelineChoice& p :
+       attention_pipelines(params.variant, spec, dtype, impl.info, options.trace))
+    made.push_back(pipeline(p));
+  return made;
 }
 
-const ShaderBlob& Plan::build(const KernelKey& key) const {
+VkPipeline Plan::pipeline(const PipelineChoice& choice) const {
+  const KernelKey& key = choice.key;
   if (key.trace && !options.trace_builds)
     throw Error("internal: a trace plan without the trace builds (flashvk_trace)");
-  return find_build(key.trace ? *options.trace_builds : shader_blobs(), kernel_name(key));
+  return impl.pipeline(
+      find_build(key.trace ? *options.trace_builds : shader_blobs(), kernel_name(key)),
+      choice.spec);
 }
 
 uint32_t Plan::block_rows() const {

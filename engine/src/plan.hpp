@@ -81,7 +81,9 @@ class Plan;
 /// The modifiers checked and encoded for the kernels (modifiers.cpp): push constants, Spec::mods,
 /// the per-head table, and their words of the small tables (appended to `words`).
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
-void plan_fused(Plan& plan, const char* family);  // online, flash1, flash2, flashd
+/// The modifiers' part of the kernels' specialization constants (Spec::mods, Spec::key_mask).
+void spec_modifiers(const Modifiers& m, Spec& spec);
+void plan_fused(Plan& plan);  // online, flash1, flash2, flashd
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);
 
@@ -137,17 +139,18 @@ class Plan {
 
  private:
   friend void encode_modifiers(Plan&, std::vector<uint32_t>&);
-  friend void plan_fused(Plan&, const char*);
+  friend void plan_fused(Plan&);
   friend void plan_naive(Plan&);
   friend void plan_splitkv(Plan&);
   friend VkBuffer plan_angles(Plan&, uint32_t, uint32_t, int64_t);
   friend void plan_rows(Plan&, const Tensor&, const Tensor&, uint32_t, VkBuffer);
   friend void plan_rope(Plan&, const Tensor&, Tensor&, int64_t);
 
-  /// The build of `program` (shaders/builds.def) this plan's layout, storage and options run.
-  const ShaderBlob& kernel(std::string_view program) const;
-  /// The build `key` names: a TRACE build from options.trace_builds, else the engine's.
-  const ShaderBlob& build(const KernelKey& key) const;
+  /// The pipelines of the plan's attention kernels (attention_pipelines), in dispatch order.
+  std::vector<VkPipeline> pipelines() const;
+  /// A pipeline of the build `choice` names: a TRACE build from options.trace_builds, else the
+  /// engine's.
+  VkPipeline pipeline(const PipelineChoice& choice) const;
   /// An output of `shape`: the caller's `given` (checked, as a view) or a new tensor.
   Tensor output(const Tensor* given, const std::vector<int64_t>& shape, const char* name);
   /// Throws when tensor `name` is larger than one storage-buffer binding may be.

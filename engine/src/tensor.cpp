@@ -11,6 +11,7 @@ namespace flashvk {
 namespace detail {
 
 Buffer::Buffer(ContextImpl& ctx, uint64_t bytes, bool host_visible) : ctx_(&ctx), bytes_(bytes) {
+  ctx.check_runs("memory allocated");
   const DeviceInfo& info = ctx.info;
   if (bytes > info.max_allocation)
     throw Error("a buffer of " + std::to_string(bytes) + " bytes exceeds the device's " +

@@ -164,6 +164,8 @@ struct ContextImpl {
   bool fp16_enabled = false;
   bool coopmat_enabled = false;          // the cooperative-matrix kernels may run (DeviceInfo)
   bool fp16_arithmetic_enabled = false;  // shaderFloat16 is enabled
+  bool compile_only = false;             // ContextOptions::compile_only: no memory, no queue work
+  bool capture = false;  // pipelines keep the driver's statistics (pipeline_executable_properties)
   // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together
   // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
   bool loop_limited = false;
@@ -195,12 +197,17 @@ struct ContextImpl {
   ContextImpl& operator=(const ContextImpl&) = delete;
   ~ContextImpl();
 
+  /// The descriptor set and pipeline layouts and the pipeline cache; then, unless compile_only,
+  /// init_queue_objects().
   void init_shared_objects();
+  void init_queue_objects();  // the command pool, the fence and the placeholder buffer
   /// Writes the pipeline cache to cache_path (a temporary file, then a rename); false on failure.
   bool save_pipeline_cache() const;
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   /// The pipeline of the embedded build `blob` with these constants, built once and cached.
   VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec);
+  /// Throws unless the context can run work (not ContextOptions::compile_only); `what` names it.
+  void check_runs(const char* what) const;
   /// Records with `fill`, submits, and waits for the queue to finish it.
   void submit_and_wait(const std::function<void(VkCommandBuffer)>& fill);
 };

@@ -43,10 +43,16 @@ struct DeviceInfo {
   bool cooperative_matrix = false;
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
+  /// VK_KHR_pipeline_executable_properties: the driver tells what it compiled (registers,
+  /// spills, occupancy, its disassembly); describe_pipelines() reports it.
+  bool pipeline_statistics = false;
 };
 
 /// Lists the Vulkan devices the loader finds, in the loader's order (the index used everywhere).
 std::vector<DeviceInfo> list_devices();
+/// The device Context::create picks when ContextOptions::device is -1: the first discrete GPU,
+/// else the first integrated one, else the first device (an index into `devices`).
+uint32_t default_device(const std::vector<DeviceInfo>& devices);
 
 /// Limits lower than the device's, to see how work behaves on a smaller device (0 = the device's).
 struct LimitOverrides {
@@ -69,6 +75,12 @@ struct ContextOptions {
   /// created (ignored unless it was written for this very device and driver), written back
   /// when the context is destroyed. Empty: none.
   std::string pipeline_cache_path;
+  /// A context that only compiles: the device, the pipeline cache and pipelines, and no memory,
+  /// queue work or command pool, so that it runs on a device that cannot run work (Mesa's
+  /// RADV_FORCE_FAMILY null device: AMD's compiler without AMD's GPU). Its pipelines keep the
+  /// driver's statistics and disassembly where the device has VK_KHR_pipeline_executable_
+  /// properties (describe_pipelines). Tensors and attention calls on it throw Error.
+  bool compile_only = false;
 };
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.

@@ -5,14 +5,13 @@
 
 namespace flashvk::detail {
 
-void plan_fused(Plan& plan, const char* family) {
+void plan_fused(Plan& plan) {
   const Dims& d = plan.dims;
   uint32_t group = d.heads / d.kv_heads;
   uint64_t rows = uint64_t(group) * d.nq;
   uint32_t blocks = static_cast<uint32_t>((rows + plan.spec.block() - 1) / plan.spec.block());
   plan.check_loop_budget(plan.most_keys);
-  VkPipeline pipe = plan.impl.pipeline(plan.kernel(family), plan.spec);
-  plan.add(pipe, plan.make_set(plan.bindings), {blocks, d.batch * d.kv_heads, 1});
+  plan.add(plan.pipelines()[0], plan.make_set(plan.bindings), {blocks, d.batch * d.kv_heads, 1});
 }
 
 }  // namespace flashvk::detail

@@ -7,6 +7,15 @@
 
 namespace flashvk::detail {
 
+std::vector<PipelineChoice> naive_pipelines(const Spec& spec, DType q, bool trace) {
+  Spec softmax_spec = spec;
+  softmax_spec.workgroup = 64;  // threads per row in the reduction: a power of two
+  // The softmax reads and writes only the fp32 scores, whatever Q, K and V are stored as.
+  return {{kernel_key("naive_scores", spec, q, trace), spec},
+          {{.program = "naive_softmax", .trace = trace}, softmax_spec},
+          {kernel_key("naive_pv", spec, q, trace), spec}};
+}
+
 void plan_naive(Plan& plan) {
   const Dims& d = plan.dims;
   uint64_t slice = uint64_t(d.nq) * plan.most_keys * 4;
@@ -24,13 +33,8 @@ void plan_naive(Plan& plan) {
   b[kScratch1] = plan.scratch1.handle();
   VkDescriptorSet set = plan.make_set(b);
 
-  Spec softmax_spec = plan.spec;
-  softmax_spec.workgroup = 64;  // threads per row in the reduction: a power of two
-  VkPipeline scores = plan.impl.pipeline(plan.kernel("naive_scores"), plan.spec);
-  // The softmax reads and writes only the fp32 scores, whatever Q, K and V are stored as.
-  VkPipeline softmax = plan.impl.pipeline(
-      plan.build({.program = "naive_softmax", .trace = plan.options.trace}), softmax_spec);
-  VkPipeline pv = plan.impl.pipeline(plan.kernel("naive_pv"), plan.spec);
+  std::vector<VkPipeline> pipes = plan.pipelines();
+  VkPipeline scores = pipes[0], softmax = pipes[1], pv = pipes[2];
   uint32_t blocks = (d.nq + plan.spec.workgroup - 1) / plan.spec.workgroup;
   for (uint32_t bh0 = 0; bh0 < total; bh0 += per_chunk) {
     uint32_t n = std::min(per_chunk, total - bh0);

@@ -18,6 +18,15 @@ struct RopePush {
 
 }  // namespace
 
+PipelineChoice rows_pipeline(DType x, DType dst) {
+  Spec spec;
+  spec.workgroup = 64;  // rope.comp: a pair (or a block) an invocation, 64 a workgroup
+  spec.k_format = static_cast<uint32_t>(dst);  // QUANT_OUT's OUT_FORMAT
+  // Into a block format, one invocation a block of 32 values; else one a pair.
+  bool quantise = dst == DType::q8_0 || dst == DType::q4_0;
+  return {{.program = "rope", .q = x, .quant = quantise}, spec};
+}
+
 VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first) {
   if (!(plan.params.rope_base > 1.0) || !std::isfinite(plan.params.rope_base))
     throw Error("rope base must be a finite number greater than 1");
@@ -68,11 +77,7 @@ void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, V
                 static_cast<uint32_t>(dst.shape()[dst.shape().size() - 2]),
                 static_cast<uint32_t>(numel(dst.shape()))};
   uint64_t invocations = uint64_t(push.vectors) * (quantise ? dim / 32 : dim / 2 + dim % 2);
-  Spec spec;
-  spec.workgroup = 64;  // rope.comp: a pair (or a block) an invocation, 64 a workgroup
-  spec.k_format = static_cast<uint32_t>(dst.dtype());  // QUANT_OUT's OUT_FORMAT
-  VkPipeline pipe =
-      plan.impl.pipeline(plan.build({.program = "rope", .q = x.dtype(), .quant = quantise}), spec);
+  VkPipeline pipe = plan.pipeline(rows_pipeline(x.dtype(), dst.dtype()));
   plan.add(pipe, plan.make_set(b), {static_cast<uint32_t>((invocations + 63) / 64), 1, 1}, &push,
            sizeof(push));
 }

@@ -24,6 +24,19 @@ uint32_t auto_splits(const DeviceInfo& info, uint64_t groups, uint32_t nk, uint3
       std::clamp<uint64_t>(splits, 1, std::min<uint64_t>(max_splits, 256)));
 }
 
+std::vector<PipelineChoice> splitkv_pipelines(const Spec& spec, DType q, const DeviceInfo& info,
+                                              bool trace) {
+  // The merge: a row per invocation on CPU drivers; on GPUs a row's elements spread over 32
+  // lanes (keys = invocations per row), so that its reads of the chunks are wide.
+  Spec merge;
+  merge.workgroup = 64;
+  merge.bc = info.type == "cpu" ? 1 : 32;
+  merge.d = spec.d;
+  merge.dv = spec.dv;
+  merge.mods = spec.mods & kModSinks;  // the merge adds the sink
+  return {{kernel_key("splitkv", spec, q, trace), spec}, {{"splitkv_merge"}, merge}};
+}
+
 void plan_splitkv(Plan& plan) {
   const Dims& d = plan.dims;
   uint32_t group = d.heads / d.kv_heads;
@@ -60,20 +73,14 @@ void plan_splitkv(Plan& plan) {
   b[kScratch2] = plan.scratch2.handle();
   VkDescriptorSet set = plan.make_set(b);
 
-  VkPipeline partial = plan.impl.pipeline(plan.kernel("splitkv"), plan.spec);
-  plan.add(partial, set, {blocks, d.batch * d.kv_heads, plan.splits});
+  std::vector<PipelineChoice> choices =
+      splitkv_pipelines(plan.spec, plan.dtype, plan.impl.info, plan.options.trace);
+  plan.add(plan.pipeline(choices[0]), set, {blocks, d.batch * d.kv_heads, plan.splits});
   plan.add_barrier();
-  // The merge: a row per invocation on CPU drivers; on GPUs a row's elements spread over 32
-  // lanes (keys = invocations per row), so that its reads of the chunks are wide.
-  Spec merge_spec;
-  merge_spec.workgroup = 64;
-  merge_spec.bc = plan.ctx.device().type == "cpu" ? 1 : 32;
-  merge_spec.d = plan.spec.d;
-  merge_spec.dv = plan.spec.dv;
-  merge_spec.mods = plan.spec.mods & kModSinks;  // the merge adds the sink
-  VkPipeline merge = plan.impl.pipeline(plan.build({"splitkv_merge"}), merge_spec);
+  const Spec& merge_spec = choices[1].spec;
   uint64_t total_rows = uint64_t(d.batch) * d.heads * d.nq;
   uint64_t merge_groups = (total_rows + 64 / merge_spec.bc - 1) / (64 / merge_spec.bc);
+  VkPipeline merge = plan.pipeline(choices[1]);
   uint64_t across = std::min<uint64_t>(merge_groups, plan.ctx.device().max_workgroup_count[0]);
   plan.add(merge, set,
            {static_cast<uint32_t>(across),

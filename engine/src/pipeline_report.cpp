@@ -1,0 +1,179 @@
+// describe_pipelines(): the pipelines a call builds, from the planner's own choices (tiling.cpp's
+// choose_tiling, the kernel families' attention_pipelines), and the driver's account of each
+// (VK_KHR_pipeline_executable_properties).
+#include <algorithm>
+
+#include "flashvk/pipelines.hpp"
+#include "kernels.hpp"
+#include "plan.hpp"
+#include "shader_registry.hpp"
+#include "tiling.hpp"
+#include "vk.hpp"
+
+namespace flashvk {
+
+namespace {
+
+using detail::check;
+
+// The constants' names in the shaders, by ID.
+const std::vector<std::string>& spec_names() {
+  static const std::vector<std::string> names = {
+#define SPEC_WORKGROUP(id, field, value) "local_size_x",
+#define SPEC_CONSTANT(id, type, NAME, field, value) #NAME,
+#include "../../shaders/spec_constants.glsl"
+#undef SPEC_WORKGROUP
+#undef SPEC_CONSTANT
+  };
+  return names;
+}
+
+PipelineStatistic statistic(const VkPipelineExecutableStatisticKHR& s) {
+  PipelineStatistic out{s.name, s.description, false};
+  switch (s.format) {
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+      out.value = s.value.b32 == VK_TRUE;
+      break;
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+      out.value = s.value.i64;
+      break;
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+      out.value = s.value.u64;
+      break;
+    default:
+      out.value = s.value.f64;
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> representations(
+    VkDevice device, const VkPipelineExecutableInfoKHR& which) {
+  auto get = reinterpret_cast<PFN_vkGetPipelineExecutableInternalRepresentationsKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutableInternalRepresentationsKHR"));
+  uint32_t count = 0;
+  if (!get || get(device, &which, &count, nullptr) != VK_SUCCESS) return {};
+  std::vector<VkPipelineExecutableInternalRepresentationKHR> reps(
+      count, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR});
+  if (get(device, &which, &count, reps.data()) != VK_SUCCESS) return {};
+  // Then the text, in buffers of the sizes the first call gave.
+  std::vector<std::string> texts(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    texts[i].resize(reps[i].dataSize);
+    reps[i].pData = texts[i].data();
+  }
+  if (get(device, &which, &count, reps.data()) != VK_SUCCESS) return {};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string text = reps[i].isText ? texts[i].c_str() : std::string("(binary)");
+    out.emplace_back(reps[i].name, std::move(text));
+  }
+  return out;
+}
+
+std::vector<PipelineExecutable> executables(detail::ContextImpl& impl, VkPipeline pipeline) {
+  if (!impl.capture) return {};
+  VkDevice device = impl.device;
+  auto properties = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutablePropertiesKHR"));
+  auto statistics = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
+  if (!properties || !statistics) return {};
+  VkPipelineInfoKHR info{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  info.pipeline = pipeline;
+  uint32_t count = 0;
+  check(properties(device, &info, &count, nullptr), "vkGetPipelineExecutablePropertiesKHR");
+  std::vector<VkPipelineExecutablePropertiesKHR> props(
+      count, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
+  check(properties(device, &info, &count, props.data()), "vkGetPipelineExecutablePropertiesKHR");
+  std::vector<PipelineExecutable> out;
+  for (uint32_t i = 0; i < count; ++i) {
+    PipelineExecutable e{props[i].name, props[i].description, props[i].subgroupSize, {}, {}};
+    VkPipelineExecutableInfoKHR which{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    which.pipeline = pipeline;
+    which.executableIndex = i;
+    uint32_t n = 0;
+    check(statistics(device, &which, &n, nullptr), "vkGetPipelineExecutableStatisticsKHR");
+    std::vector<VkPipelineExecutableStatisticKHR> stats(
+        n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    check(statistics(device, &which, &n, stats.data()), "vkGetPipelineExecutableStatisticsKHR");
+    for (const auto& s : stats) e.statistics.push_back(statistic(s));
+    e.representations = representations(device, which);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
+
+double PipelineStatistic::number() const {
+  return std::visit([](auto v) { return static_cast<double>(v); }, value);
+}
+
+const PipelineStatistic* PipelineExecutable::statistic(const std::string& wanted) const {
+  for (const PipelineStatistic& s : statistics)
+    if (s.name == wanted) return &s;
+  return nullptr;
+}
+
+std::string PipelineExecutable::representation(const std::string& part) const {
+  for (const auto& [title, text] : representations)
+    if (title.find(part) != std::string::npos) return text;
+  return {};
+}
+
+std::vector<PipelineDescription> describe_pipelines(Context& ctx, const PipelineCall& call) {
+  detail::ContextImpl& impl = ctx.impl();
+  const AttentionParams& params = call.params;
+  int64_t kv_heads = call.kv_heads ? call.kv_heads : call.heads, dv = call.dv ? call.dv : call.d;
+  Dims dims =
+      check_shapes({call.batch, call.heads, call.nq, call.d},
+                   {call.batch, kv_heads, call.nk, call.d}, {call.batch, kv_heads, call.nk, dv});
+  const Storage& kv = call.storage;
+  if (kv.q != DType::f32 && kv.q != DType::f16)
+    throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(kv.q) + ")");
+  check_blocks({call.d}, kv.k);
+  check_blocks({dv}, kv.v);
+  check_modifiers(params.mods, dims);
+  detail::Spec spec =
+      detail::choose_tiling({.info = impl.info,
+                             .coopmat_enabled = impl.coopmat_enabled,
+                             .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
+                             .dims = dims,
+                             .params = params,
+                             .dtype = kv.q,
+                             .kv = kv});
+  spec.page_size = call.page_size;
+  detail::spec_modifiers(params.mods, spec);
+
+  std::vector<detail::PipelineChoice> choices;
+  if (params.rope != RopeLayout::none) choices.push_back(detail::rows_pipeline(kv.q, kv.q));
+  for (const detail::PipelineChoice& c :
+       detail::attention_pipelines(params.variant, spec, kv.q, impl.info))
+    choices.push_back(c);
+
+  const bool fused = variant_info(params.variant).fused;
+  std::vector<PipelineDescription> out;
+  for (const detail::PipelineChoice& c : choices) {
+    const detail::ShaderBlob& blob =
+        detail::find_build(detail::shader_blobs(), detail::kernel_name(c.key));
+    VkPipeline pipeline = impl.pipeline(blob, c.spec);
+    PipelineDescription p;
+    p.program = c.key.program;
+    p.shader = blob.name;
+    p.source = detail::kernel_source(c.key.program, c.key.layout);
+    p.layout = c.spec.layout;
+    if (fused && c.key.program == variant_name(params.variant)) {  // the tiled kernel
+      p.block_rows = c.spec.block();
+      p.block_keys = c.spec.bc;
+    }
+    auto values = c.spec.constants();
+    for (uint32_t id = 0; id < values.size(); ++id) p.spec_constants.emplace_back(id, values[id]);
+    p.spec_names = spec_names();
+    p.spirv.assign(blob.words, blob.words + blob.bytes / 4);
+    p.executables = executables(impl, pipeline);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace flashvk
