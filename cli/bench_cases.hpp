@@ -24,6 +24,7 @@ struct Case {
   // a --kv-dtype list, each case in its own storage), so that each of its variants has a run of
   // the group's first case, its base, in every round.
   bool with_previous = false;
+  bool fp16_arithmetic = false;  // ExecutionHints::fp16_arithmetic for its fused variants
 };
 
 // One timed run, and the FMA calibration around it (--peak): the mean of one just before and
@@ -85,6 +86,10 @@ double case_flops(const Case& c);
 Inputs make_inputs(const Dims& d);
 /// The prefill, window and decode sets of docs/performance.md (--suite standard).
 std::vector<Case> standard_suite();
+/// Every kernel the engine picks on its own on a GPU (`flashvk pipelines --suite kernels`):
+/// prefill and decode, fp32 and fp16 storage, fp16 arithmetic, q8_0 and q4_0 K and V, d = 64,
+/// 80, 96, 128 and 256, without modifiers, causal, and with softcap, ALiBi, sinks and a window.
+std::vector<Case> kernel_suite();
 /// The shape of the options once per storage of K and V that --kv-dtype lists.
 std::vector<Case> custom_cases(const Args& args);
 /// --suite modifiers: causal attention of the shape, then each modifier's examples.

@@ -214,7 +214,7 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   params.want_lse = false;
   if (variant_info(variant).fused) {
     params.hints.tile_layout = o.layout;
-    params.hints.fp16_arithmetic = o.fp16_arithmetic;
+    params.hints.fp16_arithmetic = o.fp16_arithmetic || c.fp16_arithmetic;
   }
   params.hints.block_rows = o.block_rows;
   params.hints.block_keys = o.block_keys;

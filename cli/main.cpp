@@ -15,6 +15,7 @@
 #include "flashvk/reference.hpp"
 #include "flashvk/trace.hpp"
 #include "npy.hpp"
+#include "pipelines.hpp"
 
 namespace flashvk::cli {
 namespace {
@@ -28,6 +29,7 @@ commands:
   trace     the per-key and per-tile state of one query row, as JSON
   bench     time the variants on random inputs
   devices   list the Vulkan devices and their limits
+  pipelines what the driver compiles for a call: registers, spills, occupancy
 
 `flashvk <command> --help` shows each command's options and examples.
 )";
@@ -226,9 +228,9 @@ int cmd_devices(const std::vector<std::string>& argv) {
   Args args(argv, {}, {});
   std::vector<DeviceInfo> devices = list_devices();
   if (devices.empty()) throw Error("no Vulkan device found");
-  Context ctx = Context::create();  // its choice is the default
+  uint32_t chosen = default_device(devices);  // Context::create's choice
   for (const DeviceInfo& d : devices) {
-    bool is_default = d.index == ctx.device().index && d.name == ctx.device().name;
+    bool is_default = d.index == chosen;
     std::printf("%u: %s (%s)%s\n", d.index, d.name.c_str(), d.type.c_str(),
                 is_default ? "  [default]" : "");
     std::printf("   Vulkan %u.%u.%u, driver %s\n", VK_API_VERSION_MAJOR(d.api_version),
@@ -247,6 +249,8 @@ int cmd_devices(const std::vector<std::string>& argv) {
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
     std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 16x16x16 into fp32) %s\n",
                 d.fp16_arithmetic ? "yes" : "no", d.cooperative_matrix ? "yes" : "no");
+    std::printf("   pipeline statistics (flashvk pipelines) %s\n",
+                d.pipeline_statistics ? "yes" : "no");
   }
   return 0;
 }
@@ -260,6 +264,7 @@ int dispatch(int argc, char** argv) {
   std::string verb = argv[1];
   std::vector<std::string> rest = tail(argc, argv);
   if (verb == "run") return cmd_run(rest);
+  if (verb == "pipelines") return cmd_pipelines(rest);
   if (verb == "trace") return cmd_trace(rest);
   if (verb == "bench") return cmd_bench(rest);
   if (verb == "devices") return cmd_devices(rest);

@@ -12,15 +12,49 @@ packages=(
   xvfb xauth clang-format clang libclang-rt-14-dev
 )
 
+# AMD's shader compiler for `flashvk pipelines` (scripts/pipelines.sh): Mesa 25's RADV, whose
+# null device (RADV_FORCE_FAMILY) compiles for an AMD GPU on any machine. Debian 12 ships Mesa
+# 22.3; bookworm-backports has 25.0. Its packages are unpacked into build/mesa25 and used by the
+# report alone: lavapipe, which runs the tests and the benchmark, stays Debian 12's own (the
+# figures and CI time of docs/ were measured on it).
+mesa_dir="$(cd "$(dirname "$0")/.." && pwd)/build/mesa25"
+mesa_debs=(mesa-vulkan-drivers libdrm-amdgpu1 libdrm2)
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+backports=/etc/apt/sources.list.d/flashvk-backports.sources
+need_mesa=0
+[ -f "$mesa_dir/radeon_icd.json" ] || need_mesa=1
+[ ${#missing[@]} -eq 0 ] && [ $need_mesa -eq 0 ] && exit 0
 
-echo "flashvk setup: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ $need_mesa -eq 1 ] && [ ! -f "$backports" ]; then
+  # The backports suite beside the machine's own Debian source: its URI, whatever mirror that is.
+  uri=$(grep -hoE '^(URIs:|deb) +[a-z]+://[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
+          2>/dev/null | grep -v security | awk '{print $2}' | grep -m1 -E '/debian/?$' || true)
+  uri=${uri:-http://deb.debian.org/debian}
+  echo "flashvk setup: adding bookworm-backports ($uri) for Mesa 25's RADV"
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+    "$uri" /usr/share/keyrings/debian-archive-keyring.gpg | $sudo tee "$backports" > /dev/null
+fi
+if [ ${#missing[@]} -gt 0 ] || [ $need_mesa -eq 1 ]; then
+  [ ${#missing[@]} -gt 0 ] && echo "flashvk setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+fi
+[ ${#missing[@]} -gt 0 ] && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ $need_mesa -eq 1 ]; then
+  echo "flashvk setup: unpacking Mesa 25 (bookworm-backports) into $mesa_dir"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -q -t bookworm-backports "${mesa_debs[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+  ls "$tmp"/mesa-vulkan-drivers_25*.deb > /dev/null
+  rm -rf "$mesa_dir" && mkdir -p "$mesa_dir"
+  for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$mesa_dir/root"; done
+  rm -rf "$tmp"
+  lib=$(dirname "$(find "$mesa_dir/root" -name libvulkan_radeon.so | head -1)")
+  sed "s#\"library_path\": \"[^\"]*\"#\"library_path\": \"$lib/libvulkan_radeon.so\"#" \
+    "$mesa_dir/root/usr/share/vulkan/icd.d/radeon_icd.json" > "$mesa_dir/radeon_icd.json"
+fi

@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "npy.hpp"
+#include "pipelines.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {
@@ -586,10 +588,10 @@ void expect_vs_base(const Json& row, const Json& base, const std::string& what) 
 
 // --suite modifiers: its shape in causal attention (the base), then with chunks of Nk/8 keys,
 // softcap, ALiBi, sinks, a mask of the causal pattern in --causal's place and a sparse mask, in
-// that order and in the same rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its
-// variant. The causal mask hides what causal attention hides (bottom-right aligned: its GFLOP/s
-// counts the same pairs), the sparse one all but the first Nk/32 keys and Nk/8 up to the
-// diagonal; the options the suite sets itself are refused.
+// that order and in the same rounds: a row's vs_base is the median of its run-by-run ratios to the
+// base's runs of its variant. The causal mask hides what causal attention hides (bottom-right
+// aligned: its GFLOP/s counts the same pairs), the sparse one all but the first Nk/32 keys and Nk/8
+// up to the diagonal; the options the suite sets itself are refused.
 TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
   const int nq = 8, nk = 64, heads = 2, d = 8;
   Json json = bench_json(
@@ -785,6 +787,61 @@ TEST_F(CliTest, BadOptionValues) {
   expect_refused("run " + qkv() + " --alibi-max-bias 8 --alibi-slopes " + path("three.npy"),
                  "not both");
   expect_refused("frobnicate", "unknown command 'frobnicate'");
+}
+
+// `flashvk pipelines`: every pipeline of the calls, with the constants it was created from, in
+// the table, the JSON and as SPIR-V files; lavapipe gives no statistics and the report says so.
+TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
+  Outcome o = run_cli(
+      "pipelines --variant flash2,splitkv,naive --nq 40 --nk 300 --d 32 --causal "
+      "--json " +
+      path("p.json") + " --spirv " + path("spv"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("6 pipelines for 3 calls"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("no statistics"), std::string::npos) << o.output;
+  nlohmann::json doc = nlohmann::json::parse(std::ifstream(path("p.json")));
+  ASSERT_EQ(doc["pipelines"].size(), 6u) << doc.dump(1);
+  std::set<std::string> programs;
+  for (const auto& p : doc["pipelines"]) {
+    programs.insert(p["program"].get<std::string>());
+    EXPECT_TRUE(p["statistics"].is_object());
+    ASSERT_EQ(p["spec_constants"].size(), 13u);
+    for (size_t i = 0; i < 13; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
+    std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
+    std::ifstream f(spv, std::ios::binary);
+    uint32_t magic = 0;
+    f.read(reinterpret_cast<char*>(&magic), 4);
+    EXPECT_EQ(magic, 0x07230203u) << spv;
+  }
+  EXPECT_EQ(programs, (std::set<std::string>{"flash2", "splitkv", "splitkv_merge", "naive_scores",
+                                             "naive_softmax", "naive_pv"}));
+  EXPECT_EQ(run_cli("pipelines --suite nope").status, 2);
+}
+
+// The FMA share of a kernel's key loop, from ACO's assembly: the loop is the largest span that
+// a branch jumps back over.
+TEST(IsaMix, CountsTheFmasOfTheLargestLoop) {
+  const char* assembly = R"(BB0:
+  v_mov_b32 v0, 0
+  s_mov_b32 s0, 0
+BB1:
+  v_fma_f32 v1, v2, v3, v1
+  v_pk_fma_f16 v4, v5, v6, v4
+  v_dot2_f32_f16 v7, v8, v9, v7
+  v_add_f32 v1, v1, v0
+  v_readlane_b32 s1, v1, 0
+  s_cbranch_scc1 BB1
+BB2:
+  v_fma_f32 v1, v1, v1, v1
+  s_cbranch_vccz BB2
+  s_endpgm
+)";
+  cli::IsaMix mix = cli::isa_mix(assembly);
+  EXPECT_EQ(mix.valu, 6u);  // v_readlane is not VALU arithmetic
+  EXPECT_EQ(mix.fma, 4u);
+  EXPECT_EQ(mix.loop_valu, 4u);
+  EXPECT_EQ(mix.loop_fma, 3u);
 }
 
 }  // namespace

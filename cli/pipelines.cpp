@@ -1,0 +1,345 @@
+// flashvk pipelines: every pipeline the engine builds for the calls `bench` would time, and what
+// the driver compiled of each (describe_pipelines), as a table, JSON, SPIR-V files and
+// disassembly. On Mesa's RADV with RADV_FORCE_FAMILY it is AMD's compiler on any machine
+// (scripts/pipelines.sh).
+#include "pipelines.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "bench_cases.hpp"
+#include "commit.hpp"
+
+namespace flashvk::cli {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const char* kPipelinesHelp = R"(usage: flashvk pipelines [options]
+
+Lists every pipeline the engine builds for the calls `flashvk bench` would time with the same
+options (one shape, or a suite), without running any: the shader, the tile layout and sizes,
+the specialization constants, and what the driver compiled (VK_KHR_pipeline_executable_
+properties: registers, spills, scratch, shared memory, occupancy, instructions, by the driver's
+own names). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
+instructions (v_fma*, v_pk_fma*, v_dot2*) among the VALU instructions of the kernel's largest
+loop. A pipeline that several calls build is listed once. The context only compiles (no memory,
+no queue work), so it runs on Mesa's null devices: with Mesa 25,
+  RADV_FORCE_FAMILY=navi31 flashvk pipelines --suite kernels
+reports AMD's compiler for RDNA3 on a machine without an AMD GPU (scripts/pipelines.sh sets
+that up for RDNA2, RDNA3 and RDNA3.5).
+
+options:
+  --variant LIST|all  --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
+  --dtype, --kv-dtype LIST, the modifiers, --layout, --fp16-arithmetic, --block-rows,
+  --block-keys, --splits
+                      the call, as for `flashvk bench` (default: its defaults)
+  --suite standard    bench's standard suite: its prefill, window and decode sets
+  --suite kernels     every kernel the engine picks on its own on a GPU: prefill (all six
+                      variants, B=1 H=8 N=2048) in fp32, fp16, fp16 with --fp16-arithmetic,
+                      and fp16 Q with q8_0 and q4_0 K and V; decode (flash2, flashd, splitkv,
+                      Nq=1 H=32 Hkv=8 Nk=16384) in fp32, fp16, q8_0 and q4_0; d = 64, 80,
+                      96, 128 and 256; without modifiers, causal, and causal with a window,
+                      softcap, ALiBi and sinks
+  --json FILE         every pipeline with its constants and statistics (docs/formats.md)
+  --spirv DIR         each pipeline's SPIR-V as DIR/<shader>.spv (its constants: the table,
+                      or the JSON)
+  --disassembly DIR   the driver's representations of each pipeline as DIR/<n>-<shader>.txt
+                      (n: its row in the table)
+  --check             exit with status 1 if a pipeline spills registers or uses scratch
+                      memory (statistics whose names say spill or scratch, above 0)
+  --device N          Vulkan device index
+
+examples:
+  flashvk pipelines --variant flash2 --nq 4096 --d 128 --dtype f16 --fp16-arithmetic
+  RADV_FORCE_FAMILY=vangogh flashvk pipelines --suite kernels --check --json vangogh.json
+)";
+
+// One pipeline, and the calls that build it.
+struct Entry {
+  PipelineDescription p;
+  std::vector<std::string> calls;
+};
+
+std::string call_text(const Case& c, Variant v) {
+  const Dims& d = c.dims;
+  std::string mods = modifier_text(c.mods);
+  char text[200];
+  std::snprintf(text, sizeof(text), "%s %s %s Nq=%u Nk=%u d=%u%s%s%s", c.kind, variant_name(v),
+                storage_text(c.storage).c_str(), d.nq, d.nk, d.d, mods.empty() ? "" : " ",
+                mods.c_str(), c.fp16_arithmetic ? " fp16-arithmetic" : "");
+  return text;
+}
+
+std::string key_of(const PipelineDescription& p) {
+  std::string key = p.shader;
+  for (auto [id, value] : p.spec_constants) key += "," + std::to_string(value);
+  return key;
+}
+
+bool spill_or_scratch(const PipelineStatistic& s) {
+  std::string name = s.name;
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  return (name.find("spill") != std::string::npos || name.find("scratch") != std::string::npos) &&
+         s.number() > 0;
+}
+
+Json statistic_value(const PipelineStatistic& s) {
+  return std::visit([](auto v) { return Json(v); }, s.value);
+}
+
+// The statistics the table shows, by RADV's names; other drivers' are in the JSON.
+struct Column {
+  const char* title;
+  const char* statistic;
+  int width;
+};
+const Column kColumns[] = {{"VGPRs", "VGPRs", 5},
+                           {"SGPRs", "SGPRs", 5},
+                           {"spill V", "Spilled VGPRs", 7},
+                           {"spill S", "Spilled SGPRs", 7},
+                           {"scratch", "Scratch size", 7},
+                           {"LDS", "LDS size", 6},
+                           {"waves", "Subgroups per SIMD", 5},
+                           {"instrs", "Instructions", 6}};
+
+}  // namespace
+
+IsaMix isa_mix(const std::string& assembly) {
+  // ACO's assembly: an instruction a line ("  v_fma_f32 v1, v2, v3, v4 ; d2..."), blocks
+  // labelled "BB<n>:", branches naming them ("s_cbranch_scc1 BB3", "s_branch BB2"). A branch
+  // to a block at or before it closes a loop; the loop with the most VALU instructions is the
+  // kernel's key loop.
+  struct Line {
+    bool valu = false, fma = false;
+  };
+  std::vector<Line> lines;
+  std::map<std::string, size_t> labels;
+  std::vector<std::pair<size_t, size_t>> loops;  // [first, last] line indices
+  std::istringstream in(assembly);
+  std::string line;
+  static const std::regex label(R"(^\s*(BB\d+):)"), branch(R"(^\s*s_c?branch\w*\s+(BB\d+))"),
+      op(R"(^\s*([sv]_\w+))");
+  std::vector<std::pair<size_t, std::string>> branches;
+  IsaMix mix;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, label)) {
+      labels[m[1]] = lines.size();
+      continue;
+    }
+    if (std::regex_search(line, m, branch)) branches.emplace_back(lines.size(), m[1]);
+    Line l;
+    if (std::regex_search(line, m, op)) {
+      std::string name = m[1];
+      l.valu = name.rfind("v_", 0) == 0 && name.rfind("v_readlane", 0) != 0 &&
+               name.rfind("v_readfirstlane", 0) != 0 && name.rfind("v_writelane", 0) != 0;
+      l.fma = l.valu && (name.rfind("v_fma", 0) == 0 || name.rfind("v_pk_fma", 0) == 0 ||
+                         name.rfind("v_dot2", 0) == 0 || name.rfind("v_fmac", 0) == 0 ||
+                         name.rfind("v_pk_fmac", 0) == 0 || name.rfind("v_mac", 0) == 0);
+    }
+    mix.valu += l.valu;
+    mix.fma += l.fma;
+    lines.push_back(l);
+  }
+  for (auto [at, target] : branches) {
+    auto it = labels.find(target);
+    if (it == labels.end() || it->second > at) continue;
+    uint64_t valu = 0, fma = 0;
+    for (size_t i = it->second; i <= at && i < lines.size(); ++i)
+      valu += lines[i].valu, fma += lines[i].fma;
+    if (valu > mix.loop_valu) mix.loop_valu = valu, mix.loop_fma = fma;
+  }
+  return mix;
+}
+
+int cmd_pipelines(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--help") != argv.end())
+    return std::cout << with_modifier_help(kPipelinesHelp), 0;
+  Args args(argv,
+            with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "json",
+                            "device", "suite", "layout", "block-rows", "block-keys", "splits",
+                            "spirv", "disassembly"}),
+            with_modifier_flags({"check", "fp16-arithmetic"}));
+  if (args.has("json")) check_writable(args.text("json"));
+  std::vector<Case> cases;
+  std::string suite = args.text("suite");
+  if (suite == "standard" || suite == "kernels") {
+    for (const std::string& option :
+         with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv"}))
+      if (args.has(option))
+        throw UsageError{"--suite " + suite + " fixes its shapes and modifiers; drop --" + option};
+    if (args.flag("causal")) throw UsageError{"--suite " + suite + " fixes its modifiers"};
+    cases = suite == "standard" ? standard_suite() : kernel_suite();
+  } else if (args.has("suite")) {
+    throw UsageError{"--suite must be 'standard' or 'kernels', got '" + suite + "'"};
+  } else {
+    cases = custom_cases(args);
+  }
+  Options o;
+  o.layout = parse_layout(args.text("layout", "auto"));
+  o.fp16_arithmetic = args.flag("fp16-arithmetic");
+  o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
+  o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
+  for (const char* dir : {"spirv", "disassembly"})
+    if (args.has(dir)) std::filesystem::create_directories(args.text(dir));
+
+  ContextOptions options;
+  options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
+  options.compile_only = true;
+  Context ctx = Context::create(options);
+  const DeviceInfo& dev = ctx.device();
+
+  std::vector<Entry> entries;
+  std::map<std::string, size_t> seen;
+  auto start = std::chrono::steady_clock::now();
+  size_t total = 0, done = 0;
+  const bool tty = isatty(fileno(stderr)) != 0;
+  for (const Case& c : cases) total += c.variants.size();
+  for (const Case& c : cases)
+    for (Variant v : c.variants) {
+      PipelineCall call;
+      call.batch = c.dims.batch, call.heads = c.dims.heads, call.kv_heads = c.dims.kv_heads;
+      call.nq = c.dims.nq, call.nk = c.dims.nk, call.d = c.dims.d, call.dv = c.dims.dv;
+      call.params = case_params(c, v, o);
+      call.storage = c.storage;
+      ++done;
+      if (tty) {
+        std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", done, total, call_text(c, v).c_str());
+        std::fflush(stderr);
+      }
+      for (PipelineDescription& p : describe_pipelines(ctx, call)) {
+        std::string key = key_of(p);
+        auto [it, fresh] = seen.emplace(key, entries.size());
+        if (fresh) entries.push_back({std::move(p), {}});
+        entries[it->second].calls.push_back(call_text(c, v));
+      }
+    }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (tty) std::fprintf(stderr, "\r\033[K");
+
+  bool statistics = !entries.empty() && !entries[0].p.executables.empty();
+  std::printf("device: %s (driver %s)\n", dev.name.c_str(), dev.driver.c_str());
+  std::printf("%zu pipelines for %zu calls, compiled in %.1f s\n", entries.size(), total, seconds);
+  if (!statistics)
+    std::printf(
+        "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
+        "shaders and constants only\n");
+  std::printf("\n%3s %-34s %-20s", "#", "shader", "tiles");
+  if (statistics) {
+    for (const Column& col : kColumns) std::printf(" %*s", col.width, col.title);
+    std::printf(" %9s", "loop FMA");
+  }
+  std::printf("\n");
+  int spills = 0;
+  Json list = Json::array();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const PipelineDescription& p = entries[i].p;
+    std::string tiles = tile_layout_name(p.layout);
+    if (p.block_keys)
+      tiles += " " + std::to_string(p.block_rows) + "x" + std::to_string(p.block_keys);
+    std::printf("%3zu %-34s %-20s", i, p.shader.c_str(), tiles.c_str());
+    Json x;
+    x["shader"] = p.shader;
+    x["source"] = p.source;
+    x["program"] = p.program;
+    x["layout"] = tile_layout_name(p.layout);
+    x["block_rows"] = p.block_rows;
+    x["block_keys"] = p.block_keys;
+    Json constants = Json::array();
+    for (size_t k = 0; k < p.spec_constants.size(); ++k)
+      constants.push_back({{"id", p.spec_constants[k].first},
+                           {"name", p.spec_names[k]},
+                           {"value", p.spec_constants[k].second}});
+    x["spec_constants"] = constants;
+    x["calls"] = entries[i].calls;
+    Json stats = Json::object(), executables = Json::array();
+    bool spilled = false;
+    for (const PipelineExecutable& e : p.executables) {
+      Json es = Json::object();
+      for (const PipelineStatistic& s : e.statistics) {
+        es[s.name] = statistic_value(s);
+        spilled = spilled || spill_or_scratch(s);
+      }
+      if (stats.empty()) stats = es;
+      executables.push_back(
+          {{"name", e.name}, {"subgroup_size", e.subgroup_size}, {"statistics", es}});
+    }
+    x["statistics"] = stats;
+    if (executables.size() > 1) x["executables"] = executables;
+    if (!p.executables.empty()) {
+      const PipelineExecutable& e = p.executables[0];
+      for (const Column& col : kColumns) {
+        const PipelineStatistic* s = e.statistic(col.statistic);
+        if (s)
+          std::printf(" %*.0f", col.width, s->number());
+        else
+          std::printf(" %*s", col.width, "-");
+      }
+      std::string assembly = e.representation("Assembly");
+      if (!assembly.empty()) {
+        IsaMix mix = isa_mix(assembly);
+        x["isa"] = {{"valu", mix.valu},
+                    {"fma", mix.fma},
+                    {"loop_valu", mix.loop_valu},
+                    {"loop_fma", mix.loop_fma}};
+        if (mix.loop_valu)
+          std::printf(" %8.1f%%", 100.0 * double(mix.loop_fma) / double(mix.loop_valu));
+        else
+          std::printf(" %9s", "-");
+      }
+    }
+    if (spilled) {
+      ++spills;
+      std::printf("  SPILLS");
+    }
+    x["spills"] = spilled;
+    std::printf("\n");
+    list.push_back(x);
+    if (args.has("spirv")) {
+      std::ofstream f(args.text("spirv") + "/" + p.shader + ".spv", std::ios::binary);
+      f.write(reinterpret_cast<const char*>(p.spirv.data()),
+              static_cast<std::streamsize>(p.spirv.size() * 4));
+      if (!f) throw Error("could not write " + args.text("spirv") + "/" + p.shader + ".spv");
+    }
+    if (args.has("disassembly") && !p.executables.empty()) {
+      std::string text;
+      for (const auto& [name, body] : p.executables[0].representations)
+        text += "; " + name + "\n" + body + "\n";
+      write_text(args.text("disassembly") + "/" + std::to_string(i) + "-" + p.shader + ".txt",
+                 text);
+    }
+  }
+  if (statistics)
+    std::printf("\n%d of %zu pipelines spill registers or use scratch memory\n", spills,
+                entries.size());
+  if (args.has("json")) {
+    Json doc;
+    doc["device"] = {{"name", dev.name},
+                     {"driver", dev.driver},
+                     {"subgroup_size", dev.subgroup_size},
+                     {"max_shared_memory", dev.max_shared_memory}};
+    doc["commit"] = FLASHVK_COMMIT;
+    doc["command"] = "flashvk pipelines";
+    doc["statistics"] = statistics;
+    doc["calls"] = total;
+    doc["compile_seconds"] = seconds;
+    doc["pipelines"] = list;
+    write_text(args.text("json"), doc.dump(1) + "\n");
+  }
+  return args.flag("check") && spills > 0 ? 1 : 0;
+}
+
+}  // namespace flashvk::cli
