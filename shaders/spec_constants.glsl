@@ -36,6 +36,9 @@ SPEC_CONSTANT(10, uint, PAGE_SIZE, page_size, 0)
 // footprint, for long head dims).
 SPEC_CONSTANT(11, uint, KV_VEC4, kv_vec4, 1)
 SPEC_CONSTANT(12, uint, V_AT, v_at, 0)
+// Lanes: the device's subgroup size, so that the clusters of a subgroup merge by shuffles and only
+// the subgroups of a workgroup through shared memory, which is sized by it.
+SPEC_CONSTANT(13, uint, SUBGROUP, subgroup, 32)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

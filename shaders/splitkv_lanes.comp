@@ -50,8 +50,11 @@ float v_scale(uint x) {
 float q_reg[ROWS][KE];
 float o_acc[ROWS][VE];
 
-shared float part_ml[CLUSTERS][ROWS][2];
-shared float part_o[CLUSTERS][ROWS][DV];
+// The subgroups of the workgroup (SUBGROUP: the device's size, at least a cluster), whose merged
+// states meet in shared memory.
+const uint SUBGROUPS = (gl_WorkGroupSize.x + SUBGROUP - 1u) / SUBGROUP;
+shared float part_ml[SUBGROUPS][ROWS][2];
+shared float part_o[SUBGROUPS][ROWS][DV];
 
 void main() {
   uint lane = gl_LocalInvocationID.x;
@@ -140,29 +143,48 @@ void main() {
   }
 
   // The clusters' states merge with log-sum-exp (lse_merge.glsl), as chunks do in
-  // splitkv_merge.comp.
-  if (CLUSTERS > 1u) {
+  // splitkv_merge.comp: first the clusters of each subgroup, by a butterfly of shuffles (no shared
+  // memory, which would bound how many workgroups a compute unit runs), then the subgroups'
+  // through shared memory.
+  [[unroll]] for (uint step = LANES; step < CLUSTERS * LANES && step < SUBGROUP; step *= 2u) {
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-      if (sub == 0u) {
-        part_ml[cluster][rr][0] = m_run[rr];
-        part_ml[cluster][rr][1] = l_run[rr];
+      float m_o = subgroupShuffleXor(m_run[rr], step), l_o = subgroupShuffleXor(l_run[rr], step);
+      float m_all = max(m_run[rr], m_o);
+      float w = merge_weight(m_run[rr], m_all), w_o = merge_weight(m_o, m_all);
+      l_run[rr] = l_run[rr] * w + l_o * w_o;
+      [[unroll]] for (uint e = 0; e < VE; ++e)
+        o_acc[rr][e] = o_acc[rr][e] * w + subgroupShuffleXor(o_acc[rr][e], step) * w_o;
+      m_run[rr] = m_all;
+    }
+  }
+  if (SUBGROUPS > 1u) {
+    uint sg = lane / SUBGROUP;
+    bool first = lane % SUBGROUP < LANES;  // the subgroup's first cluster
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      if (first) {
+        if (sub == 0u) {
+          part_ml[sg][rr][0] = m_run[rr];
+          part_ml[sg][rr][1] = l_run[rr];
+        }
+        [[unroll]] for (uint e = 0; e < VE; ++e) part_o[sg][rr][sub * VE + e] = o_acc[rr][e];
       }
-      [[unroll]] for (uint e = 0; e < VE; ++e) part_o[cluster][rr][sub * VE + e] = o_acc[rr][e];
     }
     barrier();
     if (cluster != 0u) return;
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       float m_all = NEG_INF;
-      for (uint c = 0u; c < CLUSTERS; ++c) m_all = max(m_all, part_ml[c][rr][0]);
+      for (uint g = 0u; g < SUBGROUPS; ++g) m_all = max(m_all, part_ml[g][rr][0]);
       l_run[rr] = 0.0;
       [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
-      for (uint c = 0u; c < CLUSTERS; ++c) {
-        float w = merge_weight(part_ml[c][rr][0], m_all);
-        l_run[rr] += part_ml[c][rr][1] * w;
-        [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[c][rr][sub * VE + e] * w;
+      for (uint g = 0u; g < SUBGROUPS; ++g) {
+        float w = merge_weight(part_ml[g][rr][0], m_all);
+        l_run[rr] += part_ml[g][rr][1] * w;
+        [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[g][rr][sub * VE + e] * w;
       }
       m_run[rr] = m_all;
     }
+  } else if (cluster != 0u) {
+    return;
   }
   // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {

@@ -175,7 +175,7 @@ void load_q_tile() {
 // products instead of before them.
 const uint KF = (BC * D / 4u + WG - 1u) / WG;
 const uint VF = (BC * DV / 4u + WG - 1u) / WG;
-vec4 k_next[KF], v_next[VF];
+BVEC k_next[KF], v_next[VF];  // in the tile's precision: fp16 halves their registers
 
 // Keys j0 .. j0 + n - 1 for K^T: an invocation reads four elements of a key row, which
 // store_k_tile() writes down a column, neighbouring invocations neighbouring keys. Zeros past
@@ -189,7 +189,7 @@ void fetch_k_tile(uint kv_base, uint j0, uint n) {
       uint at = key_row(kv_base, j0 + c) * D + k;
       x = vec4(k_value(at), k_value(at + 1u), k_value(at + 2u), k_value(at + 3u));
     }
-    k_next[s] = x;
+    k_next[s] = BVEC(x);
   }
 }
 
@@ -198,7 +198,7 @@ void store_k_tile() {
     uint e = gl_LocalInvocationID.x + s * WG;
     uint c = e % BC, k = 4u * (e / BC);
     if (e < BC * D / 4u)
-      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = BSCALAR(k_next[s][i]);
+      [[unroll]] for (uint i = 0; i < 4u; ++i) kv_sh[(k + i) * (BC / 4u) + c / 4u][c % 4u] = k_next[s][i];
   }
 }
 
@@ -211,14 +211,14 @@ void fetch_v_tile(uint kv_base, uint j0, uint n) {
       uint at = key_row(kv_base, j0 + c) * DV + k;
       x = vec4(v_value(at), v_value(at + 1u), v_value(at + 2u), v_value(at + 3u));
     }
-    v_next[s] = x;
+    v_next[s] = BVEC(x);
   }
 }
 
 void store_v_tile() {
   [[unroll]] for (uint s = 0; s < VF; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
-    if (e < BC * DV / 4u) kv_sh[V_AT + e] = BVEC(v_next[s]);
+    if (e < BC * DV / 4u) kv_sh[V_AT + e] = v_next[s];
   }
 }
 

@@ -201,7 +201,11 @@ TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
     HostAttentionResult gpu = attention(context(), q, k, v, params, dtype);
     std::string what = "splits " + std::to_string(splits) + " keys " + std::to_string(keys);
     EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
-    EXPECT_EQ(gpu.block_rows, std::min(s.h / s.hkv * s.nq, 8u)) << what;
+    // All of a KV head's rows (at most 8) in a workgroup, or fewer where they would take more
+    // registers than the budget (tiling.cpp's lane_tiles): the head's rows over several
+    // workgroups, which this checks against the reference too.
+    EXPECT_LE(gpu.block_rows, std::min(s.h / s.hkv * s.nq, 8u)) << what;
+    EXPECT_GE(gpu.block_rows, 1u) << what;
     if (splits) {
       EXPECT_EQ(gpu.splits, splits) << what;
     }

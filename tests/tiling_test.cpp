@@ -175,6 +175,40 @@ TEST(TilingTest, VulkanMinimumsRunRegisterBlocksThroughSharedMemory) {
   }
 }
 
+// An AMD-like GPU (64-lane subgroups, 64 KiB of shared memory, no matrix units), as the pipeline
+// report sees RDNA2/3 (scripts/pipelines.sh checks the registers there): decoding in lanes in
+// every storage, a KV head's rows in at most two workgroups, the clusters of a subgroup merged by
+// shuffles (SUBGROUP); at d = 256 the register blocks spread a row's outputs over 16 lanes.
+TEST(TilingTest, AmdLikeGpuKeepsEachInvocationsRegistersBounded) {
+  const DeviceInfo amd = device("RDNA-like", "discrete", 64 * 1024, 1024, 64, true, false);
+  for (DType kv : {DType::f32, DType::f16, DType::q8_0, DType::q4_0}) {
+    SCOPED_TRACE(dtype_name(kv));
+    AttentionParams params;
+    params.variant = Variant::splitkv;
+    Dims decode = dims(32, 8, 1, 16384, 128, 128);
+    Spec s =
+        detail::choose_tiling({.info = amd,
+                               .dims = decode,
+                               .params = params,
+                               .dtype = kv == DType::f32 ? DType::f32 : DType::f16,
+                               .kv = Storage(kv == DType::f32 ? DType::f32 : DType::f16, kv, kv)});
+    EXPECT_EQ(s.layout, TileLayout::lanes);
+    EXPECT_EQ(s.subgroup, 64u);
+    EXPECT_GE(2 * s.rows, 4u);  // 4 query heads a KV head
+    EXPECT_EQ(s.workgroup, 64u);
+    EXPECT_GE(s.bc, 2u);
+  }
+  for (bool f16 : {false, true}) {
+    Spec s = tiling(amd, dims(8, 8, 2048, 2048, 256, 256), Variant::flash2, DType::f16,
+                    TileLayout::automatic, f16);
+    EXPECT_EQ(s.layout, TileLayout::blocks);
+    EXPECT_LE(256 / s.lanes, 32u) << f16;
+  }
+  Spec s = tiling(amd, dims(8, 8, 2048, 2048, 256, 256), Variant::flash2, DType::f16,
+                  TileLayout::automatic, true);
+  EXPECT_EQ(s.lanes, 16u);
+}
+
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
   Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
   EXPECT_EQ(s.layout, TileLayout::registers);

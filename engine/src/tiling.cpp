@@ -2,6 +2,8 @@
 #include "tiling.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace flashvk::detail {
 
@@ -147,11 +149,48 @@ constexpr uint32_t kLaneRows = 8;  // query rows of a lanes workgroup at most
 // and NVIDIA's compiler took 213 s for one pipeline of 16 keys by 8 rows (4 s for 8 keys).
 constexpr uint32_t kLaneKeys = 8;
 
-// Invocations of a lanes workgroup: 64, or fewer where its clusters' merge would not fit the
-// shared memory; never fewer than one cluster.
-uint32_t lanes_workgroup(uint32_t lanes, uint32_t rows, uint32_t dv, uint32_t shared_bytes) {
+// The 32-bit registers a lanes invocation needs, estimated: the loads of a step's `keys` keys
+// in flight (16 bytes each, and a block scale for q8_0 and q4_0), its `rows` rows' queries and
+// outputs (d / lanes and dv / lanes values each), and the step's scores. Fitted to RADV's
+// "Pre-Sched VGPRs" for Mesa 25 on RDNA3 (`flashvk pipelines --suite kernels`): about 10 above it.
+uint32_t lane_registers(const Dims& dims, const Storage& kv, uint32_t lanes, uint32_t rows,
+                        uint32_t keys) {
+  uint32_t ke = dims.d / lanes, ve = dims.dv / lanes;
+  uint32_t loads = ke / lane_vec(kv.k) + ve / lane_vec(kv.v);
+  bool scaled = word_quad(kv.k) || word_quad(kv.v);
+  return keys * loads * (scaled ? 5 : 4) + rows * (ke + ve) + keys * rows;
+}
+// The most lane_registers() a lanes tiling may take: about 192 allocated registers, the most
+// with which AMD's GPUs run 8 subgroups a SIMD, decoding's floor (memory latency is hidden by
+// the loads of many subgroups in flight).
+constexpr uint32_t kLaneRegisters = 192;
+
+// Query rows of a lanes workgroup and keys a cluster takes a step: all of a KV head's rows (at
+// most kLaneRows), so that K and V are read once, and as many keys as kLaneRegisters allows;
+// fewer rows a workgroup (a KV head's rows over several workgroups, which read the same K and V
+// at about the same time) where even 2 keys a step would not fit. {0, 0} when nothing fits.
+std::pair<uint32_t, uint32_t> lane_tiles(const Dims& dims, const Storage& kv, uint32_t lanes,
+                                         uint32_t forced_keys) {
+  uint64_t head_rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
+  for (uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(head_rows, kLaneRows)); rows > 0;
+       rows = rows > 1 ? (rows + 1) / 2 : 0)
+    for (uint32_t keys : {kLaneKeys, kLaneKeys / 2, kLaneKeys / 4}) {
+      if (forced_keys && keys != forced_keys) continue;
+      if (lane_registers(dims, kv, lanes, rows, keys) <= kLaneRegisters) return {rows, keys};
+    }
+  return {0, 0};
+}
+
+// Invocations of a lanes workgroup: 64, or fewer where its subgroups' merge (one state per
+// subgroup, splitkv_lanes.comp) would not fit the shared memory; never fewer than one cluster.
+uint32_t lanes_workgroup(uint32_t lanes, uint32_t subgroup, uint32_t rows, uint32_t dv,
+                         uint32_t shared_bytes) {
   uint32_t size = std::max(64u, lanes);
-  while (size > lanes && (size / lanes) * rows * (dv + 2) * 4 > shared_bytes) size /= 2;
+  auto merge_bytes = [&](uint32_t n) {
+    uint32_t subgroups = (n + subgroup - 1) / subgroup;
+    return subgroups > 1 ? subgroups * rows * (dv + 2) * 4 : 0;
+  };
+  while (size > lanes && merge_bytes(size) > shared_bytes) size /= 2;
   return size;
 }
 
@@ -176,13 +215,11 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
           " and V as " + dtype_name(kv.v) + "); " + info.name + " with this call does not qualify");
     return !trace;  // traces record from the shared-memory kernels
   }
-  // At most four loads and 32 values of a row a lane, lest the registers spill.
-  auto fits_lanes = [&](uint32_t width, DType storage) {
-    return width <= std::min(4 * lane_vec(storage), 32u) * lanes;
-  };
+  // A KV head's rows in at most two workgroups, within kLaneRegisters (lane_tiles).
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  bool fits = rows <= kLaneRows && rows * (dims.dv + 2) * 4 <= shared_bytes &&
-              fits_lanes(dims.d, kv.k) && fits_lanes(dims.dv, kv.v);
+  uint32_t tile_rows = lane_tiles(dims, kv, lanes, 0).first;
+  bool fits = rows <= kLaneRows && tile_rows > 0 && 2 * tile_rows >= rows &&
+              rows * (dims.dv + 2) * 4 <= shared_bytes;
   return params.hints.tile_layout == TileLayout::automatic && usable && fits &&
          params.hints.block_keys == 0 && !trace && info.type != "cpu" &&
          !params.hints.fp16_arithmetic;
@@ -190,14 +227,18 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
 
 // TileLayout::blocks (tile.glsl, BLOCK_TILE). A row group of `lanes` invocations shares 4 query
 // rows, each taking dv / lanes output columns (a multiple of 4): 8 where dv allows, so that a
-// row's reductions are three shuffles. The shared memory holds the queries [d][Br], K [d][Bc] and
-// V [Bc][dv] (or V in K's place once the scores are done), P [Bc][Br] (the four in fp32, or fp16
-// with fp16 arithmetic), the workgroup's key range and, without subgroup operations, a float per
+// row's reductions are three shuffles, or 16 where 8 would leave more than 16 columns an
+// invocation (d = 256). The shared memory holds the queries [d][Br], K [d][Bc] and V [Bc][dv]
+// (or V in K's place once the scores are done), P [Bc][Br] (the four in fp32, or fp16 with fp16
+// arithmetic), the workgroup's key range and, without subgroup operations, a float per
 // invocation for the row reductions.
-uint32_t block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
-  for (uint32_t lanes : {8u, 4u, 2u, 1u})
-    if (dims.dv % (4 * lanes) == 0 && (!shuffle || lanes <= info.subgroup_size)) return lanes;
-  return 0;
+std::vector<uint32_t> block_lanes(const DeviceInfo& info, const Dims& dims, bool shuffle) {
+  std::vector<uint32_t> out;
+  for (uint32_t lanes : {8u, 16u, 4u, 2u, 1u})
+    if (dims.dv % (4 * lanes) == 0 && (!shuffle || lanes <= info.subgroup_size) &&
+        (lanes != 16 || dims.dv > 128))
+      out.push_back(lanes);
+  return out;
 }
 
 uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
@@ -207,41 +248,65 @@ uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
          (shuffle ? 0 : 4 * invocations) + 8;
 }
 
+// The 32-bit registers an invocation of the register blocks needs, estimated: its 4 x OW outputs,
+// 4 x CH scores, coefficients and products a tile (fp16: and the fp16 sums of both), the next
+// tile's K and V held in registers while this one is worked on (KF + VF vectors of 4), and what
+// the rest takes. Fitted to the demand AMD's compiler reports before scheduling (RADV's
+// "Pre-Sched VGPRs", `flashvk pipelines`) over Br x Bc x d at Mesa 25 for RDNA3: within about 30
+// of it; above 256 the compiler spills.
+uint32_t block_registers(const Dims& dims, uint32_t br, uint32_t bc, uint32_t lanes, bool f16) {
+  uint32_t ow = dims.dv / lanes, ch = bc / lanes, invocations = br / 4 * lanes;
+  uint32_t kf = (bc * dims.d / 4 + invocations - 1) / invocations;
+  uint32_t vf = (bc * dims.dv / 4 + invocations - 1) / invocations;
+  return f16 ? 8 * ow + 14 * ch + 2 * (kf + vf) + 30 : 4 * ow + 12 * ch + 4 * (kf + vf) + 30;
+}
+// The most block_registers() a tiling the engine picks may need where one fits the device: a
+// margin under the 256 past which the compiler spills, for the estimate's error and the
+// modifiers' code.
+constexpr uint32_t kBlockRegisters = 240;
+
 // The register blocks' tiles: the most rows that fit, then the most keys, then K and V apart (one
 // barrier less a tile); block_rows and block_keys fix Br and Bc. False when none fits (or the
 // shape cannot have blocks). Rows first: on an H100 (fp32, B=1 H=8 N=4096) 64 x 32 took 2.8 ms
 // at d=64 against 6.8-7.4 for 32 x 32 and 32 x 64, and 64 x 16 took 8.0 ms at d=128 against 15.0
 // for 32 x 32 (fewer, larger workgroups: one wave over the SMs, each K/V tile serving more rows).
+// Within kBlockRegisters where some tiling is.
 bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams& params,
                  uint32_t shared_bytes, Spec& spec) {
   bool shuffle = info.subgroup_shuffle;
-  uint32_t lanes = block_lanes(info, dims, shuffle);
-  if (lanes == 0 || dims.d % 4 != 0) return false;
+  if (dims.d % 4 != 0) return false;
   uint32_t max_invocations = std::min(info.max_workgroup_invocations, 1024u);
-  uint32_t element = params.hints.fp16_arithmetic ? 2 : 4;
+  bool f16 = params.hints.fp16_arithmetic;
+  uint32_t element = f16 ? 2 : 4;
   uint64_t best_score = 0;
-  for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
-    if (params.hints.block_rows && br != params.hints.block_rows) continue;
-    uint32_t invocations = br / 4 * lanes;
-    if (invocations > max_invocations) continue;
-    for (uint32_t bc : {64u, 32u, 16u, 8u, 4u}) {
-      if (params.hints.block_keys && bc != params.hints.block_keys) continue;
-      if (bc % lanes != 0) continue;
-      for (bool share : {false, true}) {
-        if (block_bytes(dims, br, bc, share, invocations, shuffle, element) > shared_bytes)
-          continue;
-        uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
-        if (score <= best_score) continue;
-        best_score = score;
-        spec.workgroup = invocations;
-        spec.bc = bc;
-        spec.rows = 4;
-        spec.lanes = lanes;
-        spec.block_shuffle = shuffle;
-        spec.v_at = share ? 0 : dims.d * bc / 4;
-        spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
+  // Within the register budget where a tiling fits it, else the best that fits the device.
+  for (bool budget : {true, false}) {
+    if (!budget && best_score > 0) break;
+    for (uint32_t lanes : block_lanes(info, dims, shuffle))
+      for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
+        if (params.hints.block_rows && br != params.hints.block_rows) continue;
+        uint32_t invocations = br / 4 * lanes;
+        if (invocations > max_invocations) continue;
+        for (uint32_t bc : {64u, 32u, 16u, 8u, 4u}) {
+          if (params.hints.block_keys && bc != params.hints.block_keys) continue;
+          if (bc % lanes != 0) continue;
+          if (budget && block_registers(dims, br, bc, lanes, f16) > kBlockRegisters) continue;
+          for (bool share : {false, true}) {
+            if (block_bytes(dims, br, bc, share, invocations, shuffle, element) > shared_bytes)
+              continue;
+            uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
+            if (score <= best_score) continue;
+            best_score = score;
+            spec.workgroup = invocations;
+            spec.bc = bc;
+            spec.rows = 4;
+            spec.lanes = lanes;
+            spec.block_shuffle = shuffle;
+            spec.v_at = share ? 0 : dims.d * bc / 4;
+            spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
+          }
+        }
       }
-    }
   }
   if (best_score > 0) spec.layout = TileLayout::blocks;
   return best_score > 0;
@@ -327,12 +392,18 @@ Spec choose_tiling(const TilingRequest& request) {
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::lanes;
     spec.lanes = lanes_per_key(info, dims, kv);
-    uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;
-    spec.rows = static_cast<uint32_t>(std::min<uint64_t>(rows, kLaneRows));
-    spec.workgroup = lanes_workgroup(spec.lanes, spec.rows, dims.dv, shared_bytes);
-    spec.bc = params.hints.block_keys ? params.hints.block_keys
-                                      : kLaneKeys;  // keys a cluster takes a step
-    if ((spec.workgroup / spec.lanes) * spec.rows * (dims.dv + 2) * 4 > shared_bytes)
+    auto [rows, keys] = lane_tiles(dims, kv, spec.lanes, params.hints.block_keys);
+    if (rows == 0) {  // asked for (tile_layout lanes) beyond the register budget: as asked
+      rows = static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t(dims.heads / dims.kv_heads) * dims.nq, kLaneRows));
+      keys = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;
+    }
+    spec.rows = rows;
+    spec.subgroup = std::max(info.subgroup_size, spec.lanes);
+    spec.workgroup = lanes_workgroup(spec.lanes, spec.subgroup, spec.rows, dims.dv, shared_bytes);
+    spec.bc = keys;  // keys a cluster takes a step
+    if (spec.workgroup > spec.subgroup &&
+        (spec.workgroup / spec.subgroup) * spec.rows * (dims.dv + 2) * 4 > shared_bytes)
       throw Error("tile_layout lanes needs " + std::to_string(spec.rows * (dims.dv + 2) * 4) +
                   " bytes of shared memory for one cluster's output; this device or "
                   "max_shared_memory allows " +
