@@ -59,9 +59,21 @@ layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 // last_page_len [B], then the page numbers (and one more, 0, so that a lookup for a sequence
 // without pages stays in the buffer).
 layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
-layout(std430, binding = 6) buffer Scratch1 { float scratch1[]; };
-layout(std430, binding = 7) buffer Scratch2 { float scratch2[]; };
+// CHUNK_MERGE (splitkv_lanes.comp): the chunks' partial results are read by the workgroup that
+// finishes a row's chunks last, so they bypass caches another workgroup's writes would miss; the
+// trace slot holds a counter per row block, of the chunks finished.
+#ifdef CHUNK_MERGE
+#define SCRATCH_COHERENCE coherent
+#else
+#define SCRATCH_COHERENCE
+#endif
+layout(std430, binding = 6) SCRATCH_COHERENCE buffer Scratch1 { float scratch1[]; };
+layout(std430, binding = 7) SCRATCH_COHERENCE buffer Scratch2 { float scratch2[]; };
+#ifdef CHUNK_MERGE
+layout(std430, binding = 8) coherent buffer ChunkCounters { uint chunks_done[]; };
+#else
 layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
+#endif
 // Per (batch, query head): its ALiBi slope and its sink logit. Bound when MODS has either.
 layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 #ifdef REG_TILE
@@ -318,9 +330,11 @@ bool is_traced(Row r) { return false; }
 // Trace records, one per tile (or per key when BC = 1): s, m, l, w, lse, spare, then o[DV].
 const uint TRACE_FIELDS = 6u;
 
+#ifndef CHUNK_MERGE
 void trace_put(uint record, uint field, float v) {
   trace_buf[record * (TRACE_FIELDS + DV) + field] = v;
 }
+#endif
 
 // log(1 + exp(x)) without overflow or cancellation.
 float softplus(float x) {

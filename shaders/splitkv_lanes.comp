@@ -16,11 +16,17 @@
 //   load of a step issued before its arithmetic; each cluster keeps its own (m, l, o) and the
 //   clusters merge once at the end, through shared memory, as splitkv_merge.comp merges chunks.
 // No shared memory in the loop and no barrier but the one before the merge.
+// - A decode step is one dispatch: the workgroup that finishes a row block's chunks last (a
+//   counter per row block in device memory) merges them (chunk_merge.glsl) and resets the counter
+//   for the next run, instead of splitkv_merge.comp after a barrier.
 #define SPLIT_KV
 #define LANE_TILE
+#define CHUNK_MERGE
 #include "common.glsl"
 #include "flash2_step.glsl"  // the recurrence every FlashAttention-2 layout runs
 #include "lse_merge.glsl"    // the clusters' merge
+#define MERGE_LANES gl_WorkGroupSize.x
+#include "chunk_merge.glsl"  // the chunks' merge, by the last workgroup of a row block
 
 // Values in one 16-byte load of K (V): 4 floats, 8 halves or bfloat16s, 16 q8_0 quants (half a
 // block) or 32 q4_0 quants (a whole block), so that vector x / VEC holds value x.
@@ -54,6 +60,7 @@ float o_acc[ROWS][VE];
 // states meet in shared memory.
 const uint SUBGROUPS = (gl_WorkGroupSize.x + SUBGROUP - 1u) / SUBGROUP;
 shared float part_ml[SUBGROUPS][ROWS][2];
+shared bool last_sh;  // this workgroup finished its row block's chunks last
 shared float part_o[SUBGROUPS][ROWS][DV];
 
 void main() {
@@ -157,6 +164,8 @@ void main() {
       m_run[rr] = m_all;
     }
   }
+  // After the subgroups' merge, the first cluster holds the workgroup's state.
+  bool holds = true;
   if (SUBGROUPS > 1u) {
     uint sg = lane / SUBGROUP;
     bool first = lane % SUBGROUP < LANES;  // the subgroup's first cluster
@@ -170,31 +179,48 @@ void main() {
       }
     }
     barrier();
-    if (cluster != 0u) return;
-    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-      float m_all = NEG_INF;
-      for (uint g = 0u; g < SUBGROUPS; ++g) m_all = max(m_all, part_ml[g][rr][0]);
-      l_run[rr] = 0.0;
-      [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
-      for (uint g = 0u; g < SUBGROUPS; ++g) {
-        float w = merge_weight(part_ml[g][rr][0], m_all);
-        l_run[rr] += part_ml[g][rr][1] * w;
-        [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[g][rr][sub * VE + e] * w;
+    holds = cluster == 0u;
+    if (holds) {
+      [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+        float m_all = NEG_INF;
+        for (uint g = 0u; g < SUBGROUPS; ++g) m_all = max(m_all, part_ml[g][rr][0]);
+        l_run[rr] = 0.0;
+        [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] = 0.0;
+        for (uint g = 0u; g < SUBGROUPS; ++g) {
+          float w = merge_weight(part_ml[g][rr][0], m_all);
+          l_run[rr] += part_ml[g][rr][1] * w;
+          [[unroll]] for (uint e = 0; e < VE; ++e) o_acc[rr][e] += part_o[g][rr][sub * VE + e] * w;
+        }
+        m_run[rr] = m_all;
       }
-      m_run[rr] = m_all;
     }
-  } else if (cluster != 0u) {
-    return;
+  } else {
+    holds = cluster == 0u;
   }
   // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-    if (!rows[rr].valid) continue;
-    uint part = (rows[rr].bh * pc.nq + rows[rr].i) * pc.splits + gl_WorkGroupID.z;
-    float inv = out_scale(rr);
-    [[unroll]] for (uint e = 0; e < VE; ++e) scratch1[part * DV + sub * VE + e] = o_acc[rr][e] * inv;
-    if (sub == 0u) {
-      scratch2[part * 2u] = m_run[rr];
-      scratch2[part * 2u + 1u] = l_run[rr];
+  if (holds)
+    [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+      if (!rows[rr].valid) continue;
+      uint part = (rows[rr].bh * pc.nq + rows[rr].i) * pc.splits + gl_WorkGroupID.z;
+      float inv = out_scale(rr);
+      [[unroll]] for (uint e = 0; e < VE; ++e) scratch1[part * DV + sub * VE + e] = o_acc[rr][e] * inv;
+      if (sub == 0u) {
+        scratch2[part * 2u] = m_run[rr];
+        scratch2[part * 2u + 1u] = l_run[rr];
+      }
     }
-  }
+
+  // The last workgroup of the row block to finish merges its rows' chunks: each invocation's
+  // writes are made visible on the device before the workgroup counts itself done (the classic
+  // last-block pattern; the counter's atomic orders the chunks' writes before the merge's reads).
+  memoryBarrierBuffer();
+  barrier();
+  uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (gl_LocalInvocationID.x == 0u) last_sh = atomicAdd(chunks_done[block], 1u) == pc.splits - 1u;
+  barrier();
+  if (!last_sh) return;
+  memoryBarrierBuffer();
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    if (rows[rr].valid) merge_chunks(rows[rr].bh * pc.nq + rows[rr].i, gl_LocalInvocationID.x);
+  if (gl_LocalInvocationID.x == 0u) chunks_done[block] = 0u;  // for the next run
 }

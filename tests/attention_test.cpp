@@ -1,4 +1,7 @@
 // Every variant x {fp32, fp16} x shapes that cross tile edges, against the float64 reference.
+#include <limits>
+
+#include "flashvk/pipelines.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {
@@ -212,6 +215,57 @@ TEST_P(LanesLayoutTest, MatchesTheReferenceOrIsRefused) {
     double tol = tolerance(q, k, v, params);
     EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << what;
     EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+  }
+}
+
+// The lanes kernel is a decode step in one dispatch: the workgroup that finishes a row block's
+// chunks last merges them (and the sink) into O and LSE, and leaves its counter at zero for the
+// next run. Against float64 with the modifiers models combine (sinks, a window, softcap, ALiBi and
+// an additive mask with hidden keys), GQA over two workgroups' rows, in f32, f16 and q8_0 K and
+// V, with the engine's chunks and 7 forced ones; run twice on one recording, the second run
+// finds its counters reset. describe_pipelines lists one pipeline and no merge.
+TEST_F(VulkanTest, LanesMergesItsChunksInOneDispatch) {
+  Context& ctx = context();
+  if (!ctx.device().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles: no lanes";
+  const uint32_t heads = 8, kv_heads = 2, nk = 200, d = 64;
+  HostTensor q = random_tensor({2, heads, 1, d}, 301), k = random_tensor({2, kv_heads, nk, d}, 302),
+             v = random_tensor({2, kv_heads, nk, d}, 303);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.hints.tile_layout = TileLayout::lanes;
+  params.mods.window_left = 150;
+  params.mods.softcap = 12.0f;
+  params.mods.alibi_max_bias = 8.0f;
+  params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -0.5f, 3.0f, 0.25f};
+  params.mods.mask = HostTensor({1, 1, 1, nk});
+  for (uint32_t j = 0; j < nk; ++j)
+    params.mods.mask.data[j] =
+        j % 7 == 3 ? -std::numeric_limits<float>::infinity() : 0.01f * float(j);
+  const Storage storages[] = {Storage(DType::f32), Storage(DType::f16),
+                              Storage(DType::f16, DType::q8_0, DType::q8_0)};
+  for (const Storage& storage : storages) {
+    if (storage.q == DType::f16 && !ctx.device().fp16_storage) continue;
+    HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
+               vs = stored_values(v, storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    for (uint32_t splits : {0u, 7u}) {
+      params.hints.splits = splits;
+      std::string what = storage_name(storage) + ", splits " + std::to_string(splits);
+      PipelineCall call{2, heads, kv_heads, 1, nk, d, d, params, storage};
+      std::vector<PipelineDescription> pipes = describe_pipelines(ctx, call);
+      ASSERT_EQ(pipes.size(), 1u) << what << ": " << pipes.back().shader;
+      EXPECT_EQ(pipes[0].program, "splitkv");
+      auto [tq, tk, tv] = upload_qkv(ctx, q, k, v, storage);
+      AttentionRecording rec(ctx, tq, tk, tv, params);
+      EXPECT_EQ(rec.tile_layout(), TileLayout::lanes);
+      ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+      for (int run = 0; run < 2; ++run) {
+        frame.submit();
+        EXPECT_LE(max_error(rec.out().download().data, ref.out), tolerance(qs, ks, vs, params))
+            << what << ", run " << run;
+        EXPECT_LE(max_lse_error(rec.lse().download().data, ref.lse), 1e-5) << what;
+      }
+    }
   }
 }
 

@@ -34,7 +34,10 @@ std::vector<PipelineChoice> splitkv_pipelines(const Spec& spec, DType q, const D
   merge.d = spec.d;
   merge.dv = spec.dv;
   merge.mods = spec.mods & kModSinks;  // the merge adds the sink
-  return {{kernel_key("splitkv", spec, q, trace), spec}, {{"splitkv_merge"}, merge}};
+  PipelineChoice chunks{kernel_key("splitkv", spec, q, trace), spec};
+  // The lanes kernel merges a row's chunks in its last workgroup: one dispatch.
+  if (spec.layout == TileLayout::lanes) return {chunks};
+  return {chunks, {{"splitkv_merge"}, merge}};
 }
 
 void plan_splitkv(Plan& plan) {
@@ -71,10 +74,19 @@ void plan_splitkv(Plan& plan) {
   Bindings b = plan.bindings;
   b[kScratch1] = plan.scratch1.handle();
   b[kScratch2] = plan.scratch2.handle();
-  VkDescriptorSet set = plan.make_set(b);
-
   std::vector<PipelineChoice> choices =
       splitkv_pipelines(plan.spec, plan.dtype, plan.impl.info, plan.options.trace);
+  if (choices.size() == 1) {
+    // Lanes: one dispatch, whose last workgroup of each row block merges its chunks; a counter a
+    // row block (in the trace slot, which lanes never traces), zero, and left at zero by every run.
+    plan.trace = plan.scratch(uint64_t(blocks) * d.batch * d.kv_heads * 4);
+    plan.trace.fill(0);
+    b[kTrace] = plan.trace.handle();
+    plan.add(plan.pipeline(choices[0]), plan.make_set(b),
+             {blocks, d.batch * d.kv_heads, plan.splits});
+    return;
+  }
+  VkDescriptorSet set = plan.make_set(b);
   plan.add(plan.pipeline(choices[0]), set, {blocks, d.batch * d.kv_heads, plan.splits});
   plan.add_barrier();
   const Spec& merge_spec = choices[1].spec;
