@@ -249,8 +249,10 @@ int cmd_devices(const std::vector<std::string>& argv) {
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
     std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 16x16x16 into fp32) %s\n",
                 d.fp16_arithmetic ? "yes" : "no", d.cooperative_matrix ? "yes" : "no");
-    std::printf("   pipeline statistics (flashvk pipelines) %s\n",
+    std::printf("   pipeline statistics (flashvk pipelines) %s",
                 d.pipeline_statistics ? "yes" : "no");
+    if (d.registers_per_simd) std::printf(", %u registers a SIMD", d.registers_per_simd);
+    std::printf("\n");
   }
   return 0;
 }

@@ -11,6 +11,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
 cmake --build "$root/build" -j "$(nproc)" --target flashvk_cli
 mesa="$root/build/mesa25"
+[ -f "$mesa/radeon_icd.json" ] || { echo "Mesa 25's RADV is missing from $mesa: scripts/setup.sh fetches it from bookworm-backports" >&2; exit 1; }
 lib=$(dirname "$(find "$mesa/root" -name libvulkan_radeon.so | head -1)")
 out="$root/build/pipelines"
 mkdir -p "$out"

@@ -372,6 +372,14 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
   info.pipeline_statistics = pipeline_statistics(physical);
+  if (has_extensions(physical, {VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME})) {
+    VkPhysicalDeviceShaderCorePropertiesAMD core{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+    VkPhysicalDeviceProperties2 props_core{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    props_core.pNext = &core;
+    vkGetPhysicalDeviceProperties2(physical, &props_core);
+    info.registers_per_simd = core.vgprsPerSimd;
+  }
   return info;
 }
 

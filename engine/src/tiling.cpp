@@ -160,23 +160,29 @@ uint32_t lane_registers(const Dims& dims, const Storage& kv, uint32_t lanes, uin
   bool scaled = word_quad(kv.k) || word_quad(kv.v);
   return keys * loads * (scaled ? 5 : 4) + rows * (ke + ve) + keys * rows;
 }
-// The most lane_registers() a lanes tiling may take: about 192 allocated registers, the most
-// with which AMD's GPUs run 8 subgroups a SIMD, decoding's floor (memory latency is hidden by
-// the loads of many subgroups in flight).
-constexpr uint32_t kLaneRegisters = 192;
+// The most lane_registers() a lanes tiling may take: the registers with which 8 subgroups run
+// on a SIMD, decoding's floor (memory latency is hidden by the loads of many subgroups in
+// flight). Where the driver tells its register file (DeviceInfo::registers_per_simd, AMD), a
+// quarter of it, as RADV's "Subgroups per SIMD" counts: 128 on RDNA2 and RDNA3.5, 192 on Navi 31;
+// elsewhere 192.
+uint32_t lane_register_budget(const DeviceInfo& info) {
+  return info.registers_per_simd ? std::min(192u, info.registers_per_simd / 4) : 192u;
+}
 
 // Query rows of a lanes workgroup and keys a cluster takes a step: all of a KV head's rows (at
-// most kLaneRows), so that K and V are read once, and as many keys as kLaneRegisters allows;
-// fewer rows a workgroup (a KV head's rows over several workgroups, which read the same K and V
-// at about the same time) where even 2 keys a step would not fit. {0, 0} when nothing fits.
-std::pair<uint32_t, uint32_t> lane_tiles(const Dims& dims, const Storage& kv, uint32_t lanes,
-                                         uint32_t forced_keys) {
+// most kLaneRows), so that K and V are read once, and as many keys (8, 4 or 2) as
+// lane_register_budget() allows; fewer rows a workgroup (a KV head's rows over several
+// workgroups, which read the same K and V at about the same time) where even 2 keys a step would
+// not fit. {0, 0} when nothing fits.
+std::pair<uint32_t, uint32_t> lane_tiles(const DeviceInfo& info, const Dims& dims,
+                                         const Storage& kv, uint32_t lanes, uint32_t forced_keys) {
   uint64_t head_rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
   for (uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(head_rows, kLaneRows)); rows > 0;
        rows = rows > 1 ? (rows + 1) / 2 : 0)
     for (uint32_t keys : {kLaneKeys, kLaneKeys / 2, kLaneKeys / 4}) {
       if (forced_keys && keys != forced_keys) continue;
-      if (lane_registers(dims, kv, lanes, rows, keys) <= kLaneRegisters) return {rows, keys};
+      if (lane_registers(dims, kv, lanes, rows, keys) <= lane_register_budget(info))
+        return {rows, keys};
     }
   return {0, 0};
 }
@@ -215,11 +221,12 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
           " and V as " + dtype_name(kv.v) + "); " + info.name + " with this call does not qualify");
     return !trace;  // traces record from the shared-memory kernels
   }
-  // A KV head's rows in at most two workgroups, within kLaneRegisters (lane_tiles).
+  // A KV head's rows within the register budget (lane_tiles), in one workgroup or, where they do
+  // not fit, several that read the same K and V at about the same time: decoding in blocks
+  // would run tiles of 16 to 64 rows for a KV head's few.
   uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
-  uint32_t tile_rows = lane_tiles(dims, kv, lanes, 0).first;
-  bool fits = rows <= kLaneRows && tile_rows > 0 && 2 * tile_rows >= rows &&
-              rows * (dims.dv + 2) * 4 <= shared_bytes;
+  uint32_t tile_rows = lanes ? lane_tiles(info, dims, kv, lanes, 0).first : 0;
+  bool fits = rows <= kLaneRows && tile_rows > 0 && rows * (dims.dv + 2) * 4 <= shared_bytes;
   return params.hints.tile_layout == TileLayout::automatic && usable && fits &&
          params.hints.block_keys == 0 && !trace && info.type != "cpu" &&
          !params.hints.fp16_arithmetic;
@@ -280,7 +287,9 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
   uint32_t element = f16 ? 2 : 4;
   uint64_t best_score = 0;
   // Within the register budget where a tiling fits it, else the best that fits the device.
-  for (bool budget : {true, false}) {
+  // A CPU driver has no register file to spill from; llvmpipe is better off with long tiles,
+  // whose fewer loop iterations stay under its cap (Plan::check_loop_budget).
+  for (bool budget : {info.type != "cpu", false}) {
     if (!budget && best_score > 0) break;
     for (uint32_t lanes : block_lanes(info, dims, shuffle))
       for (uint32_t br : {64u, 32u, 16u, 8u, 4u}) {
@@ -392,7 +401,7 @@ Spec choose_tiling(const TilingRequest& request) {
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::lanes;
     spec.lanes = lanes_per_key(info, dims, kv);
-    auto [rows, keys] = lane_tiles(dims, kv, spec.lanes, params.hints.block_keys);
+    auto [rows, keys] = lane_tiles(info, dims, kv, spec.lanes, params.hints.block_keys);
     if (rows == 0) {  // asked for (tile_layout lanes) beyond the register budget: as asked
       rows = static_cast<uint32_t>(
           std::min<uint64_t>(uint64_t(dims.heads / dims.kv_heads) * dims.nq, kLaneRows));

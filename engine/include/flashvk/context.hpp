@@ -46,6 +46,10 @@ struct DeviceInfo {
   /// VK_KHR_pipeline_executable_properties: the driver tells what it compiled (registers,
   /// spills, occupancy, its disassembly); describe_pipelines() reports it.
   bool pipeline_statistics = false;
+  /// Vector registers a SIMD holds for 64-lane subgroups, where the driver says (AMD's
+  /// VK_AMD_shader_core_properties, vgprsPerSimd: RADV gives 512 on RDNA2 and RDNA3.5, 768 on
+  /// Navi 31); 0 elsewhere. The decoding kernel sizes its steps so that 8 subgroups a SIMD fit.
+  uint32_t registers_per_simd = 0;
 };
 
 /// Lists the Vulkan devices the loader finds, in the loader's order (the index used everywhere).
