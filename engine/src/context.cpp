@@ -281,25 +281,30 @@ bool coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
   });
 }
 
-bool fp16_arithmetic(VkPhysicalDevice physical) {
-  if (!has_extensions(physical, {kFloat16Extension})) return false;
-  VkPhysicalDeviceShaderFloat16Int8Features float16{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+// One feature structure (its sType set, no chain) as the device fills it in.
+template <typename Features>
+Features device_features(VkPhysicalDevice physical, Features wanted) {
   VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  features.pNext = &float16;
+  features.pNext = &wanted;
   vkGetPhysicalDeviceFeatures2(physical, &features);
-  return float16.shaderFloat16 == VK_TRUE;
+  return wanted;
+}
+
+bool fp16_arithmetic(VkPhysicalDevice physical) {
+  return has_extensions(physical, {kFloat16Extension}) &&
+         device_features(physical,
+                         VkPhysicalDeviceShaderFloat16Int8Features{
+                             VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES})
+                 .shaderFloat16 == VK_TRUE;
 }
 
 bool pipeline_statistics(VkPhysicalDevice physical) {
-  if (!has_extensions(physical, {VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME}))
-    return false;
-  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executables{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  features.pNext = &executables;
-  vkGetPhysicalDeviceFeatures2(physical, &features);
-  return executables.pipelineExecutableInfo == VK_TRUE;
+  return has_extensions(physical, {VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME}) &&
+         device_features(
+             physical,
+             VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR{
+                 VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR})
+                 .pipelineExecutableInfo == VK_TRUE;
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
