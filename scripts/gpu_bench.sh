@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements docs/performance.md still lacks, most wanted first, for a session that is
 # lent a GPU for a while: every step's table goes to OUT/log.txt as it finishes, so a lease that
-# ends early keeps what ran. Five files in all (the device tool brings back at most 8):
+# ends early keeps what ran. Six files in all (the device tool brings back at most 8):
 #   log.txt             every table, each under the command that printed it, and its exit status
 #   modifiers_f16.json  bench --suite modifiers in fp16 (the matrix path's modifier costs, and
 #                       its skip of hidden tiles: the sparse-mask row)
@@ -9,6 +9,7 @@
 #   modifiers_f32.json  the same as modifiers_f16.json in fp32
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
+#   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
 # Usage: scripts/gpu_bench.sh [OUT]   (OUT defaults to out/gpu; $FLASHVK names the binary,
 # default build/flashvk; $STEP_TIMEOUT the seconds one step may take, default 600).
 set -uo pipefail
@@ -37,6 +38,11 @@ step() {
 
 decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --dtype f16 --repeat 9)
 step devices
+# Issue #36: decoding (one dispatch a step since 3588e7f) against ggml's 15 and 45 us at 4096
+# and 16384 keys and 70% of the bandwidth at 16384 and 65536 keys.
+for nk in 4096 16384 65536; do
+  step bench --variant splitkv --nk "$nk" "${decode[@]}" --peak
+done
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at 65536 keys (target <= 0.7x fp16's time).
 step bench --suite modifiers --dtype f16 --json "$out/modifiers_f16.json"
@@ -50,5 +56,7 @@ for d in 64 128; do
 done
 step bench --suite modifiers --json "$out/modifiers_f32.json"
 step bench --suite standard --peak --json "$out/suite.json"
+# What the driver compiled (NVIDIA's driver has VK_KHR_pipeline_executable_properties).
+step pipelines --suite kernels --json "$out/pipelines.json"
 echo "gpu_bench: $failed step(s) failed; tables in $log" | tee -a "$log"
 exit $((failed > 0))
