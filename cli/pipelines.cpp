@@ -14,7 +14,6 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "bench_cases.hpp"
@@ -129,26 +128,33 @@ IsaMix isa_mix(const std::string& assembly) {
   std::vector<std::pair<size_t, size_t>> loops;  // [first, last] line indices
   std::istringstream in(assembly);
   std::string line;
-  static const std::regex label(R"(^\s*(BB\d+):)"), branch(R"(^\s*s_c?branch\w*\s+(BB\d+))"),
-      op(R"(^\s*([sv]_\w+))");
   std::vector<std::pair<size_t, std::string>> branches;
   IsaMix mix;
+  // The line's first word, past leading blanks ("" for none).
+  auto first_word = [](const std::string& text) {
+    size_t begin = text.find_first_not_of(" \t");
+    if (begin == std::string::npos) return std::string();
+    size_t end = text.find_first_of(" \t", begin);
+    return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  };
+  auto starts = [](const std::string& text, const char* prefix) {
+    return text.rfind(prefix, 0) == 0;
+  };
   while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, label)) {
-      labels[m[1]] = lines.size();
+    std::string word = first_word(line);
+    if (starts(word, "BB") && word.back() == ':') {  // "BB3:"
+      labels[word.substr(0, word.size() - 1)] = lines.size();
       continue;
     }
-    if (std::regex_search(line, m, branch)) branches.emplace_back(lines.size(), m[1]);
-    Line l;
-    if (std::regex_search(line, m, op)) {
-      std::string name = m[1];
-      l.valu = name.rfind("v_", 0) == 0 && name.rfind("v_readlane", 0) != 0 &&
-               name.rfind("v_readfirstlane", 0) != 0 && name.rfind("v_writelane", 0) != 0;
-      l.fma = l.valu && (name.rfind("v_fma", 0) == 0 || name.rfind("v_pk_fma", 0) == 0 ||
-                         name.rfind("v_dot2", 0) == 0 || name.rfind("v_fmac", 0) == 0 ||
-                         name.rfind("v_pk_fmac", 0) == 0 || name.rfind("v_mac", 0) == 0);
+    if (starts(word, "s_branch") || starts(word, "s_cbranch")) {  // "s_cbranch_scc1 BB3"
+      std::string target = first_word(line.substr(line.find(word) + word.size()));
+      if (starts(target, "BB")) branches.emplace_back(lines.size(), target);
     }
+    Line l;
+    l.valu = starts(word, "v_") && !starts(word, "v_readlane") &&
+             !starts(word, "v_readfirstlane") && !starts(word, "v_writelane");
+    l.fma = l.valu && (starts(word, "v_fma") || starts(word, "v_pk_fma") ||
+                       starts(word, "v_dot2") || starts(word, "v_mac"));
     mix.valu += l.valu;
     mix.fma += l.fma;
     lines.push_back(l);
@@ -201,6 +207,11 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   options.compile_only = true;
   Context ctx = Context::create(options);
   const DeviceInfo& dev = ctx.device();
+  if (args.flag("check") && !dev.pipeline_statistics)
+    throw Error(
+        "--check needs the driver's statistics (VK_KHR_pipeline_executable_properties), "
+        "which " +
+        dev.name + " does not give");
 
   std::vector<Entry> entries;
   std::map<std::string, size_t> seen;
@@ -232,7 +243,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
 
   bool statistics = !entries.empty() && !entries[0].p.executables.empty();
   std::printf("device: %s (driver %s)\n", dev.name.c_str(), dev.driver.c_str());
-  std::printf("%zu pipelines for %zu calls, compiled in %.1f s\n", entries.size(), total, seconds);
+  std::printf("%zu pipeline%s for %zu call%s, compiled in %.1f s\n", entries.size(),
+              entries.size() == 1 ? "" : "s", total, total == 1 ? "" : "s", seconds);
   if (!statistics)
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "

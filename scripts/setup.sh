@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that flashvk needs to build, test and run the viewer.
-# Does nothing when they are all present. Needs root or sudo only when something is missing.
+# Installs the Debian 12 packages that flashvk needs to build, test and run the viewer, and
+# unpacks Mesa 25's RADV for the pipeline report (below). Does nothing when all are present.
+# Needs root or sudo only when something is missing; a failure to fetch Mesa 25 (offline, no
+# sudo, another distribution) is a warning, never a failed build.
 set -euo pipefail
 
 packages=(
@@ -32,38 +34,46 @@ need_mesa=0
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-if [ $need_mesa -eq 1 ] && [ ! -f "$backports" ]; then
-  # The backports suite beside the machine's own Debian source: its URI, whatever mirror that is.
-  uri=$(grep -hoE '^(URIs:|deb) +[a-z]+://[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
-          2>/dev/null | grep -v security | awk '{print $2}' | grep -m1 -E '/debian/?$' || true)
-  uri=${uri:-http://deb.debian.org/debian}
-  echo "flashvk setup: adding bookworm-backports ($uri) for Mesa 25's RADV"
-  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
-    "$uri" /usr/share/keyrings/debian-archive-keyring.gpg | $sudo tee "$backports" > /dev/null
-fi
-if [ ${#missing[@]} -gt 0 ] || [ $need_mesa -eq 1 ]; then
-  [ ${#missing[@]} -gt 0 ] && echo "flashvk setup: installing ${missing[*]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "flashvk setup: installing ${missing[*]}"
   $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-[ ${#missing[@]} -gt 0 ] && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-# Mesa 25 is for the pipeline report alone: if it cannot be fetched, say so and go on.
+[ $need_mesa -eq 0 ] && exit 0
+# Mesa 25 is for the pipeline report alone: if it cannot be fetched, say so and go on. The
+# backports suite is added beside the machine's own Debian source (its URI, whatever mirror that
+# is), at the default priority of backports, so that nothing else is upgraded from it.
+mesa_version=25.0.7-2~bpo12+1  # the compiler docs/performance.md's tables were made with
 unpack_mesa() {
-  echo "flashvk setup: unpacking Mesa 25 (bookworm-backports) into $mesa_dir"
-  local tmp
+  [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || return 1
+  if [ ! -f "$backports" ]; then
+    local uri
+    uri=$(grep -hoE '^(URIs:|deb) +[a-z]+://[^ ]+' /etc/apt/sources.list.d/*.sources \
+            /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2}' |
+            grep -m1 -E '/debian/?$' || true)
+    uri=${uri:-http://deb.debian.org/debian}
+    echo "flashvk setup: adding bookworm-backports ($uri) for Mesa 25's RADV"
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+      "$uri" /usr/share/keyrings/debian-archive-keyring.gpg | $sudo tee "$backports" > /dev/null ||
+      return 1
+  fi
+  $sudo apt-get update -q || return 1
+  echo "flashvk setup: unpacking Mesa $mesa_version (bookworm-backports) into $mesa_dir"
+  local tmp lib
   tmp=$(mktemp -d)
-  (cd "$tmp" && apt-get download -q -t bookworm-backports "${mesa_debs[@]}" 2>&1 |
-    grep -v "^W: Download is performed unsandboxed") || true
-  ls "$tmp"/mesa-vulkan-drivers_25*.deb > /dev/null 2>&1 || { rm -rf "$tmp"; return 1; }
+  (cd "$tmp" && apt-get download -q "mesa-vulkan-drivers=$mesa_version" \
+     libdrm-amdgpu1/bookworm-backports libdrm2/bookworm-backports 2>&1 |
+     grep -v "^W: Download is performed unsandboxed") || true
+  ls "$tmp"/mesa-vulkan-drivers_*.deb > /dev/null 2>&1 || { rm -rf "$tmp"; return 1; }
   rm -rf "$mesa_dir" && mkdir -p "$mesa_dir"
   for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$mesa_dir/root"; done
   rm -rf "$tmp"
-  local lib
   lib=$(dirname "$(find "$mesa_dir/root" -name libvulkan_radeon.so | head -1)")
   sed "s#\"library_path\": \"[^\"]*\"#\"library_path\": \"$lib/libvulkan_radeon.so\"#" \
     "$mesa_dir/root/usr/share/vulkan/icd.d/radeon_icd.json" > "$mesa_dir/radeon_icd.json"
 }
-if [ $need_mesa -eq 1 ] && ! unpack_mesa; then
-  echo "flashvk setup: warning: Mesa 25 could not be fetched from bookworm-backports;" \
+if ! unpack_mesa; then
+  echo "flashvk setup: warning: Mesa $mesa_version could not be fetched from bookworm-backports;" \
     "scripts/pipelines.sh (AMD's compiler) will not run, everything else will" >&2
 fi
 exit 0

@@ -817,6 +817,11 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
   EXPECT_EQ(programs, (std::set<std::string>{"flash2", "splitkv", "splitkv_merge", "naive_scores",
                                              "naive_softmax", "naive_pv"}));
   EXPECT_EQ(run_cli("pipelines --suite nope").status, 2);
+  // --check cannot tell spills without the statistics: refused, not passed.
+  Outcome check = run_cli("pipelines --variant flash2 --nq 8 --check");
+  EXPECT_EQ(check.status, 1) << check.output;
+  EXPECT_NE(check.output.find("--check needs the driver's statistics"), std::string::npos)
+      << check.output;
 }
 
 // The FMA share of a kernel's key loop, from ACO's assembly: the loop is the largest span that

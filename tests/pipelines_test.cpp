@@ -156,6 +156,9 @@ TEST(CompileOnlyContext, RefusesWhatTheEngineRefuses) {
   call.d = 40;
   call.storage = Storage(DType::f16, DType::q8_0, DType::q8_0);
   expect_refused([&] { describe_pipelines(ctx, call); }, "32");
+  call.d = 64;
+  call.params.rope = RopeLayout::interleaved;  // K is rotated before it is quantised
+  expect_refused([&] { describe_pipelines(ctx, call); }, "rope rotates K stored as Q is");
 }
 
 // A device whose queue objects cannot be made (RADV's null device: vkCreateFence fails there)

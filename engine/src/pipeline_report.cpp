@@ -128,12 +128,17 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
   Dims dims =
       check_shapes({call.batch, call.heads, call.nq, call.d},
                    {call.batch, kv_heads, call.nk, call.d}, {call.batch, kv_heads, call.nk, dv});
+  dims.kv_rows = dims.nk;  // as a dense K and V of Nk keys (or a paged cache's pages of them)
+  dims.kv_keys = uint64_t(dims.batch) * dims.kv_heads * dims.nk;
   const Storage& kv = call.storage;
   if (kv.q != DType::f32 && kv.q != DType::f16)
     throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(kv.q) + ")");
   check_blocks({call.d}, kv.k);
   check_blocks({dv}, kv.v);
   check_modifiers(params.mods, dims);
+  if (params.rope != RopeLayout::none && kv.k != kv.q)
+    throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(kv.q) +
+                "); rotate K before storing it as " + dtype_name(kv.k));
   detail::Spec spec =
       detail::choose_tiling({.info = impl.info,
                              .coopmat_enabled = impl.coopmat_enabled,

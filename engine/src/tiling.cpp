@@ -194,7 +194,7 @@ uint32_t lanes_workgroup(uint32_t lanes, uint32_t subgroup, uint32_t rows, uint3
   uint32_t size = std::max(64u, lanes);
   auto merge_bytes = [&](uint32_t n) {
     uint32_t subgroups = (n + subgroup - 1) / subgroup;
-    return subgroups > 1 ? subgroups * rows * (dv + 2) * 4 : 0;
+    return (subgroups > 1 ? subgroups * rows * (dv + 2) * 4 : 0) + 4;  // and a flag
   };
   while (size > lanes && merge_bytes(size) > shared_bytes) size /= 2;
   return size;
@@ -414,8 +414,8 @@ Spec choose_tiling(const TilingRequest& request) {
     if (spec.workgroup > spec.subgroup &&
         (spec.workgroup / spec.subgroup) * spec.rows * (dims.dv + 2) * 4 > shared_bytes)
       throw Error("tile_layout lanes needs " + std::to_string(spec.rows * (dims.dv + 2) * 4) +
-                  " bytes of shared memory for one cluster's output; this device or "
-                  "max_shared_memory allows " +
+                  " bytes of shared memory a subgroup for merging the workgroup's subgroups; "
+                  "this device or max_shared_memory allows " +
                   std::to_string(shared_bytes));
     return spec;
   }
