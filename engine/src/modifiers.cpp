@@ -469,8 +469,7 @@ void spec_modifiers(const Modifiers& m, Spec& spec) {
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   const Modifiers& m = plan.params.mods;
   const Dims& d = plan.dims;
-  check_modifiers(m, d);
-  spec_modifiers(m, plan.spec);
+  check_modifiers(m, d);  // Spec's part of them is set with the tiling (call_spec)
   // The window, causal folded in, each side at most the keys there can be.
   auto side = [&](int64_t w) {
     return w < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(w, int64_t(plan.most_keys) + d.nq));

@@ -1,5 +1,5 @@
-// describe_pipelines(): the pipelines a call builds, from the planner's own choices (tiling.cpp's
-// choose_tiling, the kernel families' attention_pipelines), and the driver's account of each
+// describe_pipelines(): the pipelines a call builds, from the planner's own choices (plan.cpp's
+// call_spec, the kernel families' attention_pipelines), and the driver's account of each
 // (VK_KHR_pipeline_executable_properties).
 #include <algorithm>
 
@@ -139,16 +139,14 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
   if (params.rope != RopeLayout::none && kv.k != kv.q)
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(kv.q) +
                 "); rotate K before storing it as " + dtype_name(kv.k));
-  detail::Spec spec =
-      detail::choose_tiling({.info = impl.info,
-                             .coopmat_enabled = impl.coopmat_enabled,
-                             .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
-                             .dims = dims,
-                             .params = params,
-                             .dtype = kv.q,
-                             .kv = kv});
-  spec.page_size = call.page_size;
-  detail::spec_modifiers(params.mods, spec);
+  detail::Spec spec = detail::call_spec({.info = impl.info,
+                                         .coopmat_enabled = impl.coopmat_enabled,
+                                         .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
+                                         .dims = dims,
+                                         .params = params,
+                                         .dtype = kv.q,
+                                         .kv = kv},
+                                        call.page_size);
 
   std::vector<detail::PipelineChoice> choices;
   if (params.rope != RopeLayout::none) choices.push_back(detail::rows_pipeline(kv.q, kv.q));

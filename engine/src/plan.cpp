@@ -32,6 +32,13 @@ void Plan::set_tables() {
   bindings[kMask] = mask.handle();
 }
 
+Spec call_spec(const TilingRequest& request, uint32_t page_size) {
+  Spec spec = choose_tiling(request);
+  spec.page_size = page_size;
+  spec_modifiers(request.params.mods, spec);
+  return spec;
+}
+
 Range binding(const Tensor& t) {
   if (!t.is_view()) return Range(t.buffer());
   if (t.bytes() == 0) return Range(t.context()->impl().dummy.handle());  // nothing to read
@@ -165,17 +172,17 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 " (the CLI: --rope needs --kv-dtype equal to --dtype)");
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
   bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
-  spec = choose_tiling({.info = impl.info,
-                        .coopmat_enabled = impl.coopmat_enabled,
-                        .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
-                        .dims = dims,
-                        .params = params,
-                        .dtype = dtype,
-                        .kv = kv,
-                        .kv_views = kv_views,
-                        .forced_keys = options.keys,
-                        .trace = options.trace});
-  if (options.pages) spec.page_size = options.pages->page_size;
+  spec = call_spec({.info = impl.info,
+                    .coopmat_enabled = impl.coopmat_enabled,
+                    .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
+                    .dims = dims,
+                    .params = params,
+                    .dtype = dtype,
+                    .kv = kv,
+                    .kv_views = kv_views,
+                    .forced_keys = options.keys,
+                    .trace = options.trace},
+                   options.pages ? options.pages->page_size : 0);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 

@@ -17,6 +17,7 @@
 #include "flashvk/attention.hpp"
 #include "kernels.hpp"
 #include "shader_registry.hpp"
+#include "tiling.hpp"
 #include "vk.hpp"
 
 namespace flashvk::detail {
@@ -83,6 +84,9 @@ class Plan;
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
 /// The modifiers' part of the kernels' specialization constants (Spec::mods, Spec::key_mask).
 void spec_modifiers(const Modifiers& m, Spec& spec);
+/// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
+/// cache (0: dense) and the modifiers' part. The plans and describe_pipelines() both take it.
+Spec call_spec(const TilingRequest& request, uint32_t page_size);
 void plan_fused(Plan& plan);  // online, flash1, flash2, flashd
 void plan_naive(Plan& plan);
 void plan_splitkv(Plan& plan);
