@@ -25,8 +25,6 @@
 #include "common.glsl"
 #include "flash2_step.glsl"  // the recurrence every FlashAttention-2 layout runs
 #include "lse_merge.glsl"    // the clusters' merge
-#define MERGE_LANES gl_WorkGroupSize.x
-#include "chunk_merge.glsl"  // the chunks' merge, by the last workgroup of a row block
 
 // Values in one 16-byte load of K (V): 4 floats, 8 halves or bfloat16s, 16 q8_0 quants (half a
 // block) or 32 q4_0 quants (a whole block), so that vector x / VEC holds value x.
@@ -62,6 +60,13 @@ const uint SUBGROUPS = (gl_WorkGroupSize.x + SUBGROUP - 1u) / SUBGROUP;
 shared float part_ml[SUBGROUPS][ROWS][2];
 shared bool last_sh;  // this workgroup finished its row block's chunks last
 shared float part_o[SUBGROUPS][ROWS][DV];
+// The chunks' merge (chunk_merge.glsl's merge_rows, by the last workgroup of a row block) reuses
+// them: a subgroup's maxima in part_ml, a batch of DV chunks' weights in part_o[0].
+#define MERGE_M(g, rr) part_ml[g][rr][0]
+#define MERGE_W(rr, c) part_o[0][rr][c]
+const uint MERGE_BATCH = DV / 4u * 4u;
+#define MERGE_LANES gl_WorkGroupSize.x
+#include "chunk_merge.glsl"
 
 void main() {
   uint lane = gl_LocalInvocationID.x;
@@ -220,7 +225,6 @@ void main() {
   barrier();
   if (!last_sh) return;
   memoryBarrierBuffer();
-  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-    if (rows[rr].valid) merge_chunks(rows[rr].bh * pc.nq + rows[rr].i, gl_LocalInvocationID.x);
+  merge_rows(gl_LocalInvocationID.x);
   if (gl_LocalInvocationID.x == 0u) chunks_done[block] = 0u;  // for the next run
 }

@@ -269,6 +269,28 @@ TEST_F(VulkanTest, LanesMergesItsChunksInOneDispatch) {
   }
 }
 
+// The last workgroup merges its rows' chunks a batch of DV chunks at a time (chunk_merge.glsl's
+// merge_rows): 70 chunks of 64 keys at d = 64 fill two batches, the second part-way.
+TEST_F(VulkanTest, LanesMergesMoreChunksThanOneBatch) {
+  Context& ctx = context();
+  if (!ctx.device().subgroup_shuffle) GTEST_SKIP() << "no subgroup shuffles: no lanes";
+  const uint32_t heads = 4, kv_heads = 1, nk = 70 * 64, d = 64;
+  HostTensor q = random_tensor({1, heads, 1, d}, 311), k = random_tensor({1, kv_heads, nk, d}, 312),
+             v = random_tensor({1, kv_heads, nk, d}, 313);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.hints.tile_layout = TileLayout::lanes;
+  params.hints.splits = 70;
+  params.want_lse = true;
+  params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  reference::Result ref = reference::direct(q, k, v, params);
+  HostAttentionResult r = attention(ctx, q, k, v, params);
+  EXPECT_EQ(r.tile_layout, TileLayout::lanes);
+  EXPECT_EQ(r.splits, 70u);
+  EXPECT_LE(max_error(r.out.data, ref.out), tolerance(q, k, v, params));
+  EXPECT_LE(max_lse_error(r.lse.data, ref.lse), 1e-5);
+}
+
 std::string lanes_case_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>& info) {
   return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
 }
