@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
-  libvulkan-dev vulkan-tools glslang-tools spirv-tools
+  libvulkan-dev vulkan-tools glslang-tools glslang-dev spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers
   libglfw3-dev libimgui-dev libstb-dev libpng-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev

@@ -80,8 +80,27 @@ float mask_value(uint rr, uint j) {
 // and key j into the score its recurrence uses here, and only here. Softcapping first, then
 // ALiBi's bias (FlashAttention-2 and ggml's order), then the additive mask. tanh's argument is clamped to +-15, where
 // tanh is 1 in fp32, so that no driver's e^2x overflows into inf / inf.
+#ifdef FLEX
+// User-written attention (Modifiers::score_mod, mask_mod), compiled in at run time by
+// flashvk::flex, whose include serves flex_functions.glsl: flex_table[] (binding 14), FLEX_NQ and
+// FLEX_NK, then the user's files. Their indices: batch, query head, query row, key.
+int FLEX_NQ, FLEX_NK;
+#include "flex_functions.glsl"
+#endif
+
 float modify_score(uint rr, uint j, float s) {
+#ifdef FLEX
+  int flex_b = int(rows[rr].b), flex_h = int(rows[rr].bh % pc.heads), flex_i = int(rows[rr].i);
+  FLEX_NQ = int(pc.nq);
+  FLEX_NK = int(seq_len(rows[rr].b));
+#ifdef FLEX_MASK_MOD
+  if (!mask_mod(flex_b, flex_h, flex_i, int(j))) return NEG_INF;
+#endif
+#endif
   if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
+#ifdef FLEX_SCORE_MOD
+  s = score_mod(s, flex_b, flex_h, flex_i, int(j));
+#endif
   if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
   // -inf from the mask hides the key: every recurrence treats it as masked.
   if ((MODS & MOD_MASK) != 0u) s += mask_value(rr, j);

@@ -4,6 +4,9 @@
 #include <numeric>
 
 #include "test_util.hpp"
+#ifdef FLASHVK_TEST_FLEX
+#include "flashvk/flex.hpp"
+#endif
 
 namespace flashvk::test {
 namespace {
@@ -112,6 +115,93 @@ const ModCase kCases[] = {
        m.mask = random_bool_mask(c);
        sinks(m, c);
      }},
+#ifdef FLASHVK_TEST_FLEX
+    // User-written functions (flashvk::flex), each with its float64 twin, which the reference
+    // applies: FlexAttention's examples with flashvk's built-in modifiers beside them.
+    {"flex_documents_causal_gqa", 2, 4, 2, 37, 70, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       // A document id per key in the table; causal within each document.
+       m.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;
+  return q_pos >= 0 && kv_idx <= q_pos && flex_table[kv_idx] == flex_table[q_pos];
+})";
+       m.mask_mod_name = "documents.glsl";
+       m.flex_table = HostTensor({c.nk});
+       for (uint32_t j = 0; j < c.nk; ++j)
+         m.flex_table.data[j] = float(j < 13 ? 0 : j < 40 ? 1 : j < 41 ? 2 : 3);
+       std::vector<float> ids = m.flex_table.data;
+       int nq = int(c.nq), nk = int(c.nk);
+       m.mask_twin = [=](int, int, int i, int j) {
+         int q = i + nk - nq;
+         return q >= 0 && j <= q && ids[size_t(j)] == ids[size_t(q)];
+       };
+     }},
+    {"flex_prefix_lm_softcap_sinks", 1, 4, 1, 40, 90, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       m.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  return kv_idx < 24 || kv_idx <= q_idx + FLEX_NK - FLEX_NQ;  // a prefix of 24, then causal
+})";
+       int nq = int(c.nq), nk = int(c.nk);
+       m.mask_twin = [=](int, int, int i, int j) { return j < 24 || j <= i + nk - nq; };
+       m.softcap = 3.0f;
+       sinks(m, c);
+     }},
+    {"flex_relative_bias_window", 1, 2, 2, 45, 64, 32, 32,
+     [](Modifiers& m, const ModCase& c) {
+       // A bias per relative position (T5-like), from a table of 65.
+       m.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  int rel = kv_idx - (q_idx + FLEX_NK - FLEX_NQ);
+  return score + flex_table[clamp(rel + 32, 0, 64)];
+})";
+       m.score_mod_name = "relative_bias.glsl";
+       m.flex_table = HostTensor({65});
+       for (uint32_t x = 0; x < 65; ++x) m.flex_table.data[x] = 0.8f * std::sin(0.3f * float(x));
+       std::vector<float> bias = m.flex_table.data;
+       int nq = int(c.nq), nk = int(c.nk);
+       m.score_twin = [=](double s, int, int, int i, int j) {
+         int rel = j - (i + nk - nq);
+         return s + double(bias[size_t(std::clamp(rel + 32, 0, 64))]);
+       };
+       m.causal = true, m.window_left = 20;
+     }},
+    {"flex_tanh_bias_decode_gqa", 1, 8, 2, 1, 300, 64, 64,
+     [](Modifiers& m, const ModCase& c) {
+       // A learned bias per head and key, capped by tanh, with a sink per head.
+       m.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score + 4.0 * tanh(flex_table[h * FLEX_NK + kv_idx] / 4.0);
+})";
+       m.flex_table = HostTensor({c.h, c.nk});
+       for (size_t x = 0; x < m.flex_table.data.size(); ++x)
+         m.flex_table.data[x] = 6.0f * std::sin(float(x) * 0.7f);
+       std::vector<float> bias = m.flex_table.data;
+       int nk = int(c.nk);
+       m.score_twin = [=](double s, int, int h, int, int j) {
+         return s + 4.0 * std::tanh(double(bias[size_t(h * nk + j)]) / 4.0);
+       };
+       sinks(m, c);
+     }},
+    {"flex_both_alibi_chunks", 2, 4, 2, 33, 50, 16, 16,
+     [](Modifiers& m, const ModCase& c) {
+       // Both functions, in one file, beside the built-in ALiBi.
+       m.score_mod = m.mask_mod =
+           R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score * (1.0 + 0.25 * float(b)) - 0.1 * float(h);
+}
+bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  return (q_idx + FLEX_NK - FLEX_NQ) / 16 == kv_idx / 16 && (kv_idx + h) % 5 != 0;
+})";
+       m.score_mod_name = m.mask_mod_name = "both.glsl";
+       int nq = int(c.nq), nk = int(c.nk);
+       m.score_twin = [](double s, int b, int h, int, int) {
+         return s * (1.0 + 0.25 * b) - 0.1 * h;
+       };
+       m.mask_twin = [=](int, int h, int i, int j) {
+         int q = i + nk - nq;
+         return q / 16 == j / 16 && (j + h) % 5 != 0;
+       };
+       m.alibi_max_bias = 8.0f;
+     }},
+#endif
 };
 
 void PrintTo(const ModCase& c, std::ostream* os) {
@@ -122,6 +212,9 @@ AttentionParams case_params(const ModCase& c, Variant variant) {
   AttentionParams p;
   p.variant = variant;
   c.mods(p.mods, c);
+#ifdef FLASHVK_TEST_FLEX
+  if (p.mods.user_functions()) flex::enable(context());
+#endif
   return p;
 }
 

@@ -480,12 +480,13 @@ bool ContextImpl::save_pipeline_cache() const try {
 
 void ContextImpl::init_shared_objects() {
   vkGetPhysicalDeviceMemoryProperties(physical, &memory);
-  std::array<VkDescriptorSetLayoutBinding, kLengthsBinding + 1> bindings{};
+  std::array<VkDescriptorSetLayoutBinding, kFlexTableBinding + 1> bindings{};
   for (uint32_t i = 0; i < bindings.size(); ++i) {
     bindings[i].binding = i;
-    bindings[i].descriptorType = i < kBindings         ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
-                                 : i < kLengthsBinding ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
-                                                       : VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
+    bindings[i].descriptorType = i < kBindings          ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                                 : i < kLengthsBinding  ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                                 : i == kLengthsBinding ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                                        : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     bindings[i].descriptorCount = 1;
     bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }
@@ -543,6 +544,11 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
 
 VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   std::lock_guard lock(pipeline_mutex);
+  return pipeline(blob, spec, lock);
+}
+
+VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
+                                 const std::lock_guard<std::mutex>&) {
   auto key = std::make_pair(std::string(blob.name), spec);
   if (auto it = pipelines.find(key); it != pipelines.end()) return it->second;
   VkShaderModule& module = modules[key.first];
@@ -574,6 +580,29 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   objects_created();
   pipelines[key] = pipe;
   return pipe;
+}
+
+VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers& mods,
+                                      const Spec& spec) {
+  // A module per build and functions: its name holds a hash of their text.
+  char hash[20];
+  std::snprintf(hash, sizeof hash, "%016zx",
+                std::hash<std::string>{}(mods.score_mod + '\0' + mods.mask_mod + '\0' +
+                                         mods.score_mod_name + '\0' + mods.mask_mod_name));
+  std::string name = build + "+user_" + hash;
+  std::shared_ptr<KernelCompiler> with;
+  {
+    std::lock_guard lock(pipeline_mutex);
+    if (modules.count(name)) return pipeline(ShaderBlob{name.c_str(), nullptr, 0}, spec, lock);
+    with = compiler;
+  }
+  if (!with)
+    throw Error(
+        "user-written attention (score_mod, mask_mod) is compiled at run time by "
+        "flashvk::flex: link flashvk::flex and call flashvk::flex::enable(ctx) first");
+  std::vector<uint32_t> words = with->compile(build, mods);
+  std::lock_guard lock(pipeline_mutex);
+  return pipeline(ShaderBlob{name.c_str(), words.data(), words.size() * 4}, spec, lock);
 }
 
 void ContextImpl::check_runs(const char* what) const {
@@ -780,6 +809,11 @@ bool Context::owns_device() const {
 std::vector<std::string> Context::take_validation_messages() {
   std::lock_guard lock(impl_->message_mutex);
   return std::exchange(impl_->messages, {});
+}
+
+void Context::set_kernel_compiler(std::shared_ptr<KernelCompiler> compiler) {
+  std::lock_guard lock(impl_->pipeline_mutex);
+  impl_->compiler = std::move(compiler);
 }
 
 }  // namespace flashvk

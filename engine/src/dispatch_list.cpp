@@ -8,7 +8,7 @@
 namespace flashvk::detail {
 
 DispatchList::DispatchList(ContextImpl& impl) : impl_(impl) {
-  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 8 * kBindings},
+  VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 8 * (kBindings + 1)},
                                   {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, 8 * kTexelBindings},
                                   {VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 8}};
   VkDescriptorPoolCreateInfo pool_info{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
@@ -46,7 +46,7 @@ DispatchList::~DispatchList() {
 }
 
 VkDescriptorSet DispatchList::make_set(const Bindings& buffers, VkBuffer lengths,
-                                       const TexelViews& texel_views) {
+                                       const TexelViews& texel_views, VkBuffer flex_table) {
   VkDescriptorSetAllocateInfo alloc{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
   alloc.descriptorPool = pool_;
   alloc.descriptorSetCount = 1;
@@ -75,6 +75,13 @@ VkDescriptorSet DispatchList::make_set(const Bindings& buffers, VkBuffer lengths
   length_write.descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
   length_write.pBufferInfo = &length_info;
   vkUpdateDescriptorSets(impl_.device, 1, &length_write, 0, nullptr);
+  VkDescriptorBufferInfo table_info{flex_table ? flex_table : impl_.dummy.handle(), 0,
+                                    VK_WHOLE_SIZE};
+  VkWriteDescriptorSet table_write = length_write;
+  table_write.dstBinding = kFlexTableBinding;
+  table_write.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+  table_write.pBufferInfo = &table_info;
+  vkUpdateDescriptorSets(impl_.device, 1, &table_write, 0, nullptr);
   if (!texel_views[0]) return set;
   std::array<VkWriteDescriptorSet, kTexelBindings> texel_writes{};
   for (uint32_t i = 0; i < kTexelBindings; ++i) {

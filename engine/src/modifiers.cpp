@@ -69,6 +69,13 @@ HostTensor causal_mask(const Dims& d, Keep keep) {
 
 using Members = std::vector<std::pair<std::string, std::string>>;
 
+// A user-written function's name in labels: its file's name without the folders, or its role.
+std::string user_name(const std::string& file, const char* role) {
+  if (file.empty()) return role;
+  size_t slash = file.find_last_of('/');
+  return slash == std::string::npos ? file : file.substr(slash + 1);
+}
+
 // The table. Each entry is one modifier as every front end meets it.
 std::vector<ModifierInfo> make_table() {
   using Kind = ModifierOption::Kind;
@@ -152,6 +159,55 @@ std::vector<ModifierInfo> make_table() {
                  e.softcap = 30.0f;
                  return std::vector<Modifiers>{e};
                }});
+  // User-written attention (flashvk::flex compiles it): after softcap, before ALiBi.
+  t.push_back(
+      {"score_mod",
+       {{"score-mod", "FILE", Kind::source,
+         "a GLSL file defining float score_mod(float score, int b, int h, int q_idx, int "
+         "kv_idx), which turns each scaled score (after softcap, before ALiBi and the mask) into "
+         "its own; it may read FLEX_NQ, FLEX_NK and flex_table[] (--mod-table)"}},
+       [](Modifiers& m, const std::string&, const OptionValue& v) {
+         m.score_mod = v.text;
+         m.score_mod_name = v.file;
+       },
+       [](const Modifiers& m) { return !m.score_mod.empty(); },
+       [](const Modifiers& m) { return "score_mod " + user_name(m.score_mod_name, "score_mod"); },
+       [](const Modifiers&, const std::string& s, const std::string& key) {
+         return "score_mod(" + s + ", b, h, i, " + key + ")";
+       },
+       [](const Modifiers& m, const TracedRow*, Members& out) {
+         out.emplace_back("score_mod", json_string(user_name(m.score_mod_name, "score_mod")));
+       },
+       nullptr});
+  t.push_back(
+      {"mask_mod",
+       {{"mask-mod", "FILE", Kind::source,
+         "a GLSL file defining bool mask_mod(int b, int h, int q_idx, int kv_idx): false hides "
+         "key kv_idx from query q_idx; it may read FLEX_NQ, FLEX_NK and flex_table[]"}},
+       [](Modifiers& m, const std::string&, const OptionValue& v) {
+         m.mask_mod = v.text;
+         m.mask_mod_name = v.file;
+       },
+       [](const Modifiers& m) { return !m.mask_mod.empty(); },
+       [](const Modifiers& m) { return "mask_mod " + user_name(m.mask_mod_name, "mask_mod"); },
+       [](const Modifiers&, const std::string& s, const std::string&) { return s; },
+       [](const Modifiers& m, const TracedRow*, Members& out) {
+         out.emplace_back("mask_mod", json_string(user_name(m.mask_mod_name, "mask_mod")));
+       },
+       nullptr});
+  t.push_back(
+      {"mod_table",
+       {{"mod-table", "FILE", Kind::values,
+         "the table --score-mod and --mask-mod read as flex_table[] (.npy of float32, read flat: "
+         "a bias per relative position, a document id per key, ...)"}},
+       [](Modifiers& m, const std::string&, const OptionValue& v) { m.flex_table = v.table; },
+       [](const Modifiers& m) { return !m.flex_table.data.empty(); },
+       [](const Modifiers& m) { return "table " + shape_string(m.flex_table.shape); },
+       [](const Modifiers&, const std::string& s, const std::string&) { return s; },
+       [](const Modifiers& m, const TracedRow*, Members& out) {
+         out.emplace_back("mod_table", json_string(shape_string(m.flex_table.shape)));
+       },
+       nullptr});
   t.push_back(
       {"alibi",
        {{"alibi-max-bias", "B", Kind::number,
@@ -324,6 +380,11 @@ void check_modifiers(const Modifiers& m, const Dims& d) {
   if (!m.key_mask.empty() && m.key_mask.size() != uint64_t(d.batch) * d.nk)
     throw Error("key_mask has " + std::to_string(m.key_mask.size()) +
                 " entries; expected batch * Nk = " + std::to_string(uint64_t(d.batch) * d.nk));
+  if (!m.flex_table.data.empty() && !m.user_functions())
+    throw Error("flex_table is given without a score_mod or mask_mod to read it");
+  if (int64_t(m.flex_table.data.size()) != numel(m.flex_table.shape) && !m.flex_table.shape.empty())
+    throw Error("flex_table has " + std::to_string(m.flex_table.data.size()) +
+                " values for shape " + shape_string(m.flex_table.shape));
   if (!m.has_mask()) return;
   std::vector<int64_t> shape = mask_shape4(m.mask);
   if (shape.empty() || shape[2] != d.nq || shape[3] != d.nk ||
@@ -493,6 +554,11 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
     plan.heads = plan.scratch(table.size() * 4);
     plan.heads.write(table.data(), table.size() * 4);
     plan.bindings[kHeads] = plan.heads.handle();
+  }
+  // The user functions' flex_table[], a buffer of its own (binding kFlexTableBinding).
+  if (!m.flex_table.data.empty()) {
+    plan.flex_table = plan.scratch(m.flex_table.data.size() * 4);
+    plan.flex_table.write(m.flex_table.data.data(), m.flex_table.data.size() * 4);
   }
   // The key mask [B, Nk] from word 0 of the small tables (modifiers.glsl key_visible).
   if (!m.key_mask.empty()) {

@@ -124,6 +124,10 @@ std::string PipelineExecutable::representation(const std::string& part) const {
 std::vector<PipelineDescription> describe_pipelines(Context& ctx, const PipelineCall& call) {
   detail::ContextImpl& impl = ctx.impl();
   const AttentionParams& params = call.params;
+  if (params.mods.user_functions())
+    throw Error(
+        "the pipeline report describes the engine's own kernels; user-written functions "
+        "(score_mod, mask_mod) are not reported yet");
   int64_t kv_heads = call.kv_heads ? call.kv_heads : call.heads, dv = call.dv ? call.dv : call.d;
   Dims dims =
       check_shapes({call.batch, call.heads, call.nq, call.d},

@@ -318,7 +318,7 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(con
 Plan::Plan(Context& context) : ctx(context), impl(context.impl()), dispatches_(impl) {}
 
 VkDescriptorSet Plan::make_set(const Bindings& buffers) {
-  return dispatches_.make_set(buffers, lengths.handle(), texel_views);
+  return dispatches_.make_set(buffers, lengths.handle(), texel_views, flex_table.handle());
 }
 
 void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
@@ -413,6 +413,8 @@ VkPipeline Plan::pipeline(const PipelineChoice& choice) const {
   const KernelKey& key = choice.key;
   if (key.trace && !options.trace_builds)
     throw Error("internal: a trace plan without the trace builds (flashvk_trace)");
+  if (params.mods.user_functions())
+    return impl.user_pipeline(kernel_name(key), params.mods, choice.spec);
   return impl.pipeline(
       find_build(key.trace ? *options.trace_builds : shader_blobs(), kernel_name(key)),
       choice.spec);

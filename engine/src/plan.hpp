@@ -186,6 +186,7 @@ class Plan {
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
   Buffer heads;  // [B * H] (ALiBi slope, sink logit), when a modifier needs them
+  Buffer flex_table;  // Modifiers::flex_table, when given (the user functions' flex_table[])
   std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "flashvk/error.hpp"
+
 namespace flashvk::reference {
 
 namespace {
@@ -278,6 +280,11 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
     size_t mheads = ms.size() == 4 ? size_t(ms[1]) : 1;
     mask_row = mods.mask.data.data() + ((mb * mheads + mh) * d.nq + row) * d.nk;
   }
+  if ((!mods.score_mod.empty() && !mods.score_twin) || (!mods.mask_mod.empty() && !mods.mask_twin))
+    throw Error(
+        "the float64 reference cannot run GLSL: give score_mod and mask_mod their C++ twins "
+        "(Modifiers::score_twin, mask_twin)");
+  const int b = static_cast<int>(batch), h = static_cast<int>(head), i = static_cast<int>(row);
   Vec s(d.nk);
   for (uint32_t j = 0; j < d.nk; ++j) {
     int64_t jj = j;
@@ -293,6 +300,8 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);
     double x = scale * acc;
     if (mods.softcap > 0) x = double(mods.softcap) * std::tanh(x / double(mods.softcap));
+    if (!mods.score_mod.empty()) x = mods.score_twin(x, b, h, i, static_cast<int>(j));
+    if (!mods.mask_mod.empty() && !mods.mask_twin(b, h, i, static_cast<int>(j))) visible = false;
     x -= slope * double(std::abs(diag - jj));
     if (mask_row) x += double(mask_row[j]);  // -inf hides the key
     s[j] = visible && x != -kInf ? x : -kInf;

@@ -152,6 +152,8 @@ constexpr uint32_t kBindings = 10;
 constexpr uint32_t kTexelBindings = 3;
 /// Then the uniform buffer of the number of keys attended (common.glsl `lengths`).
 constexpr uint32_t kLengthsBinding = kBindings + kTexelBindings;
+/// Then the user-written functions' `flex_table[]` (Modifiers::flex_table; flashvk::flex).
+constexpr uint32_t kFlexTableBinding = kLengthsBinding + 1;
 
 struct ContextImpl {
   bool owns = false;
@@ -185,6 +187,7 @@ struct ContextImpl {
   std::mutex pipeline_mutex;
   std::map<std::pair<std::string, Spec>, VkPipeline> pipelines;
   std::map<std::string, VkShaderModule> modules;
+  std::shared_ptr<KernelCompiler> compiler;  // user-written functions (flashvk::flex::enable)
   std::mutex message_mutex;
   std::vector<std::string> messages;
   /// RoPE's cos/sin tables by (base, positions, d, first position), shared by the plans that
@@ -206,6 +209,11 @@ struct ContextImpl {
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
   /// The pipeline of the embedded build `blob` with these constants, built once and cached.
   VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec);
+  VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec,
+                      const std::lock_guard<std::mutex>& held);  // pipeline_mutex held
+  /// The pipeline of build `build` with `mods`' user-written functions compiled in (compiler),
+  /// the module kept per build and functions.
+  VkPipeline user_pipeline(const std::string& build, const Modifiers& mods, const Spec& spec);
   /// Throws unless the context can run work (not ContextOptions::compile_only); `what` names it.
   void check_runs(const char* what) const;
   /// Records with `fill`, submits, and waits for the queue to finish it.

@@ -119,6 +119,19 @@ struct EngineStats {
 };
 EngineStats engine_stats();
 
+struct Modifiers;
+
+/// What compiles the kernels with user-written functions (Modifiers::score_mod and mask_mod).
+/// flashvk::flex::enable(ctx) installs glslang's; a context without one refuses such calls.
+class KernelCompiler {
+ public:
+  virtual ~KernelCompiler() = default;
+  /// SPIR-V of the kernel build `build` (a build name of shaders/builds.def) with `mods`'
+  /// functions in it; throws Error, in one line naming the file and line, where they do not
+  /// compile. Called once per build and set of functions (the context keeps the pipelines).
+  virtual std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) = 0;
+};
+
 class Context {
  public:
   /// Creates an instance and device of its own (headless, no surface).
@@ -139,6 +152,8 @@ class Context {
   ExternalDevice handles() const;
   /// Messages of warning or error severity from the validation layers since the last call.
   std::vector<std::string> take_validation_messages();
+  /// Installs what compiles user-written attention (flashvk::flex::enable does).
+  void set_kernel_compiler(std::shared_ptr<KernelCompiler> compiler);
 
   detail::ContextImpl& impl() const { return *impl_; }
 

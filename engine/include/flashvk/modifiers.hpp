@@ -5,6 +5,7 @@
 // (the CLI's options and help, bench's columns, traces, the viewer) read instead of naming
 // modifiers one by one. docs/algorithms.md, "Modifiers", gives the order they act in.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,9 +50,28 @@ struct Modifiers {
   std::string mask_name;
   /// [B, Nk]: 0 hides key j from every query of batch b (padding).
   std::vector<uint8_t> key_mask;
+  /// Attention its user writes (FlexAttention's score_mod and mask_mod): GLSL compiled into the
+  /// kernels at run time by flashvk::flex (flashvk/flex.hpp: link flashvk::flex, call
+  /// flex::enable(ctx) once). docs/engine.md shows how to write them.
+  /// - score_mod defines `float score_mod(float score, int b, int h, int q_idx, int kv_idx)`: the
+  ///   scaled score of query q_idx (0..Nq-1) of query head h and key kv_idx, after softcap and
+  ///   before ALiBi and the additive mask, becomes what it returns.
+  /// - mask_mod defines `bool mask_mod(int b, int h, int q_idx, int kv_idx)`: false hides the key.
+  /// Both may read the ints FLEX_NQ and FLEX_NK (Nq and the keys attended: query q_idx sits on
+  /// key q_idx + FLEX_NK - FLEX_NQ) and `flex_table[]`. "" = none.
+  std::string score_mod, mask_mod;
+  /// Where each came from, for errors and labels ("doc_mask.glsl"); "" names it by its role.
+  std::string score_mod_name, mask_mod_name;
+  /// The functions' `float flex_table[]`, read flat whatever its shape; empty: none.
+  HostTensor flex_table;
+  /// The functions' float64 twins, which the CPU reference (flashvk/reference.hpp) applies in
+  /// their place: it cannot run GLSL and refuses user functions without them.
+  std::function<double(double score, int b, int h, int q_idx, int kv_idx)> score_twin;
+  std::function<bool(int b, int h, int q_idx, int kv_idx)> mask_twin;
 
   bool alibi() const { return !alibi_slopes.empty() || alibi_max_bias > 0; }
   bool has_mask() const { return !mask.shape.empty() || !mask.data.empty(); }
+  bool user_functions() const { return !score_mod.empty() || !mask_mod.empty(); }
 };
 
 /// The sliding window with `causal` folded in: (left, right) keys around the diagonal, -1 for
@@ -100,8 +120,8 @@ std::vector<std::pair<std::string, std::string>> modifier_json(const Modifiers& 
 struct ModifierOption {
   /// flag: no value; number: a finite number; integers: a comma-separated list; values: an .npy
   /// file of float32 values; mask: an .npy file of float32 (additive) or bool (PyTorch's
-  /// attn_mask, true attends) values.
-  enum class Kind { flag, number, integers, values, mask };
+  /// attn_mask, true attends) values; source: a text file (GLSL).
+  enum class Kind { flag, number, integers, values, mask, source };
   const char* name;   ///< "softcap": the CLI's --softcap
   const char* value;  ///< what the help calls the value ("C", "L,R", "FILE"); "" for a flag
   Kind kind;
@@ -111,7 +131,8 @@ struct ModifierOption {
 struct OptionValue {
   double number = 0;
   std::vector<int64_t> integers;
-  HostTensor table;  ///< values and mask: the file's tensor (a bool mask as 0 and -inf)
+  HostTensor table;        ///< values and mask: the file's tensor (a bool mask as 0 and -inf)
+  std::string text, file;  ///< source: the file's text and its name
 };
 /// What front ends know of one modifier; modifier_table() lists them all.
 struct ModifierInfo {

@@ -1,0 +1,27 @@
+#pragma once
+// flashvk::flex: attention its user writes (FlexAttention's score_mod and mask_mod, in GLSL:
+// Modifiers::score_mod, mask_mod and flex_table), compiled into the engine's kernels at run time
+// with glslang. Link flashvk::flex (CMake option FLASHVK_FLEX, on where glslang-dev is found) and
+// call enable() once per context; docs/engine.md shows how to write the functions.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashvk/context.hpp"
+#include "flashvk/modifiers.hpp"
+
+namespace flashvk::flex {
+
+/// Installs glslang's compiler in `ctx` (Context::set_kernel_compiler): calls whose Modifiers
+/// hold score_mod or mask_mod then compile each kernel they run once per set of functions.
+void enable(Context& ctx);
+
+/// The SPIR-V of kernel build `build` (a build name of shaders/builds.def) with `mods`'
+/// functions in it. Throws Error in one line naming the file and the line where they do not
+/// compile ("doc_mask.glsl:3: 'doc' : undeclared identifier").
+std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods);
+
+/// Compiles `mods`' functions into one kernel, to refuse a bad file before anything runs.
+void check(const Modifiers& mods);
+
+}  // namespace flashvk::flex

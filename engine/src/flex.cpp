@@ -1,0 +1,158 @@
+// flashvk::flex (flashvk/flex.hpp): the engine's kernels compiled at run time with the user's
+// score_mod and mask_mod, by glslang, from the GLSL that cmake/Shaders.cmake embeds
+// (flex_tables.hpp). The functions enter through shaders/modifiers.glsl's FLEX hooks, which
+// include flex_functions.glsl: served here, it declares flex_table[] and includes the user's
+// files under their own names, so that glslang's errors name them.
+#include "flashvk/flex.hpp"
+
+#include <glslang/Public/ResourceLimits.h>
+#include <glslang/Public/ShaderLang.h>
+#include <glslang/SPIRV/GlslangToSpv.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "flashvk/error.hpp"
+#include "flex_tables.hpp"
+
+namespace flashvk::flex {
+
+namespace {
+
+constexpr const char* kScoreSignature =
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx)";
+constexpr const char* kMaskSignature = "bool mask_mod(int b, int h, int q_idx, int kv_idx)";
+
+// A user file's name as includes and errors give it: the file's name without its folders, or
+// the function's role.
+std::string file_name(const std::string& file, const char* role) {
+  if (file.empty()) return std::string(role) + ".glsl";
+  size_t slash = file.find_last_of('/');
+  return slash == std::string::npos ? file : file.substr(slash + 1);
+}
+
+class Includer : public glslang::TShader::Includer {
+ public:
+  explicit Includer(std::map<std::string, std::string> files) : files_(std::move(files)) {}
+  IncludeResult* includeLocal(const char* header, const char*, size_t) override {
+    return find(header);
+  }
+  IncludeResult* includeSystem(const char* header, const char*, size_t) override {
+    return find(header);
+  }
+  void releaseInclude(IncludeResult* result) override { delete result; }
+
+ private:
+  IncludeResult* find(const char* header) {
+    if (auto it = files_.find(header); it != files_.end())
+      return new IncludeResult(header, it->second.data(), it->second.size(), nullptr);
+    for (const detail::FlexSource& s : detail::flex_sources())
+      if (std::strcmp(header, s.name) == 0)
+        return new IncludeResult(header, s.text, std::strlen(s.text), nullptr);
+    return nullptr;  // glslang reports the include it cannot open
+  }
+  std::map<std::string, std::string> files_;
+};
+
+// glslang's first error, in one line: "doc.glsl:3: 'doc' : undeclared identifier". An error in
+// the engine's own files means a function is missing or has another signature: said as such.
+std::string first_error(const std::string& log, const Modifiers& mods, const std::string& score,
+                        const std::string& mask) {
+  std::istringstream lines(log);
+  std::string line, error;
+  while (std::getline(lines, line))
+    if (line.rfind("ERROR: ", 0) == 0) {
+      error = line.substr(7);
+      break;
+    }
+  while (!error.empty() && (error.back() == ' ' || error.back() == '\r')) error.pop_back();
+  if (error.empty()) error = "glslang failed without a message";
+  bool in_user = (!mods.score_mod.empty() && error.rfind(score + ":", 0) == 0) ||
+                 (!mods.mask_mod.empty() && error.rfind(mask + ":", 0) == 0);
+  if (in_user) return error;
+  std::string want;
+  if (!mods.score_mod.empty() && error.find("mask_mod") == std::string::npos)
+    want = score + " must define " + kScoreSignature;
+  if (!mods.mask_mod.empty() && error.find("score_mod") == std::string::npos)
+    want += (want.empty() ? "" : "; ") + mask + " must define " + kMaskSignature;
+  return want + " (glslang: " + error + ")";
+}
+
+std::once_flag glslang_ready;
+
+class GlslangCompiler : public KernelCompiler {
+ public:
+  std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) override {
+    return flex::compile(build, mods);
+  }
+};
+
+}  // namespace
+
+std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) {
+  if (!mods.user_functions()) throw Error("flex::compile: neither score_mod nor mask_mod is given");
+  const detail::FlexBuild* found = nullptr;
+  for (const detail::FlexBuild& b : detail::flex_builds())
+    if (build == b.name) found = &b;
+  if (!found) throw Error("internal: flashvk::flex has no kernel build '" + build + "'");
+  const char* source = nullptr;
+  for (const detail::FlexSource& s : detail::flex_sources())
+    if (std::strcmp(s.name, found->source) == 0) source = s.text;
+  if (!source) throw Error(std::string("internal: flashvk::flex lacks ") + found->source);
+  std::call_once(glslang_ready, [] { glslang::InitializeProcess(); });
+
+  std::string preamble;
+  std::istringstream defines(found->defines);
+  for (std::string d; defines >> d;) preamble += "#define " + d + "\n";
+  preamble += "#define FLEX\n";
+  if (!mods.score_mod.empty()) preamble += "#define FLEX_SCORE_MOD\n";
+  if (!mods.mask_mod.empty()) preamble += "#define FLEX_MASK_MOD\n";
+  std::string score = file_name(mods.score_mod_name, "score_mod");
+  std::string mask = file_name(mods.mask_mod_name, "mask_mod");
+  std::map<std::string, std::string> files;
+  std::string functions =
+      "layout(std430, binding = 14) readonly buffer FlexTable { float flex_table[]; };\n";
+  if (!mods.score_mod.empty()) {
+    files[score] = mods.score_mod;
+    functions += "#include \"" + score + "\"\n";
+  }
+  if (!mods.mask_mod.empty() && !(files.count(mask) && files[mask] == mods.mask_mod)) {
+    if (files.count(mask)) mask = "mask_" + mask;  // two files of one name
+    files[mask] = mods.mask_mod;
+    functions += "#include \"" + mask + "\"\n";
+  }
+  files["flex_functions.glsl"] = functions;
+  Includer includer(std::move(files));
+
+  glslang::TShader shader(EShLangCompute);
+  const char* texts[] = {source};
+  const char* names[] = {found->source};
+  shader.setStringsWithLengthsAndNames(texts, nullptr, names, 1);
+  shader.setPreamble(preamble.c_str());
+  shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
+  shader.setEnvClient(glslang::EShClientVulkan, glslang::EShTargetVulkan_1_1);
+  shader.setEnvTarget(glslang::EShTargetSpv, glslang::EShTargetSpv_1_3);
+  auto messages = static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules);
+  if (!shader.parse(GetDefaultResources(), 460, false, messages, includer))
+    throw Error(first_error(shader.getInfoLog(), mods, score, mask));
+  glslang::TProgram program;
+  program.addShader(&shader);
+  if (!program.link(messages)) throw Error(first_error(program.getInfoLog(), mods, score, mask));
+  std::vector<uint32_t> spirv;
+  glslang::SpvOptions options;
+  glslang::GlslangToSpv(*program.getIntermediate(EShLangCompute), spirv, &options);
+  return spirv;
+}
+
+void enable(Context& ctx) {
+  ctx.set_kernel_compiler(std::make_shared<GlslangCompiler>());
+}
+
+void check(const Modifiers& mods) {
+  compile("flash2_f32", mods);
+}
+
+}  // namespace flashvk::flex

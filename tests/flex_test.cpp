@@ -1,0 +1,109 @@
+// User-written attention (flashvk::flex): functions that equal built-in modifiers run as the
+// built-ins do, and every bad input is refused in one line before anything runs. The functions'
+// float64 comparisons in every variant and layout are modifiers_test.cpp's flex_ cases.
+#include <cmath>
+
+#include "flashvk/flex.hpp"
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+// ggml's ALiBi as a score_mod, its slopes in the table: the built-in's twin.
+constexpr const char* kAlibi =
+    R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - flex_table[h] * float(abs(q_idx + FLEX_NK - FLEX_NQ - kv_idx));
+})";
+// Llama 4's chunks with causal attention as a mask_mod.
+constexpr const char* kChunks = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;
+  return kv_idx <= q_pos && q_pos >= 0 && q_pos / 24 == kv_idx / 24;
+})";
+
+class FlexTest : public VulkanTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(FlexTest, FunctionsEqualToBuiltInsRunAsTheBuiltInsDo) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  const uint32_t b = 2, h = 4, hkv = 2, nq = 45, nk = 131, d = 16;
+  HostTensor q = random_tensor({b, h, nq, d}, 71, 1.5f),
+             k = random_tensor({b, hkv, nk, d}, 72, 1.5f), v = random_tensor({b, hkv, nk, d}, 73);
+  AttentionParams builtin;
+  builtin.variant = GetParam();
+  builtin.mods.alibi_max_bias = 8.0f;
+  builtin.mods.causal = true;
+  builtin.mods.chunk_size = 24;
+  AttentionParams user;
+  user.variant = GetParam();
+  user.mods.score_mod = kAlibi;
+  user.mods.mask_mod = kChunks;
+  std::vector<float> slopes = alibi_slopes(h, 8.0f);
+  user.mods.flex_table = HostTensor({h});
+  user.mods.flex_table.data = slopes;
+  HostAttentionResult a = attention(ctx, q, k, v, builtin), c = attention(ctx, q, k, v, user);
+  ASSERT_EQ(a.out.data.size(), c.out.data.size());
+  double worst = 0, scale = 0;
+  for (size_t x = 0; x < a.out.data.size(); ++x) {
+    worst = std::max(worst, double(std::abs(a.out.data[x] - c.out.data[x])));
+    scale = std::max(scale, double(std::abs(a.out.data[x])));
+  }
+  EXPECT_LE(worst, 1e-5 * std::max(1.0, scale));
+  // And both against float64, the user's functions through their twins.
+  reference::Result ref = reference::direct(q, k, v, builtin);
+  EXPECT_LE(max_error(c.out.data, ref.out), tolerance(q, k, v, builtin));
+  EXPECT_LE(max_lse_error(c.lse.data, ref.lse), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, FlexTest, ::testing::ValuesIn(all_variants()),
+                         variant_param_name);
+
+TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  HostTensor q = random_tensor({1, 2, 8, 16}, 1), k = random_tensor({1, 2, 20, 16}, 2);
+  auto run = [&](Modifiers mods) {
+    AttentionParams p;
+    p.mods = std::move(mods);
+    attention(ctx, q, k, k, p);
+  };
+  Modifiers syntax;
+  syntax.score_mod =
+      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+      "  return score + undefined_bias;\n}\n";
+  syntax.score_mod_name = "/some/folder/bias.glsl";
+  expect_refused([&] { run(syntax); }, "bias.glsl:2:");
+  expect_refused([&] { run(syntax); }, "undefined_bias");
+  Modifiers missing;
+  missing.mask_mod = "bool keep(int b, int h, int q_idx, int kv_idx) { return true; }\n";
+  missing.mask_mod_name = "keep.glsl";
+  expect_refused([&] { run(missing); },
+                 "keep.glsl must define bool mask_mod(int b, int h, int q_idx, int kv_idx)");
+  Modifiers signature;
+  signature.score_mod = "float score_mod(float score, int q_idx, int kv_idx) { return score; }\n";
+  expect_refused([&] { run(signature); },
+                 "score_mod.glsl must define float score_mod(float score, int b, int h, int "
+                 "q_idx, int kv_idx)");
+  Modifiers table_alone;
+  table_alone.flex_table = HostTensor({4});
+  expect_refused([&] { run(table_alone); }, "flex_table is given without a score_mod");
+  // The reference cannot run GLSL: it asks for the twins.
+  Modifiers no_twin;
+  no_twin.mask_mod = kChunks;
+  AttentionParams p;
+  p.mods = no_twin;
+  expect_refused([&] { reference::direct(q, k, k, p); }, "C++ twins");
+  // flex::check compiles one kernel: the same error without a context.
+  expect_refused([&] { flex::check(syntax); }, "bias.glsl:2:");
+  EXPECT_NO_THROW(flex::check(no_twin));
+}
+
+TEST(FlexWithoutCompiler, IsRefusedNamingFlashvkFlex) {
+  Context ctx = Context::create();
+  AttentionParams p;
+  p.mods.mask_mod = kChunks;
+  HostTensor q = random_tensor({1, 1, 4, 16}, 1);
+  expect_refused([&] { attention(ctx, q, q, q, p); }, "flashvk::flex::enable(ctx)");
+}
+
+}  // namespace
+}  // namespace flashvk::test
