@@ -5,8 +5,22 @@
 #include <iostream>
 
 #include "bench_cases.hpp"
+#ifdef FLASHVK_CLI_FLEX
+#include "flashvk/flex.hpp"
+#endif
 
 namespace flashvk::cli {
+
+Context open_device(const Args& args) {
+  ContextOptions options;
+  options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
+  options.pipeline_cache_path = default_pipeline_cache();
+  Context ctx = Context::create(options);
+#ifdef FLASHVK_CLI_FLEX
+  flex::enable(ctx);
+#endif
+  return ctx;
+}
 
 namespace {
 
@@ -168,10 +182,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
-  ContextOptions options;
-  options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
-  options.pipeline_cache_path = default_pipeline_cache();
-  Context ctx = Context::create(options);
+  Context ctx = open_device(args);
   if (o.gpu_warm < 0) o.gpu_warm = ctx.device().type == "cpu" ? 0.0 : 1.0;
   if (o.layout == TileLayout::cooperative_matrix && !ctx.device().cooperative_matrix)
     throw Error(

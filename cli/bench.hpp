@@ -11,6 +11,10 @@ namespace flashvk::cli {
 int cmd_bench(const std::vector<std::string>& argv);
 
 class Args;
+/// The context every subcommand runs on: --device (default: Context::create's choice) and the
+/// pipeline cache; with flashvk::flex built, user-written functions (--score-mod, --mask-mod)
+/// enabled.
+Context open_device(const Args& args);
 /// `flashvk bench --decode-loop` (decode_loop.cpp): one token a step over a growing KV cache,
 /// recorded once; host and GPU time per step and the objects created after the first. Exits 1
 /// if a step after the first created a Vulkan object or changed the device memory.

@@ -144,10 +144,7 @@ int run_decode_loop(const Args& args) {
   if (params.mods.has_mask())
     throw UsageError{"--decode-loop attends over a length that grows each step; drop --mask"};
 
-  ContextOptions options;
-  options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
-  options.pipeline_cache_path = default_pipeline_cache();
-  Context ctx = Context::create(options);
+  Context ctx = open_device(args);
   DType dtype = storage.q;  // of Q and the appended rows
   KvCache cache(ctx,
                 {1, uint32_t(kv_heads), uint32_t(tokens), uint32_t(d), uint32_t(dv), storage.k});

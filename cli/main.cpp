@@ -111,13 +111,6 @@ Variant variant_option(const Args& args, const std::string& fallback) {
   }
 }
 
-Context open_device(const Args& args) {
-  ContextOptions options;
-  options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
-  options.pipeline_cache_path = default_pipeline_cache();
-  return Context::create(options);
-}
-
 struct Inputs {
   HostTensor q, k, v;
   Dims dims;

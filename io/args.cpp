@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
@@ -245,6 +246,16 @@ void modifier_options(const Args& args, Modifiers& mods) {
         case Kind::mask:
           value.table = npy::read(text, name, o.kind == Kind::mask);
           break;
+        case Kind::source: {
+          std::ifstream in(text, std::ios::binary);
+          std::ostringstream all;
+          all << in.rdbuf();
+          if (!in || all.str().empty())
+            throw UsageError{"--" + name + ": cannot read '" + text + "' (a GLSL file)"};
+          value.text = all.str();
+          value.file = text;
+          break;
+        }
       }
       try {
         info.set(mods, name, value);
