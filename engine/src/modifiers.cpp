@@ -176,7 +176,9 @@ std::vector<ModifierInfo> make_table() {
          return "score_mod(" + s + ", b, h, i, " + key + ")";
        },
        [](const Modifiers& m, const TracedRow*, Members& out) {
-         out.emplace_back("score_mod", json_string(user_name(m.score_mod_name, "score_mod")));
+         out.emplace_back("score_mod", m.score_mod.empty()
+                                           ? "null"
+                                           : json_string(user_name(m.score_mod_name, "score_mod")));
        },
        nullptr});
   t.push_back(
@@ -192,7 +194,9 @@ std::vector<ModifierInfo> make_table() {
        [](const Modifiers& m) { return "mask_mod " + user_name(m.mask_mod_name, "mask_mod"); },
        [](const Modifiers&, const std::string& s, const std::string&) { return s; },
        [](const Modifiers& m, const TracedRow*, Members& out) {
-         out.emplace_back("mask_mod", json_string(user_name(m.mask_mod_name, "mask_mod")));
+         out.emplace_back("mask_mod", m.mask_mod.empty()
+                                          ? "null"
+                                          : json_string(user_name(m.mask_mod_name, "mask_mod")));
        },
        nullptr});
   t.push_back(
@@ -205,7 +209,9 @@ std::vector<ModifierInfo> make_table() {
        [](const Modifiers& m) { return "table " + shape_string(m.flex_table.shape); },
        [](const Modifiers&, const std::string& s, const std::string&) { return s; },
        [](const Modifiers& m, const TracedRow*, Members& out) {
-         out.emplace_back("mod_table", json_string(shape_string(m.flex_table.shape)));
+         out.emplace_back("mod_table", m.flex_table.data.empty()
+                                           ? "null"
+                                           : json_string(shape_string(m.flex_table.shape)));
        },
        nullptr});
   t.push_back(
