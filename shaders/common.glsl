@@ -71,6 +71,8 @@ layout(std430, binding = 6) SCRATCH_COHERENCE buffer Scratch1 { float scratch1[]
 layout(std430, binding = 7) SCRATCH_COHERENCE buffer Scratch2 { float scratch2[]; };
 #ifdef CHUNK_MERGE
 layout(std430, binding = 8) coherent buffer ChunkCounters { uint chunks_done[]; };
+#elif defined(FLEX_TILES)
+layout(std430, binding = 8) writeonly buffer TileBits { uint tile_bits[]; };  // mask_buf's words
 #else
 layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
 #endif
@@ -330,7 +332,7 @@ bool is_traced(Row r) { return false; }
 // Trace records, one per tile (or per key when BC = 1): s, m, l, w, lse, spare, then o[DV].
 const uint TRACE_FIELDS = 6u;
 
-#ifndef CHUNK_MERGE
+#if !defined(CHUNK_MERGE) && !defined(FLEX_TILES)
 void trace_put(uint record, uint field, float v) {
   trace_buf[record * (TRACE_FIELDS + DV) + field] = v;
 }

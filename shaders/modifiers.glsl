@@ -6,6 +6,7 @@ const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
 const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
+const uint MOD_TILES = 16u;   // a tile bitmap (pc.mask_tiles): an additive mask's, or mask_mod's
 
 // The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
 // that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
@@ -118,9 +119,10 @@ float row_score(uint rr, uint j, bool seen, float scaled_dot) {
   return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
 }
 
-// The additive mask's tile bitmap (MOD_MASK; the fused kernels): a bit per workgroup and tile of
-// BC keys, set where a row of the workgroup has a finite entry in the tile (plan.cpp
-// encode_modifiers). This is the word holding tile t's bit (bit t % 32).
+// The tile bitmap (MOD_TILES; the fused kernels): a bit per workgroup and tile of BC keys, set
+// where a row of the workgroup sees a key of the tile: from an additive mask's finite entries
+// (modifiers.cpp set_mask_tiles), or with mask_mod from flex_tiles.comp, run before. This is the
+// word holding tile t's bit (bit t % 32).
 uint mask_tile_word(uint t) {
   uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
@@ -132,7 +134,7 @@ uint mask_tile_word(uint t) {
 // would not (llvmpipe runs both sides of a branch on a loaded value), and the row ranges only cut
 // a row's ends. Every invocation reads the same words, so a workgroup steps together.
 uint next_seen_tile(uint j0, uint end) {
-  if ((MODS & MOD_MASK) == 0u) return j0;
+  if ((MODS & MOD_TILES) == 0u) return j0;
   for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
     uint bits = mask_tile_word(t) >> (t % 32u);
     if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
@@ -144,6 +146,6 @@ uint next_seen_tile(uint j0, uint end) {
 // invocations walk different tiles (lanes: each cluster its own), which branch around a hidden
 // tile: never read, which saves a GPU its memory traffic (on llvmpipe the branch saves little).
 bool tile_seen(uint j0) {
-  if ((MODS & MOD_MASK) == 0u) return true;
+  if ((MODS & MOD_TILES) == 0u) return true;
   return ((mask_tile_word(j0 / BC) >> (j0 / BC % 32u)) & 1u) != 0u;
 }

@@ -39,6 +39,9 @@ SPEC_CONSTANT(12, uint, V_AT, v_at, 0)
 // Lanes: the device's subgroup size, so that the clusters of a subgroup merge by shuffles and only
 // the subgroups of a workgroup through shared memory, which is sized by it.
 SPEC_CONSTANT(13, uint, SUBGROUP, subgroup, 32)
+// flex_tiles.comp: the query rows of a workgroup of the attention kernel whose tile bitmap it
+// writes (Spec::block()).
+SPEC_CONSTANT(14, uint, TILE_ROWS, tile_rows, 1)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

@@ -221,23 +221,8 @@ AttentionParams case_params(const ModCase& c, Variant variant) {
 using Param = std::tuple<Variant, ModCase>;
 class ModifierTest : public VulkanTest, public ::testing::WithParamInterface<Param> {};
 
-// Every layout this device can run for the variant: the default, shared tiles, register tiles
-// where they run, register blocks, lanes for splitkv, and cooperative matrices (fp16 only, skipped
-// for fp32).
 std::vector<TileLayout> layouts_for(Variant v, const ModCase& c) {
-  const DeviceInfo& info = context().device();
-  std::vector<TileLayout> l = {TileLayout::automatic};
-  if (!variant_info(v).fused) return l;
-  l.push_back(TileLayout::shared);
-  if (info.subgroup_shuffle && info.texel_buffers && c.d % 4 == 0 && c.dv % 4 == 0)
-    l.push_back(TileLayout::registers);
-  if (c.d % 4 == 0 && c.dv % 4 == 0) l.push_back(TileLayout::blocks);
-  if (variant_info(v).splits_keys && info.subgroup_shuffle && c.d % 8 == 0 && c.dv % 8 == 0)
-    l.push_back(TileLayout::lanes);
-  if (variant_info(v).matrix && info.cooperative_matrix && c.d % 16 == 0 && c.dv % 16 == 0 &&
-      c.d <= 128 && c.dv <= 128)
-    l.push_back(TileLayout::cooperative_matrix);
-  return l;
+  return device_layouts(v, c.d, c.dv);
 }
 
 TEST_P(ModifierTest, MatchesFloat64ReferenceInEachLayoutTheDeviceRuns) {

@@ -135,4 +135,20 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
   return out;
 }
 
+std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
+  const DeviceInfo& info = context().device();
+  std::vector<TileLayout> l = {TileLayout::automatic};
+  if (!variant_info(v).fused) return l;
+  l.push_back(TileLayout::shared);
+  if (info.subgroup_shuffle && info.texel_buffers && d % 4 == 0 && dv % 4 == 0)
+    l.push_back(TileLayout::registers);
+  if (d % 4 == 0 && dv % 4 == 0) l.push_back(TileLayout::blocks);
+  if (variant_info(v).splits_keys && info.subgroup_shuffle && d % 8 == 0 && dv % 8 == 0)
+    l.push_back(TileLayout::lanes);
+  if (variant_info(v).matrix && info.cooperative_matrix && d % 16 == 0 && dv % 16 == 0 &&
+      d <= 128 && dv <= 128)
+    l.push_back(TileLayout::cooperative_matrix);
+  return l;
+}
+
 }  // namespace flashvk::test

@@ -85,6 +85,11 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
 }
 
+/// Every layout this device can run for the variant at head dims d and dv: the default, shared
+/// tiles, register tiles where they run, register blocks, lanes for splitkv, and cooperative
+/// matrices (fp16 only: callers skip them for fp32).
+std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv);
+
 /// `call` throws an Error whose message contains `words`.
 inline void expect_refused(const std::function<void()>& call, const char* words) {
   try {

@@ -529,7 +529,8 @@ void spec_modifiers(const Modifiers& m, Spec& spec) {
   if (m.softcap > 0) spec.mods |= kModSoftcap;
   if (m.alibi()) spec.mods |= kModAlibi;
   if (!m.sinks.empty()) spec.mods |= kModSinks;
-  if (m.has_mask()) spec.mods |= kModMask;
+  if (m.has_mask()) spec.mods |= kModMask | kModTiles;
+  if (!m.mask_mod.empty()) spec.mods |= kModTiles;  // flex_tiles.comp's bitmap (plan_flex_tiles)
   if (!m.key_mask.empty()) spec.key_mask = true;
 }
 
@@ -579,6 +580,36 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
                           plan.spec};
     encode_mask(encoding, words);
   }
+  // mask_mod's tile bitmap: room for it where an additive mask has not made one (the same
+  // layout: set_mask_tiles), filled on the device by flex_tiles.comp before each run.
+  if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {
+    if (!m.has_mask()) {
+      uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
+      uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq, block = plan.spec.block();
+      plan.push.mask_tiles = static_cast<uint32_t>(words.size());
+      words.resize(words.size() +
+                   uint64_t(d.batch) * d.kv_heads * ((packed + block - 1) / block) * per_row);
+    }
+    plan.flex_tiles = true;
+  }
+}
+
+void plan_flex_tiles(Plan& plan) {
+  const Dims& d = plan.dims;
+  Spec spec = plan.spec;  // the attention kernel's tiles, rows and modifiers
+  spec.layout = TileLayout::shared;
+  spec.workgroup = 32;
+  spec.rows = 1;
+  spec.lanes = 1;
+  spec.tile_rows = plan.spec.block();
+  Bindings b = plan.bindings;
+  b[kTrace] = plan.mask.handle();  // flex_tiles.comp writes the bitmap there
+  uint32_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
+  uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
+  auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);
+  plan.add(plan.impl.user_pipeline("flex_tiles", plan.params.mods, spec), plan.make_set(b),
+           {words, blocks, d.batch * d.kv_heads});
+  plan.add_barrier();
 }
 
 }  // namespace detail

@@ -183,6 +183,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                     .forced_keys = options.keys,
                     .trace = options.trace},
                    options.pages ? options.pages->page_size : 0);
+  // mask_mod's tile bitmap is sized for Nk: a recording whose keys grow runs without it.
+  if (!params.mods.has_mask() && (most_keys != dims.nk || !variant_info(params.variant).fused))
+    spec.mods &= ~kModTiles;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -271,6 +274,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     check_binding(v, "V");
   }
 
+  if (flex_tiles) plan_flex_tiles(*this);
   const VariantInfo& info = variant_info(params.variant);
   if (!info.fused)
     plan_naive(*this);

@@ -40,7 +40,7 @@ static_assert(sizeof(Push) % 4 == 0 && sizeof(Push) <= 128 &&
               "push constants: 32-bit members within Vulkan's guaranteed 128 bytes");
 constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 /// Spec::mods bits, MOD_* in shaders/common.glsl.
-constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8;
+constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8, kModTiles = 16;
 
 /// Binding slots of shaders/common.glsl.
 enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
@@ -84,6 +84,9 @@ class Plan;
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
 /// The modifiers' part of the kernels' specialization constants (Spec::mods, Spec::key_mask).
 void spec_modifiers(const Modifiers& m, Spec& spec);
+/// With mask_mod (and flashvk::flex), a dispatch of flex_tiles.comp that writes the tile bitmap
+/// the fused kernels then skip by, and a barrier.
+void plan_flex_tiles(Plan& plan);
 /// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
 /// cache (0: dense) and the modifiers' part. The plans and describe_pipelines() both take it.
 Spec call_spec(const TilingRequest& request, uint32_t page_size);
@@ -143,6 +146,7 @@ class Plan {
 
  private:
   friend void encode_modifiers(Plan&, std::vector<uint32_t>&);
+  friend void plan_flex_tiles(Plan&);
   friend void plan_fused(Plan&);
   friend void plan_naive(Plan&);
   friend void plan_splitkv(Plan&);
@@ -185,8 +189,9 @@ class Plan {
   Tensor out_, lse_;    // the plan's own, or views of the caller's (PlanOptions::outputs)
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
   Buffer mask, scratch1, scratch2, trace;
-  Buffer heads;  // [B * H] (ALiBi slope, sink logit), when a modifier needs them
-  Buffer flex_table;  // Modifiers::flex_table, when given (the user functions' flex_table[])
+  Buffer heads;             // [B * H] (ALiBi slope, sink logit), when a modifier needs them
+  Buffer flex_table;        // Modifiers::flex_table, when given (the user functions' flex_table[])
+  bool flex_tiles = false;  // mask_mod's tile bitmap is computed by flex_tiles.comp first
   std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).

@@ -1,0 +1,36 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// The tile bitmap of user-written attention (flashvk::flex), run before the fused kernels: a bit
+// per workgroup of theirs (TILE_ROWS query rows) and tile of BC keys, set where a row of the
+// workgroup sees a key of the tile through every limit of modifiers.glsl, mask_mod's included
+// (a score modify_score makes -inf is hidden). The kernels then step over the other tiles
+// (next_seen_tile, tile_seen) as over an additive mask's: never read. It writes the words at
+// pc.mask_tiles of the buffer they read as mask_buf (bound here at binding 8). Each invocation
+// tests one tile and stops at its first visible pair; a workgroup of 32 writes one word.
+#define FLEX_TILES
+#include "common.glsl"
+
+shared uint bits_sh;
+
+void main() {
+  uint t = gl_LocalInvocationID.x, word = gl_WorkGroupID.x, block = gl_WorkGroupID.y;
+  uint bkv = gl_WorkGroupID.z, group = pc.heads / pc.kv_heads;
+  uint b = bkv / pc.kv_heads, hkv = bkv % pc.kv_heads;
+  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  if (t == 0u) bits_sh = 0u;
+  barrier();
+  uint tile = word * 32u + t;
+  bool seen = false;
+  if (tile < tiles) {
+    uint first = block * TILE_ROWS, last = min(first + TILE_ROWS, group * pc.nq);
+    for (uint r = first; r < last && !seen; ++r) {
+      rows[0] = make_row(b, hkv * group + r / pc.nq, r % pc.nq, true);
+      uint lo = max(tile * BC, rows[0].key_begin), hi = min(tile * BC + BC, rows[0].key_end);
+      for (uint j = lo; j < hi && !seen; ++j)
+        seen = key_visible(0u, j) && modify_score(0u, j, 0.0) != NEG_INF;
+    }
+  }
+  if (seen) atomicOr(bits_sh, 1u << t);
+  barrier();
+  if (t == 0u) tile_bits[pc.mask_tiles + (bkv * gl_NumWorkGroups.y + block) * words + word] = bits_sh;
+}
