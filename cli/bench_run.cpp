@@ -245,7 +245,12 @@ void warm_up(Context& ctx, const Case& c, const AttentionParams& params) {
                   rows.data.begin() + s * int64_t(small.nq) * c.dims.nk);
     p.mods.mask = std::move(rows);
   }
+  auto start = std::chrono::steady_clock::now();
   attention(ctx, in.q, in.k, in.v, p, c.storage);
+  if (p.mods.user_functions())  // glslang's compile, outside the timed runs
+    std::fprintf(stderr, "flashvk: %s with %s built and warmed up in %.2f s (not timed)\n",
+                 variant_name(p.variant), modifier_text(p.mods).c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const Options& o) {

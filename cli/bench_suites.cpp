@@ -25,6 +25,14 @@ double visible_pairs(const Case& c) {
   for (uint64_t x = 0; x < matrices; ++x)
     for (uint32_t i = 0; i < c.dims.nq; ++i) {
       KeyRange keys = window_keys(p, c.dims.nq, c.dims.nk, i);
+      if (p.mask_twin) {  // a user's mask_mod, counted through its C++ twin
+        for (uint32_t b = 0; b < c.dims.batch; ++b)
+          for (uint32_t h = 0; h < c.dims.heads; ++h)
+            for (int64_t j = keys.begin; j < keys.end; ++j)
+              if (p.mask_twin(int(b), int(h), int(i), int(j)))
+                pairs += 1.0 / (c.dims.batch * c.dims.heads);
+        continue;
+      }
       if (mask.data.empty()) {
         pairs += double(keys.end - keys.begin);
         continue;
@@ -217,6 +225,9 @@ std::vector<Case> modifier_suite(const Args& args) {
   for (const ModifierInfo& info : modifier_table())
     if (info.examples)
       for (const Modifiers& mods : info.examples(base.mods, base.dims)) {
+#ifndef FLASHVK_CLI_FLEX
+        if (mods.user_functions()) continue;  // no flashvk::flex in this build
+#endif
         cases.push_back(base);
         cases.back().mods = mods;
         cases.back().with_previous = true;

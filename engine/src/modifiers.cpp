@@ -180,7 +180,22 @@ std::vector<ModifierInfo> make_table() {
                                            ? "null"
                                            : json_string(user_name(m.score_mod_name, "score_mod")));
        },
-       nullptr});
+       // ALiBi written as a score_mod, its slopes in the table: what the built-in costs beside it.
+       [](const Modifiers& base, const Dims& d) {
+         Modifiers e = base;
+         e.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - flex_table[h] * float(abs(q_idx + FLEX_NK - FLEX_NQ - kv_idx));
+})";
+         e.score_mod_name = "alibi.glsl";
+         std::vector<float> slopes = alibi_slopes(d.heads, 8.0f);
+         e.flex_table = HostTensor({static_cast<int64_t>(d.heads)});
+         e.flex_table.data = slopes;
+         int64_t nq = d.nq, nk = d.nk;
+         e.score_twin = [=](double s, int, int h, int i, int j) {
+           return s - double(slopes[size_t(h)]) * double(std::abs(i + nk - nq - j));
+         };
+         return std::vector<Modifiers>{e};
+       }});
   t.push_back(
       {"mask_mod",
        {{"mask-mod", "FILE", Kind::source,
@@ -198,7 +213,25 @@ std::vector<ModifierInfo> make_table() {
                                           ? "null"
                                           : json_string(user_name(m.mask_mod_name, "mask_mod")));
        },
-       nullptr});
+       // Documents of Nk / 8 keys packed in one sequence, causal within each, their ids in the
+       // table (FlexAttention's document masking).
+       [](const Modifiers& base, const Dims& d) {
+         Modifiers e = base;
+         e.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;
+  return q_pos >= 0 && flex_table[kv_idx] == flex_table[q_pos];
+})";
+         e.mask_mod_name = "documents.glsl";
+         uint32_t length = std::max(1u, d.nk / 8);
+         e.flex_table = HostTensor({static_cast<int64_t>(d.nk)});
+         for (uint32_t j = 0; j < d.nk; ++j) e.flex_table.data[j] = float(j / length);
+         int64_t nq = d.nq, nk = d.nk;
+         e.mask_twin = [=](int, int, int i, int j) {
+           int64_t q = i + nk - nq;
+           return q >= 0 && j / length == q / length;
+         };
+         return std::vector<Modifiers>{e};
+       }});
   t.push_back(
       {"mod_table",
        {{"mod-table", "FILE", Kind::values,
@@ -607,9 +640,14 @@ void plan_flex_tiles(Plan& plan) {
   uint32_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
   uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
   auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);
-  plan.add(plan.impl.user_pipeline("flex_tiles", plan.params.mods, spec), plan.make_set(b),
-           {words, blocks, d.batch * d.kv_heads});
-  plan.add_barrier();
+  VkPipeline pass = plan.impl.user_pipeline("flex_tiles", plan.params.mods, spec);
+  // Once, now: the bitmap holds while the functions, the table and Nk do, which a plan fixes
+  // (one whose keys grow runs without it), so every run of a recording reuses it.
+  DispatchList once(plan.impl);
+  VkDescriptorSet set =
+      once.make_set(b, plan.lengths.handle(), plan.texel_views, plan.flex_table.handle());
+  once.add(pass, set, {words, blocks, d.batch * d.kv_heads}, &plan.push, sizeof(plan.push));
+  plan.impl.submit_and_wait([&](VkCommandBuffer cmd) { once.record(cmd); });
 }
 
 }  // namespace detail

@@ -84,8 +84,8 @@ class Plan;
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
 /// The modifiers' part of the kernels' specialization constants (Spec::mods, Spec::key_mask).
 void spec_modifiers(const Modifiers& m, Spec& spec);
-/// With mask_mod (and flashvk::flex), a dispatch of flex_tiles.comp that writes the tile bitmap
-/// the fused kernels then skip by, and a barrier.
+/// With mask_mod (and flashvk::flex), flex_tiles.comp run once, as the plan is made: it writes
+/// the tile bitmap the fused kernels skip by.
 void plan_flex_tiles(Plan& plan);
 /// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
 /// cache (0: dense) and the modifiers' part. The plans and describe_pipelines() both take it.
