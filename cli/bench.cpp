@@ -33,7 +33,8 @@ a variant's time is the median of its runs, and "vs flash2" the median, over rou
 over flash2's in the same round. Before every run a 128 MiB buffer is filled on the device, so
 that the inputs come from device memory and not from a cache warmed by the run before (a decode
 step finds its KV cache cold). GFLOP/s counts 4 * B * H * Nq * Nk * d, only of the pairs
-attention computes (inside the causal limit and the window, and not hidden by a mask). Memory
+attention computes (inside the causal limit and the window, and not hidden by a mask; a
+--mask-mod file's hidden pairs are counted, the host cannot run GLSL). Memory
 is what the call allocated on the device: outputs and scratch (S for naive); the inputs are not
 counted.
 
