@@ -1,7 +1,11 @@
 // User-written attention (flashvk::flex): functions that equal built-in modifiers run as the
 // built-ins do, and every bad input is refused in one line before anything runs. The functions'
 // float64 comparisons in every variant and layout are modifiers_test.cpp's flex_ cases.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "flashvk/flex.hpp"
@@ -141,6 +145,50 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
   // flex::check compiles one kernel: the same error without a context.
   expect_refused([&] { flex::check(syntax); }, "bias.glsl:2:");
   EXPECT_NO_THROW(flex::check(no_twin));
+}
+
+// With a pipeline cache, each kernel's SPIR-V is kept beside it and loaded by a later context;
+// a file that is not SPIR-V is compiled over.
+TEST(FlexCache, KeepsTheSpirvBesideThePipelineCache) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("flashvk_flex_cache_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto spirv_files = [&] {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".spv") files.push_back(e.path());
+    return files;
+  };
+  HostTensor q = random_tensor({1, 2, 9, 16}, 5), k = random_tensor({1, 2, 40, 16}, 6);
+  AttentionParams p;
+  p.variant = Variant::flash2;
+  p.hints.tile_layout = TileLayout::shared;
+  p.mods.mask_mod = kChunks;
+  auto run = [&] {
+    ContextOptions options;
+    options.pipeline_cache_path = (dir / "pipelines.bin").string();
+    Context ctx = Context::create(options);
+    flex::enable(ctx);
+    return attention(ctx, q, k, k, p).out.data;
+  };
+  std::vector<float> first = run();
+  std::vector<fs::path> files = spirv_files();
+  EXPECT_EQ(files.size(), 2u);  // the tile bitmap's pass and the kernel
+  std::vector<fs::file_time_type> written;
+  for (const fs::path& f : files) written.push_back(fs::last_write_time(f));
+  EXPECT_EQ(run(), first);
+  for (size_t i = 0; i < files.size(); ++i)  // loaded, not compiled and written again
+    EXPECT_EQ(fs::last_write_time(files[i]), written[i]) << files[i];
+  for (const fs::path& f : files) std::ofstream(f) << "not SPIR-V";
+  EXPECT_EQ(run(), first);
+  for (const fs::path& f : spirv_files()) {
+    std::ifstream in(f, std::ios::binary);
+    uint32_t magic = 0;
+    in.read(reinterpret_cast<char*>(&magic), 4);
+    EXPECT_EQ(magic, 0x07230203u) << f;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(FlexWithoutCompiler, IsRefusedNamingFlashvkFlex) {

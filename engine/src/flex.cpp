@@ -9,7 +9,11 @@
 #include <glslang/Public/ShaderLang.h>
 #include <glslang/SPIRV/GlslangToSpv.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +21,7 @@
 
 #include "flashvk/error.hpp"
 #include "flex_tables.hpp"
+#include "vk.hpp"
 
 namespace flashvk::flex {
 
@@ -83,11 +88,68 @@ std::string first_error(const std::string& log, const Modifiers& mods, const std
 
 std::once_flag glslang_ready;
 
+// FNV-1a, 64 bits: a digest that stays the same from run to run and build to build.
+uint64_t digest(const std::string& text, uint64_t h = 14695981039346656037ull) {
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The kernels' GLSL as this library embeds it: a cached SPIR-V of another version never matches.
+uint64_t sources_digest() {
+  static const uint64_t d = [] {
+    uint64_t h = digest("flashvk::flex 1");
+    for (const detail::FlexSource& s : detail::flex_sources())
+      h = digest(std::string(s.name) + '\0' + s.text, h);
+    return h;
+  }();
+  return d;
+}
+
+// glslang's compiler, keeping each kernel's SPIR-V in `folder` (the pipeline cache's; "" keeps
+// none): a later process loads it instead of compiling again. A file that is not SPIR-V is
+// compiled over; a failed write only costs the next process a compile.
 class GlslangCompiler : public KernelCompiler {
  public:
+  explicit GlslangCompiler(std::filesystem::path folder) : folder_(std::move(folder)) {}
   std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) override {
-    return flex::compile(build, mods);
+    if (folder_.empty()) return flex::compile(build, mods);
+    uint64_t key = digest(build + '\0' + mods.score_mod + '\0' + mods.mask_mod + '\0' +
+                              mods.score_mod_name + '\0' + mods.mask_mod_name,
+                          sources_digest());
+    char name[96];
+    std::snprintf(name, sizeof name, "flashvk-flex-%016llx.spv",
+                  static_cast<unsigned long long>(key));
+    std::filesystem::path file = folder_ / name;
+    std::vector<uint32_t> words = read_spirv(file);
+    if (!words.empty()) return words;
+    words = flex::compile(build, mods);
+    std::filesystem::path tmp = file;
+    tmp += ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    {
+      std::ofstream out(tmp, std::ios::binary);
+      out.write(reinterpret_cast<const char*>(words.data()),
+                static_cast<std::streamsize>(words.size() * 4));
+      if (!out) return words;
+    }
+    std::error_code error;
+    std::filesystem::rename(tmp, file, error);
+    if (error) std::filesystem::remove(tmp, error);
+    return words;
   }
+
+ private:
+  static std::vector<uint32_t> read_spirv(const std::filesystem::path& file) {
+    std::ifstream in(file, std::ios::binary | std::ios::ate);
+    if (!in) return {};
+    auto bytes = static_cast<size_t>(in.tellg());
+    if (bytes < 20 || bytes % 4 != 0) return {};
+    std::vector<uint32_t> words(bytes / 4);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(bytes));
+    if (!in || words[0] != 0x07230203u) return {};  // SPIR-V's magic number
+    return words;
+  }
+  std::filesystem::path folder_;
 };
 
 }  // namespace
@@ -148,7 +210,11 @@ std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) {
 }
 
 void enable(Context& ctx) {
-  ctx.set_kernel_compiler(std::make_shared<GlslangCompiler>());
+  const std::string& cache = ctx.impl().cache_path;
+  std::filesystem::path folder =
+      cache.empty() ? std::filesystem::path() : std::filesystem::path(cache).parent_path();
+  if (!cache.empty() && folder.empty()) folder = ".";
+  ctx.set_kernel_compiler(std::make_shared<GlslangCompiler>(folder));
 }
 
 void check(const Modifiers& mods) {

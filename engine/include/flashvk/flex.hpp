@@ -13,7 +13,9 @@
 namespace flashvk::flex {
 
 /// Installs glslang's compiler in `ctx` (Context::set_kernel_compiler): calls whose Modifiers
-/// hold score_mod or mask_mod then compile each kernel they run once per set of functions.
+/// hold score_mod or mask_mod then compile each kernel they run once per set of functions. With
+/// a pipeline cache (ContextOptions::pipeline_cache_path) the SPIR-V is kept beside it
+/// (flashvk-flex-<digest>.spv), so that a later process does not compile again.
 void enable(Context& ctx);
 
 /// The SPIR-V of kernel build `build` (a build name of shaders/builds.def) with `mods`'
