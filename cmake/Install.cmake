@@ -1,6 +1,6 @@
 # `cmake --install`: the static libraries, their headers, a CMake package (find_package(flashvk
 # CONFIG) gives flashvk::flashvk, the engine, which brings its Vulkan dependency, and beside it
-# flashvk::reference, flashvk::trace and flashvk::peak) and flashvk.pc for pkg-config; the
+# flashvk::reference, flashvk::trace, flashvk::peak and, where built, flashvk::flex) and flashvk.pc for pkg-config; the
 # flashvk command too when it is built.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -8,6 +8,10 @@ include(CMakePackageConfigHelpers)
 install(TARGETS flashvk flashvk_reference flashvk_trace flashvk_peak EXPORT flashvkTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${flashvk_SOURCE_DIR}/engine/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(FLASHVK_FLEX)  # flashvk::flex, user-written attention: glslang's static libraries beside it
+  install(TARGETS flashvk_flex EXPORT flashvkTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  set_target_properties(flashvk_flex PROPERTIES EXPORT_NAME flex)
+endif()
 if(FLASHVK_CLI)
   install(TARGETS flashvk_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()

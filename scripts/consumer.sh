@@ -26,6 +26,15 @@ cmake -S "$root/examples/decode_loop" -B "$out/find_package" -DCMAKE_BUILD_TYPE=
 cmake --build "$out/find_package" -j "$jobs" >/dev/null
 "$out/find_package/decode_loop" | tail -n 1
 
+if [[ -f "$out/prefix/lib/libflashvk_flex.a" || -f "$out/prefix/lib64/libflashvk_flex.a" ]] ||
+   compgen -G "$out/prefix/lib/*/libflashvk_flex.a" >/dev/null; then
+  echo "consumer: flashvk::flex (a document mask in GLSL) from the installed prefix"
+  cmake -S "$root/examples/document_mask" -B "$out/flex" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$out/prefix" >/dev/null
+  cmake --build "$out/flex" -j "$jobs" >/dev/null
+  "$out/flex/document_mask" | tail -n 1
+fi
+
 echo "consumer: add_subdirectory(flashvk), Release, clang++"
 CXX=clang++ cmake -S "$root/examples/decode_loop" -B "$out/add_subdirectory" \
   -DCMAKE_BUILD_TYPE=Release -DFLASHVK_SOURCE_DIR="$root" >/dev/null
