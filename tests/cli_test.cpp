@@ -176,6 +176,65 @@ TEST_F(CliTest, RunAndTraceTakeTheModifiers) {
   EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, refm.out), tolerance(q, k, v, pm));
 }
 
+// User-written attention from files (flashvk::flex): a relative-position bias read from
+// --mod-table and a document mask, in run and trace, against float64 with their C++ twins; a file
+// that does not compile is refused in one line naming it, with no output written.
+TEST_F(CliTest, RunAndTraceTakeUserFunctions) {
+  HostTensor q = random_tensor({1, 2, 21, 16}, 11), k = random_tensor({1, 2, 40, 16}, 12),
+             v = random_tensor({1, 2, 40, 16}, 13);
+  put_tensor("q.npy", q);
+  put_tensor("k.npy", k);
+  put_tensor("v.npy", v);
+  HostTensor bias({81});
+  for (int x = 0; x < 81; ++x) bias.data[size_t(x)] = 0.5f * std::cos(0.2f * float(x));
+  put_tensor("bias.npy", bias);
+  put("bias.glsl",
+      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+      "  return score + flex_table[kv_idx - (q_idx + FLEX_NK - FLEX_NQ) + 40];\n}\n");
+  put("docs.glsl",
+      "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+      "  return (q_idx + FLEX_NK - FLEX_NQ) / 13 == kv_idx / 13;\n}\n");
+  std::string mods = " --score-mod " + path("bias.glsl") + " --mask-mod " + path("docs.glsl") +
+                     " --mod-table " + path("bias.npy");
+  Outcome o = run_cli("run " + qkv() + mods + " --out " + path("o.npy") + " --variant flash2");
+#ifndef FLASHVK_TEST_FLEX
+  EXPECT_NE(o.status, 0);
+  GTEST_SKIP() << "flashvk::flex is not built: " << o.output;
+#endif
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("score_mod bias.glsl mask_mod docs.glsl table [81]"), std::string::npos)
+      << o.output;
+  AttentionParams p;
+  p.mods.score_mod = p.mods.mask_mod = "given";
+  p.mods.score_twin = [&](double s, int, int, int i, int j) {
+    return s + double(bias.data[size_t(j - (i + 19) + 40)]);
+  };
+  p.mods.mask_twin = [](int, int, int i, int j) { return (i + 19) / 13 == j / 13; };
+  reference::Result ref = reference::direct(q, k, v, p);
+  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, k, v, p));
+
+  o = run_cli("trace " + qkv() + mods + " --row 3 --head 1 --out " + path("t.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  nlohmann::json trace = nlohmann::json::parse(read_text(path("t.json")));
+  EXPECT_EQ(trace.at("score_mod"), "bias.glsl");
+  EXPECT_EQ(trace.at("mask_mod"), "docs.glsl");
+  const auto& s = trace.at("steps").at("s");
+  for (int j = 0; j < 40; ++j)  // row 3 sits on key 22: it sees keys 13..25, its document's
+    EXPECT_EQ(s.at(size_t(j)).is_null(), j < 13 || j > 25) << "key " << j;
+
+  put("bad.glsl",
+      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+      "  return score + missing_bias;\n}\n");
+  o = run_cli("run " + qkv() + " --score-mod " + path("bad.glsl") + " --out " + path("bad.npy"));
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_NE(o.output.find("bad.glsl:2: 'missing_bias' : undeclared identifier"), std::string::npos)
+      << o.output;
+  EXPECT_FALSE(fs::exists(path("bad.npy")));
+  o = run_cli("run " + qkv() + " --mask-mod " + path("nowhere.glsl") + " --out " + path("bad.npy"));
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_NE(o.output.find("cannot read"), std::string::npos) << o.output;
+}
+
 // --layout, --block-rows and --block-keys reach the engine; the closing line names the tiling
 // that ran, and a layout the variant cannot use is refused without an output file.
 TEST_F(CliTest, RunTakesTheTilingAndNamesIt) {
@@ -587,11 +646,12 @@ void expect_vs_base(const Json& row, const Json& base, const std::string& what) 
 }
 
 // --suite modifiers: its shape in causal attention (the base), then with chunks of Nk/8 keys,
-// softcap, ALiBi, sinks, a mask of the causal pattern in --causal's place and a sparse mask, in
-// that order and in the same rounds: a row's vs_base is the median of its run-by-run ratios to the
-// base's runs of its variant. The causal mask hides what causal attention hides (bottom-right
-// aligned: its GFLOP/s counts the same pairs), the sparse one all but the first Nk/32 keys and Nk/8
-// up to the diagonal; the options the suite sets itself are refused.
+// softcap, (with flashvk::flex) ALiBi as a score_mod and a document mask_mod, ALiBi, sinks, a mask
+// of the causal pattern in --causal's place and a sparse mask, in that order and in the same
+// rounds: a row's vs_base is the median of its run-by-run ratios to the base's runs of its variant.
+// The causal mask hides what causal attention hides (bottom-right aligned: its GFLOP/s counts the
+// same pairs), the sparse one all but the first Nk/32 keys and Nk/8 up to the diagonal; the options
+// the suite sets itself are refused.
 TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
   const int nq = 8, nk = 64, heads = 2, d = 8;
   Json json = bench_json(
@@ -599,7 +659,14 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
       "--repeat 3",
       path("mod.json"));
   const Json& rows = json.at("results");
-  ASSERT_EQ(rows.size(), 7u) << json;
+  // With flashvk::flex, ALiBi as a score_mod and documents of Nk/8 keys as a mask_mod follow
+  // softcap (causal within each document: the chunks' pairs).
+#ifdef FLASHVK_TEST_FLEX
+  const size_t u = 2;
+#else
+  const size_t u = 0;
+#endif
+  ASSERT_EQ(rows.size(), 7u + u) << json;
   // Pairs of causal attention, bottom-right aligned: query i sees keys 0 .. i + Nk - Nq; of the
   // chunks, those of them in the last one's chunk of 8; of the sparse mask, those below 2 or
   // above the last less 8.
@@ -612,18 +679,21 @@ TEST_F(CliTest, BenchSuiteModifiersRunsEachModifierBesideItsBase) {
     }
   for (size_t i = 0; i < rows.size(); ++i) {
     const Json& r = rows[i];
-    double pairs = i == 1 ? chunk_pairs : i == 6 ? sparse_pairs : causal_pairs;
+    bool score_mod = u && i == 3, mask_mod = u && i == 4;
+    double pairs = i == 1 || mask_mod ? chunk_pairs : i == 6 + u ? sparse_pairs : causal_pairs;
     EXPECT_EQ(r.at("kind"), "modifier");
     EXPECT_EQ(r.at("variant"), "flash2");
-    EXPECT_EQ(r.at("causal"), i < 5) << i;
+    EXPECT_EQ(r.at("causal"), i < 5 + u) << i;
     EXPECT_EQ(r.at("chunk"), i == 1 ? 8 : 0) << i;
     EXPECT_EQ(r.at("softcap").get<double>(), i == 2 ? 30.0 : 0.0) << i;
-    EXPECT_EQ(r.at("alibi"), i == 3) << i;
-    EXPECT_EQ(r.at("sinks"), i == 4) << i;
-    EXPECT_EQ(r.at("mask"), i >= 5) << i;
-    EXPECT_EQ(r.value("mask_name", ""), i == 5   ? "causal"
-                                        : i == 6 ? "2 global + window 8"
-                                                 : "")
+    EXPECT_EQ(r.at("score_mod"), score_mod ? Json("alibi.glsl") : Json()) << i;
+    EXPECT_EQ(r.at("mask_mod"), mask_mod ? Json("documents.glsl") : Json()) << i;
+    EXPECT_EQ(r.at("alibi"), i == 3 + u) << i;
+    EXPECT_EQ(r.at("sinks"), i == 4 + u) << i;
+    EXPECT_EQ(r.at("mask"), i >= 5 + u) << i;
+    EXPECT_EQ(r.value("mask_name", ""), i == 5 + u   ? "causal"
+                                        : i == 6 + u ? "2 global + window 8"
+                                                     : "")
         << i;
     EXPECT_EQ(r.at("runs_ms").size(), 3u) << i;
     expect_vs_base(r, rows[0], std::to_string(i));
@@ -805,8 +875,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
   for (const auto& p : doc["pipelines"]) {
     programs.insert(p["program"].get<std::string>());
     EXPECT_TRUE(p["statistics"].is_object());
-    ASSERT_EQ(p["spec_constants"].size(), 14u);  // shaders/spec_constants.glsl
-    for (size_t i = 0; i < 14; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    ASSERT_EQ(p["spec_constants"].size(), 15u);  // shaders/spec_constants.glsl
+    for (size_t i = 0; i < 15; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
     EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
     std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
     std::ifstream f(spv, std::ios::binary);

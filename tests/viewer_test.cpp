@@ -82,9 +82,16 @@ double line_y(const Image& img, const Box& box, double from, double to) {
   return n ? sum / n : -1;
 }
 
+const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising",
+                                "sink",        "masked-mid-row", "fully-masked-row",
+                                "empty-split", "fp16-overflow",  "q4-kv",
+#ifdef FLASHVK_VIEWER_FLEX
+                                "documents"
+#endif
+};
+
 TEST(Viewer, EveryPresetRendersAllPanels) {
-  for (const char* preset : {"sample", "huge-logits", "falling-rising", "sink", "masked-mid-row",
-                             "fully-masked-row", "empty-split", "fp16-overflow", "q4-kv"}) {
+  for (const char* preset : kPresets) {
     std::string out;
     Image img =
         screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
@@ -134,10 +141,6 @@ TEST(Viewer, SummaryReportsExactOutputs) {
   }
   EXPECT_EQ(checked, 6);
 }
-
-const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising",
-                                "sink",        "masked-mid-row", "fully-masked-row",
-                                "empty-split", "fp16-overflow",  "q4-kv"};
 
 // Stored inputs (fp16, q4_0 K and V): the kernels are compared with float64 on the values the
 // device holds, so they stay exact; what the storage costs is printed apart, q4_0's far above

@@ -241,6 +241,26 @@ void sliding_window(Lesson& l, const Model& model) {
           "float64 (Output panel), whatever the row's length.");
 }
 
+void documents(Lesson& l, const Model& model) {
+  l.intro =
+      "Three documents packed into one sequence, as training and serving batch them: each token "
+      "may see only its own document, causally. No built-in modifier says that; the model "
+      "author writes it in GLSL, as FlexAttention's mask_mod: bool mask_mod(b, h, q_idx, kv_idx) "
+      "{ return kv_idx <= q_pos && flex_table[kv_idx] == flex_table[q_pos]; } with a document id "
+      "per token in flex_table. flashvk compiles it into every kernel at run time; a key it "
+      "hides gets s = -inf (w = 0), and tiles it hides from every row are never read.";
+  int first = first_visible(model);
+  add(l, first, "the document's first key",
+      format("Key %d starts this query's document: every key before it belongs to another one, "
+             "hidden by mask_mod (s = -inf), and the tiled kernels skipped their tiles, so the "
+             "state starts here as if the row began at this key.",
+             first));
+  add_end(l, model,
+          "The query's own token ends its document's keys: the output matches softmax over the "
+          "document's keys in float64 (Output panel), where the reference applies the function's "
+          "C++ twin.");
+}
+
 void sink_logit(Lesson& l, const Model& model) {
   double sink = reference::row_sink(model.inputs().params, model.head);
   l.intro = format(
@@ -367,6 +387,8 @@ Lesson lesson_for(const Model& model) {
     softcap(l, model);
   else if (name == "q4-kv")
     q4_kv(l, model);
+  else if (name == "documents")
+    documents(l, model);
   else
     general(l, model);
   std::stable_sort(l.points.begin(), l.points.end(),

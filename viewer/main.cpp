@@ -25,7 +25,7 @@ one frame offscreen through Vulkan, writes it as PNG and prints a summary.
 options:
   --preset NAME       sample, huge-logits, falling-rising, sink, masked-mid-row,
                       fully-masked-row, empty-split, fp16-overflow, sliding-window,
-                      sink-logit, softcap, q4-kv (default sample)
+                      sink-logit, softcap, q4-kv, documents (default sample)
   --q Q.npy --k K.npy --v V.npy   load inputs instead of a preset
   --variant A,B,...   variants to step together (default flash1,flash2,flashd)
   --row R             query row to trace (default: the preset's)

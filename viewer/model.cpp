@@ -1,5 +1,9 @@
 #include "model.hpp"
 
+#ifdef FLASHVK_VIEWER_FLEX
+#include "flashvk/flex.hpp"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +46,9 @@ std::vector<double> step_errors(Variant v, const std::vector<std::vector<double>
 
 void Model::load(Inputs inputs) {
   dims_ = check_shapes(inputs.q.shape, inputs.k.shape, inputs.v.shape);
+#ifdef FLASHVK_VIEWER_FLEX
+  if (inputs.params.mods.user_functions()) flex::enable(ctx_);  // glslang compiles them
+#endif
   in_ = std::move(inputs);
   batch = 0;
   head = 0;

@@ -47,6 +47,8 @@ const std::map<std::string, std::string>& descriptions() {
       {"fp16-overflow", "fp16 inputs with scores up to 16: e^s passes fp16's 65504 above s = 11.1"},
       {"q4-kv",
        "K and V in ggml's q4_0 (4 bits a value, a scale per 32): exact kernels, lossy storage"},
+      {"documents",
+       "three documents packed in one sequence, each seeing itself causally: a mask_mod in GLSL"},
   };
   return d;
 }
@@ -57,7 +59,11 @@ const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {
       "sample",         "huge-logits",      "falling-rising", "sink",
       "masked-mid-row", "fully-masked-row", "empty-split",    "fp16-overflow",
-      "sliding-window", "sink-logit",       "softcap",        "q4-kv"};
+      "sliding-window", "sink-logit",       "softcap",        "q4-kv",
+#ifdef FLASHVK_VIEWER_FLEX
+      "documents",
+#endif
+  };
   return names;
 }
 
@@ -140,6 +146,27 @@ Inputs make_preset(const std::string& name, const std::string& assets) {
     in.params.mods.causal = true;
     in.params.mods.window_left = 31;
     in.row = 150;
+  } else if (name == "documents") {
+    // Documents of 64, 86 and 42 tokens packed in one sequence (their ids in flex_table), each
+    // causal within itself: query 120 of the second sees keys 64..120.
+    in.name = name;
+    in.q = gaussian({1, 1, 192, 16}, 61);
+    in.k = gaussian({1, 1, 192, 16}, 62);
+    in.v = gaussian({1, 1, 192, 8}, 63);
+    Modifiers& m = in.params.mods;
+    m.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;  // the query's token
+  return kv_idx <= q_pos && flex_table[kv_idx] == flex_table[q_pos];
+})";
+    m.mask_mod_name = "documents.glsl";
+    m.flex_table = HostTensor({192});
+    for (int j = 0; j < 192; ++j)
+      m.flex_table.data[size_t(j)] = float(j < 64 ? 0 : j < 150 ? 1 : 2);
+    std::vector<float> ids = m.flex_table.data;
+    m.mask_twin = [ids](int, int, int i, int j) {  // the reference's float64 twin (Nq = Nk)
+      return j <= i && ids[size_t(j)] == ids[size_t(i)];
+    };
+    in.row = 120;
   } else if (name == "sink-logit") {
     // The sink (2.0) is above most scores: it takes a large share of the denominator, and every
     // recurrence starts from it (m = 2, l = 1; FLASH-D: L = 2) instead of from nothing.

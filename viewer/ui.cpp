@@ -682,7 +682,7 @@ void draw_heatmap(Model& model, UiState& ui) {
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
       "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk).%s",
+      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk, mask).%s",
       br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -722,11 +722,18 @@ void draw_heatmap(Model& model, UiState& ui) {
       ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
       ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
-      // Skipped: no row of the block sees a key of the tile (causal limit, window, chunk: window_keys).
+      // Skipped: no row of the block sees a key of the tile (causal limit, window, chunk:
+      // window_keys; an additive mask or a mask_mod that hides the whole tile).
       const Modifiers& p = model.inputs().params.mods;
       uint32_t last_row = std::min(d.nq, i0 + br) - 1;
       KeyRange first = window_keys(p, d.nq, d.nk, i0), last = window_keys(p, d.nq, d.nk, last_row);
       bool masked = int64_t(j0) >= last.end || int64_t(j0 + bc) <= first.begin;
+      if (!masked && (p.has_mask() || !p.mask_mod.empty())) {  // hidden from every row there
+        masked = true;
+        for (uint32_t i = i0; masked && i <= last_row; ++i)
+          for (uint32_t j = j0; masked && j < std::min(d.nk, j0 + bc); ++j)
+            masked = !std::isfinite(model.heat_s()[size_t(i) * d.nk + j]);
+      }
       if (masked) dl->AddRectFilled(a, b, IM_COL32(0, 0, 0, 150));
       dl->AddRect(a, b, IM_COL32(255, 255, 255, 60));
       bool current = model.row >= i0 && model.row < i0 + br && uint32_t(model.cursor) >= j0 &&
