@@ -133,6 +133,18 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
   expect_refused([&] { run(signature); },
                  "score_mod.glsl must define float score_mod(float score, int b, int h, int "
                  "q_idx, int kv_idx)");
+  // A read past the table: the call is refused once it has run (the output is not returned).
+  Modifiers past;
+  past.score_mod = "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+                   "  return score + flex_table[kv_idx + 2];\n}\n";
+  past.flex_table = HostTensor({20});  // K has 20 keys: keys 18 and 19 read past it
+  expect_refused([&] { run(past); }, "score_mod read flex_table past its 20 values");
+  past.flex_table = HostTensor({22});
+  EXPECT_NO_THROW(run(past));
+  Modifiers no_table;
+  no_table.mask_mod = "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+                      "  return flex_table[ kv_idx ] >= 0.0;\n}\n";
+  expect_refused([&] { run(no_table); }, "mask_mod read flex_table past its 0 values");
   Modifiers table_alone;
   table_alone.flex_table = HostTensor({4});
   expect_refused([&] { run(table_alone); }, "flex_table is given without a score_mod");

@@ -259,6 +259,7 @@ namespace {
 // Submits the plan, waits, and hands over its outputs and what ran.
 AttentionResult run(Context& ctx, detail::Plan& plan) {
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
+  plan.check_user_functions();
   AttentionResult result;
   result.gpu_ms = plan.gpu_ms();
   result.device_bytes = plan.allocated_bytes();

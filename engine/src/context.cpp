@@ -588,7 +588,8 @@ VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers&
   char hash[20];
   std::snprintf(hash, sizeof hash, "%016zx",
                 std::hash<std::string>{}(mods.score_mod + '\0' + mods.mask_mod + '\0' +
-                                         mods.score_mod_name + '\0' + mods.mask_mod_name));
+                                         mods.score_mod_name + '\0' + mods.mask_mod_name + '\0' +
+                                         std::to_string(mods.flex_table.data.size())));
   std::string name = build + "+user_" + hash;
   std::shared_ptr<KernelCompiler> with;
   {

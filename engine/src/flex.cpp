@@ -9,6 +9,7 @@
 #include <glslang/Public/ShaderLang.h>
 #include <glslang/SPIRV/GlslangToSpv.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -86,6 +87,39 @@ std::string first_error(const std::string& log, const Modifiers& mods, const std
   return want + " (glslang: " + error + ")";
 }
 
+// The user's text with every read flex_table[i] turned into flex_table_at(i), which checks i
+// against the table's length. Lines stay where they were, so errors name the user's lines.
+std::string checked_reads(const std::string& text) {
+  static const std::string name = "flex_table";
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = text.find(name, at)) != std::string::npos;) {
+    size_t after = hit + name.size(), open = after;
+    while (open < text.size() && (text[open] == ' ' || text[open] == '\t')) ++open;
+    bool whole =
+        (hit == 0 || !ident(text[hit - 1])) && (after >= text.size() || !ident(text[after]));
+    if (!whole || open >= text.size() || text[open] != '[') {
+      out += text.substr(at, after - at);
+      at = after;
+      continue;
+    }
+    size_t close = open + 1;
+    for (int depth = 1; close < text.size(); ++close) {
+      if (text[close] == '[') ++depth;
+      if (text[close] == ']' && --depth == 0) break;
+    }
+    if (close >= text.size()) {  // unbalanced: left for glslang to report
+      out += text.substr(at);
+      return out;
+    }
+    out += text.substr(at, hit - at) + "flex_table_at(" +
+           checked_reads(text.substr(open + 1, close - open - 1)) + ")";
+    at = close + 1;
+  }
+  return out + text.substr(at);
+}
+
 std::once_flag glslang_ready;
 
 // FNV-1a, 64 bits: a digest that stays the same from run to run and build to build.
@@ -113,9 +147,10 @@ class GlslangCompiler : public KernelCompiler {
   explicit GlslangCompiler(std::filesystem::path folder) : folder_(std::move(folder)) {}
   std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) override {
     if (folder_.empty()) return flex::compile(build, mods);
-    uint64_t key = digest(build + '\0' + mods.score_mod + '\0' + mods.mask_mod + '\0' +
-                              mods.score_mod_name + '\0' + mods.mask_mod_name,
-                          sources_digest());
+    uint64_t key =
+        digest(build + '\0' + mods.score_mod + '\0' + mods.mask_mod + '\0' + mods.score_mod_name +
+                   '\0' + mods.mask_mod_name + '\0' + std::to_string(mods.flex_table.data.size()),
+               sources_digest());
     char name[96];
     std::snprintf(name, sizeof name, "flashvk-flex-%016llx.spv",
                   static_cast<unsigned long long>(key));
@@ -175,15 +210,24 @@ std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) {
   std::string score = file_name(mods.score_mod_name, "score_mod");
   std::string mask = file_name(mods.mask_mod_name, "mask_mod");
   std::map<std::string, std::string> files;
+  // The table, and after it a word a read outside it sets (Plan::check_user_functions).
   std::string functions =
-      "layout(std430, binding = 14) readonly buffer FlexTable { float flex_table[]; };\n";
+      "layout(std430, binding = 14) buffer FlexTable { float flex_table_values[]; };\n"
+      "const int FLEX_TABLE_SIZE = " +
+      std::to_string(mods.flex_table.data.size()) +
+      ";\n"
+      "float flex_table_at(int i) {\n"
+      "  if (i >= 0 && i < FLEX_TABLE_SIZE) return flex_table_values[i];\n"
+      "  flex_table_values[FLEX_TABLE_SIZE] = 1.0;\n"
+      "  return 0.0;\n"
+      "}\n";
   if (!mods.score_mod.empty()) {
-    files[score] = mods.score_mod;
+    files[score] = checked_reads(mods.score_mod);
     functions += "#include \"" + score + "\"\n";
   }
-  if (!mods.mask_mod.empty() && !(files.count(mask) && files[mask] == mods.mask_mod)) {
+  if (!mods.mask_mod.empty() && !(files.count(mask) && mods.score_mod == mods.mask_mod)) {
     if (files.count(mask)) mask = "mask_" + mask;  // two files of one name
-    files[mask] = mods.mask_mod;
+    files[mask] = checked_reads(mods.mask_mod);
     functions += "#include \"" + mask + "\"\n";
   }
   files["flex_functions.glsl"] = functions;

@@ -595,10 +595,13 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
     plan.heads.write(table.data(), table.size() * 4);
     plan.bindings[kHeads] = plan.heads.handle();
   }
-  // The user functions' flex_table[], a buffer of its own (binding kFlexTableBinding).
-  if (!m.flex_table.data.empty()) {
-    plan.flex_table = plan.scratch(m.flex_table.data.size() * 4);
-    plan.flex_table.write(m.flex_table.data.data(), m.flex_table.data.size() * 4);
+  // The user functions' flex_table[], a buffer of its own (binding kFlexTableBinding), and after
+  // it a word a read past the table sets (flex.cpp's flex_table_at; Plan::check_user_functions).
+  if (m.user_functions()) {
+    std::vector<float> table = m.flex_table.data;
+    table.push_back(0.0f);
+    plan.flex_table = plan.scratch(table.size() * 4);
+    plan.flex_table.write(table.data(), table.size() * 4);
   }
   // The key mask [B, Nk] from word 0 of the small tables (modifiers.glsl key_visible).
   if (!m.key_mask.empty()) {

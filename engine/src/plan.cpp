@@ -321,6 +321,17 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(con
 
 Plan::Plan(Context& context) : ctx(context), impl(context.impl()), dispatches_(impl) {}
 
+void Plan::check_user_functions() const {
+  const Modifiers& m = params.mods;
+  if (!m.user_functions() || read_floats(flex_table).back() == 0.0f) return;
+  std::string who = !m.score_mod.empty() && !m.mask_mod.empty() ? "score_mod or mask_mod"
+                    : !m.score_mod.empty()                      ? "score_mod"
+                                                                : "mask_mod";
+  throw Error(who + " read flex_table past its " + std::to_string(m.flex_table.data.size()) +
+              " values (or before its first); give a table that covers every index the "
+              "functions read");
+}
+
 VkDescriptorSet Plan::make_set(const Bindings& buffers) {
   return dispatches_.make_set(buffers, lengths.handle(), texel_views, flex_table.handle());
 }

@@ -123,6 +123,9 @@ class Plan {
   uint32_t key_chunks() const { return splits; }
   uint32_t keys_per_chunk() const { return keys_per_split; }
   uint64_t allocated_bytes() const { return device_bytes; }
+  /// Throws Error if a user-written function read flex_table past its end in the runs so far
+  /// (once the recorded work has finished).
+  void check_user_functions() const;
   float scale() const { return push.scale; }
   const Tensor& out() const { return out_; }
   const Tensor& lse() const { return lse_; }
