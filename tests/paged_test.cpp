@@ -7,6 +7,9 @@
 #include <random>
 
 #include "test_util.hpp"
+#ifdef FLASHVK_TEST_FLEX
+#include "flashvk/flex.hpp"
+#endif
 
 namespace flashvk::test {
 namespace {
@@ -209,6 +212,28 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   mods.mods.alibi_max_bias = 4.0f;
   mods.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
   check("modifiers", q3, mods, Storage{}, layouts);
+
+#ifdef FLASHVK_TEST_FLEX
+  // User-written functions (flashvk::flex) index each sequence's own keys; also with q8_0 K and
+  // q4_0 V. Neither depends on the sequence's length, which the reference's twin cannot see.
+  flex::enable(context());
+  AttentionParams user = params;
+  user.mods.causal = true;
+  user.mods.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  return kv_idx % 5 != 3;
+})";
+  user.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score + 0.05 * float(kv_idx % 7) - 0.1 * float(h);
+})";
+  user.mods.mask_twin = [](int, int, int, int j) { return j % 5 != 3; };
+  user.mods.score_twin = [](double s, int, int h, int, int j) {
+    return s + 0.05 * double(j % 7) - 0.1 * double(h);
+  };
+  check("user functions", q3, user, Storage{}, with_lanes);
+  if (info.fp16_storage)
+    check("user functions, q8_0/q4_0", q3, user, Storage{DType::f16, DType::q8_0, DType::q4_0},
+          {TileLayout::automatic});
+#endif
 
   // fp16 (on devices with matrix units also the cooperative-matrix kernel), and q8_0 K and
   // q4_0 V under fp16 Q.
