@@ -7,6 +7,7 @@
 
 #include "lessons.hpp"
 #include "test_util.hpp"
+#include "ui.hpp"
 
 namespace flashvk::test {
 namespace {
@@ -63,11 +64,15 @@ struct Box {
   int x0, y0, x1, y1;
 };
 Box scores_plot(const Image& img) {
-  // Find the plot's dark background (25, 27, 33) starting from the panel's top left.
-  Box b{kLeft + 4, 0, kLeft + (kWidth - kLeft - kRight) / 2, kPlotsBottom / 3};
+  // The panels as draw_ui lays them out at this size; then the plot's dark background (25, 27,
+  // 33) from the plots panel's top left.
+  int left = std::clamp(int(img.w * 0.225), 300, 420),
+      right = std::clamp(int(img.w * 0.29375), 376, 560);
+  int plots_bottom = int(img.h * 0.62);
+  Box b{left + 4, 0, left + (img.w - left - right) / 2, plots_bottom / 3};
   for (int y = 20; y < b.y1; ++y)
     if (img.count(b.x0, y, b.x1, y + 1, 25, 27, 33, 3) > 200)
-      return {b.x0, y, b.x1, y + (kPlotsBottom - y) / 3 - 10};
+      return {b.x0, y, b.x1, y + (plots_bottom - y) / 3 - 10};
   return b;
 }
 
@@ -101,10 +106,11 @@ TEST(Viewer, EveryPresetRendersAllPanels) {
     EXPECT_GT(img.count(kLeft, 0, kWidth - kRight, kPlotsBottom, 25, 27, 33, 3), 100000) << preset;
     // The step cursor (yellow) is drawn in the plots.
     EXPECT_GT(img.count(kLeft, 0, kWidth - kRight, kPlotsBottom, 255, 220, 0, 30), 100) << preset;
-    // Each variant's colour appears (flashd magenta, splitkv cyan, flash2 green).
-    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 230, 90, 230, 30), 50) << preset << " flashd";
-    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 60, 220, 220, 30), 50) << preset << " splitkv";
-    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 90, 210, 90, 30), 50) << preset << " flash2";
+    // Each variant's colour appears (Okabe and Ito's: flashd reddish purple, splitkv orange,
+    // flash2 bluish green).
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 204, 121, 167, 30), 50) << preset << " flashd";
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 230, 159, 0, 30), 50) << preset << " splitkv";
+    EXPECT_GT(img.count(kLeft, 0, kWidth, kHeight, 0, 158, 115, 30), 50) << preset << " flash2";
     // Text in the controls and derivation panels (light grey glyph pixels).
     EXPECT_GT(img.count(0, 0, kLeft, kHeight, 255, 255, 255, 40), 500) << preset;
     EXPECT_GT(img.count(kWidth - kRight, 0, kWidth, kHeight, 255, 255, 255, 40), 500) << preset;
@@ -112,8 +118,9 @@ TEST(Viewer, EveryPresetRendersAllPanels) {
   }
 }
 
+// At 2560 wide the plots give each of the 240 keys 3 pixels: the whole row is drawn.
 TEST(Viewer, FallingRisingScoresHaveTheirShape) {
-  Image img = screenshot("--preset falling-rising --variant flashd");
+  Image img = screenshot("--preset falling-rising --variant flashd --size 2560x1440");
   Box box = scores_plot(img);
   double start = line_y(img, box, 0.02, 0.06), bottom = line_y(img, box, 0.64, 0.68),
          end = line_y(img, box, 0.95, 0.98);
@@ -122,6 +129,21 @@ TEST(Viewer, FallingRisingScoresHaveTheirShape) {
   ASSERT_GT(end, 0);
   EXPECT_GT(bottom - start, (box.y1 - box.y0) * 0.6) << "the fall to -2000 reaches the bottom";
   EXPECT_LT(end, bottom - (box.y1 - box.y0) * 0.6) << "the rise comes back up";
+}
+
+// Headless, --step places the plots' window as the viewer would and the summary names it: on
+// falling-rising's failure (key 236 of 240) at 1280x720, a window that holds it.
+TEST(Viewer, SummaryNamesThePlottedKeys) {
+  std::string out;
+  screenshot("--preset falling-rising --step 236 --size 1280x720", &out);
+  size_t at = out.find("plots: keys ");
+  ASSERT_NE(at, std::string::npos) << out;
+  int lo = -1, hi = -1, n = -1;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "plots: keys %d-%d of %d", &lo, &hi, &n), 3) << out;
+  EXPECT_EQ(n, 240);
+  EXPECT_LE(lo, 236);
+  EXPECT_GE(hi, 236);
+  EXPECT_LT(hi - lo + 1, 240) << "240 keys at 3 px do not fit a 1280-wide window's plots";
 }
 
 TEST(Viewer, SummaryReportsExactOutputs) {
@@ -229,6 +251,40 @@ TEST_F(LessonTest, EveryPresetHasPointsOfInterestInItsTrace) {
     }
     EXPECT_EQ(lesson.literal_flashd, std::string(preset) == "falling-rising") << preset;
   }
+}
+
+// The step plots show a window of keys around the cursor when the row is too long for a few
+// pixels a key: at 1280x720 and 1920x1080 each preset's points of interest are inside the window
+// when the cursor is on them, and a row that fits is shown whole.
+TEST_F(LessonTest, PointsOfInterestAreInsideThePlottedWindow) {
+  for (float width : {1280.0f, 1920.0f})
+    for (const char* preset : kPresets) {
+      viewer::Model model(context());
+      model.selected = {Variant::flash2, Variant::flashd};
+      model.load(viewer::make_preset(preset, FLASHVK_ASSETS));
+      viewer::Lesson lesson = viewer::lesson_for(model);
+      float px = viewer::plot_pixels(width);
+      int steps = model.steps();
+      for (const auto& p : lesson.points) {
+        viewer::KeyWindow w = viewer::key_window(steps, p.step, px, viewer::UiState{});
+        EXPECT_LE(w.lo, p.step) << preset << " at " << width << ": " << p.title;
+        EXPECT_GT(w.hi, p.step) << preset << " at " << width << ": " << p.title;
+        EXPECT_GE(px / float(w.hi - w.lo), viewer::kKeyPixels) << preset;
+        if (float(steps) * viewer::kKeyPixels <= px) {
+          EXPECT_EQ(w.lo, 0) << preset;
+          EXPECT_EQ(w.hi, steps) << preset;
+        }
+      }
+    }
+  // A zoomed window stays where it was until the cursor leaves it, then follows it.
+  viewer::UiState ui;
+  ui.view_span = 40, ui.view_lo = 100, ui.view_cursor = 120;
+  viewer::KeyWindow kept = viewer::key_window(1000, 130, 600.0f, ui);
+  EXPECT_EQ(kept.lo, 100);
+  EXPECT_EQ(kept.hi, 140);
+  viewer::KeyWindow moved = viewer::key_window(1000, 500, 600.0f, ui);
+  EXPECT_EQ(moved.lo, 480);
+  EXPECT_EQ(moved.hi, 520);
 }
 
 // falling-rising: scores -12.5 j fall for 160 keys. In fp32 the seed's w_8 = 1 / (1 + e^100)

@@ -108,7 +108,7 @@ Options parse(const std::vector<std::string>& argv) {
   return o;
 }
 
-void print_summary(const Model& model, const std::string& path) {
+void print_summary(const Model& model, const std::string& path, KeyWindow plots) {
   const Dims& d = model.dims();
   std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(),
               model.context().device().name.c_str());
@@ -142,6 +142,8 @@ void print_summary(const Model& model, const std::string& path) {
   for (const auto& p : lesson.points)
     std::printf("%s step %d (%s)", &p == lesson.points.data() ? ":" : ",", p.step, p.title.c_str());
   std::printf("\n");
+  // What the step plots show, as the interactive viewer would with the cursor on this step.
+  std::printf("  plots: keys %d-%d of %d\n", plots.lo, plots.hi - 1, model.steps());
   const auto& overflows = layout_overflows();
   if (overflows.empty()) std::printf("  layout: every panel's text fits its width\n");
   for (const auto& o : overflows) std::printf("  layout: %s\n", o.c_str());
@@ -173,7 +175,8 @@ int run_headless(Options& o) {
     if (frame == 2) pixels = target.render();
   }
   write_png(o.screenshot, pixels, o.width, o.height);
-  print_summary(model, o.screenshot);
+  print_summary(model, o.screenshot,
+                key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui));
   ImGui_ImplVulkan_Shutdown();
   ImGui::DestroyContext();
   return 0;

@@ -23,18 +23,19 @@ std::vector<std::string> g_overflows;
 
 ImU32 variant_color(Variant v) {
   switch (v) {
+    // Okabe and Ito's palette, told apart with the common colour-vision deficiencies too.
     case Variant::naive:
-      return IM_COL32(170, 170, 170, 255);
+      return IM_COL32(170, 170, 170, 255);  // grey
     case Variant::online:
-      return IM_COL32(255, 150, 40, 255);
+      return IM_COL32(40, 130, 210, 255);  // blue, lightened for the dark background
     case Variant::flash1:
-      return IM_COL32(80, 150, 255, 255);
+      return IM_COL32(86, 180, 233, 255);  // sky blue
     case Variant::flash2:
-      return IM_COL32(90, 210, 90, 255);
+      return IM_COL32(0, 158, 115, 255);  // bluish green
     case Variant::flashd:
-      return IM_COL32(230, 90, 230, 255);
+      return IM_COL32(204, 121, 167, 255);  // reddish purple
     case Variant::splitkv:
-      return IM_COL32(60, 220, 220, 255);
+      return IM_COL32(230, 159, 0, 255);  // orange
   }
   return IM_COL32_WHITE;
 }
@@ -170,9 +171,14 @@ struct Series {
 };
 
 // A line plot over the key index with the cursor marked. NaN and infinities leave gaps.
+// A step plot over keys [win.lo, win.hi) of `steps` (the whole range without `win`); with `ui`,
+// the mouse wheel zooms it around the key under the mouse, dragging pans it and a double click
+// gives the whole row back. On a log axis a value of exactly 0 (no error) is a ring at the floor.
 void plot(const char* title, const char* about, const std::vector<Series>& series, int steps,
           int cursor, bool log_y, ImVec2 size, const std::vector<int>& markers = {},
-          double hline = NAN, const char* x_label = "key") {
+          double hline = NAN, const char* x_label = "key", KeyWindow win = {},
+          UiState* ui = nullptr) {
+  if (win.hi <= win.lo) win = {0, steps};
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos();
   ImGui::InvisibleButton(title, size);
@@ -189,7 +195,11 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
   if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
   float pad = 18.0f;
   float x0 = p0.x + 4, x1 = p1.x - 4, y0 = p0.y + pad, y1 = p1.y - 4;
-  auto X = [&](double i) { return float(x0 + (x1 - x0) * (steps > 1 ? i / (steps - 1) : 0.5)); };
+  const int span = win.hi - win.lo;
+  auto X = [&](double i) {
+    return float(x0 + (x1 - x0) * (span > 1 ? (i - win.lo) / (span - 1) : 0.5));
+  };
+  auto inside = [&](int i) { return i >= win.lo && i < win.hi; };
   auto Y = [&](double v) { return float(y1 - (y1 - y0) * (tr(v) - lo) / (hi - lo)); };
   // The title on top; the axis's ends as plain numbers at its top and bottom right.
   ImVec2 title_size = ImGui::CalcTextSize(title);
@@ -206,12 +216,17 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
   };
   if (std::isfinite(hline))
     dl->AddLine(ImVec2(x0, Y(hline)), ImVec2(x1, Y(hline)), IM_COL32(255, 80, 80, 160));
-  int stride = std::max(1, steps / int(std::max(1.0f, x1 - x0)));
+  int stride = std::max(1, span / int(std::max(1.0f, x1 - x0)));
   for (const auto& s : series) {
     bool have = false;
     ImVec2 prev;
-    for (int i = 0; i < int(s.y.size()); i += stride) {
+    for (int i = win.lo; i < std::min(win.hi, int(s.y.size())); i += stride) {
       double v = s.y[size_t(i)];
+      if (log_y && v == 0.0) {  // exactly 0: a ring on the floor, where the log axis cannot go
+        dl->AddCircle(ImVec2(X(i), y1 - 3), 3.0f, s.color);
+        have = false;
+        continue;
+      }
       if (!std::isfinite(tr(v))) {
         have = false;
         continue;
@@ -226,15 +241,33 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
     }
   }
   for (int m : markers)
-    dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0),
-                          IM_COL32(255, 90, 90, 255));
-  if (cursor >= 0) dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
+    if (inside(m))
+      dl->AddTriangleFilled(ImVec2(X(m), y0 + 8), ImVec2(X(m) - 4, y0), ImVec2(X(m) + 4, y0),
+                            IM_COL32(255, 90, 90, 255));
+  if (cursor >= 0 && inside(cursor))
+    dl->AddLine(ImVec2(X(cursor), y0), ImVec2(X(cursor), y1), kCursor, 1.5f);
+  if (ui && span > 0) {
+    ImGuiIO& io = ImGui::GetIO();
+    float per_key = (x1 - x0) / float(std::max(1, span - 1));
+    if (ImGui::IsItemHovered() && io.MouseWheel != 0.0f) {  // zoom around the key under the mouse
+      double at = double(win.lo) + double((io.MousePos.x - x0) / per_key);
+      int next = std::clamp(int(std::lround(span * std::pow(0.8, double(io.MouseWheel)))),
+                            std::min(steps, 8), steps);
+      ui->view_span = next;
+      ui->view_lo = int(std::lround(at - (at - win.lo) * next / span));
+    }
+    if (ImGui::IsItemActive() && io.MouseDelta.x != 0.0f) {  // pan
+      ui->view_span = span;
+      ui->view_lo = win.lo - int(std::lround(io.MouseDelta.x / per_key));
+    }
+    if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(0)) ui->view_span = 0;
+  }
   axis_label(hi, y0);  // over the lines and the cursor, on their own dark box
   axis_label(lo, y1 - ImGui::GetFontSize());
   if (ImGui::IsItemHovered() && steps > 0) {
-    int i = std::clamp(
-        int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) * float(steps - 1))), 0,
-        steps - 1);
+    int i = std::clamp(win.lo + int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) *
+                                                float(std::max(0, span - 1)))),
+                       0, steps - 1);
     ImGui::BeginTooltip();
     ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
     ImGui::TextDisabled("%s", about);
@@ -584,11 +617,31 @@ void legend(const Model& model, const UiState& ui) {
   tip("Lines that agree lie on top of each other. Hover a plot for its values at a key.");
 }
 
-void draw_plots(const Model& model, UiState& ui) {
+void draw_plots(Model& model, UiState& ui) {
   int n = model.steps();
   legend(model, ui);
+  // The whole row, its shown window boxed and the cursor marked: where the plots are.
   ImVec2 avail = ImGui::GetContentRegionAvail();
-  ImVec2 size((avail.x - 8) / 2, (avail.y - 16) / 3);
+  const float strip = 10.0f;
+  ImVec2 size((avail.x - 8) / 2, (avail.y - 16 - strip - 4) / 3);
+  KeyWindow win = key_window(n, model.cursor, size.x - 8, ui);
+  if (ui.view_span > 0) ui.view_lo = win.lo;
+  ui.view_cursor = model.cursor;
+  {
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    ImVec2 p0 = ImGui::GetCursorScreenPos();
+    ImGui::InvisibleButton("overview", ImVec2(avail.x, strip));
+    tip("The whole row; the box is the keys the plots show (mouse wheel on a plot: zoom, drag: "
+        "pan, double click: the whole row). Click to move the cursor.");
+    float w = avail.x, per = n > 0 ? w / float(n) : 0.0f;
+    dl->AddRectFilled(p0, ImVec2(p0.x + w, p0.y + strip), IM_COL32(25, 27, 33, 255));
+    dl->AddRectFilled(ImVec2(p0.x + per * float(win.lo), p0.y),
+                      ImVec2(p0.x + per * float(win.hi), p0.y + strip), IM_COL32(90, 90, 110, 255));
+    float cx = p0.x + per * (float(model.cursor) + 0.5f);
+    dl->AddLine(ImVec2(cx, p0.y), ImVec2(cx, p0.y + strip), kCursor, 2.0f);
+    if (ImGui::IsItemClicked() && n > 0)
+      model.cursor = std::clamp(int((ImGui::GetIO().MousePos.x - p0.x) / per), 0, n - 1);
+  }
   std::vector<Series> s_series = {{"s", IM_COL32(220, 220, 220, 255), model.scores(), false}};
   if (!model.raw_scores().empty())  // softcap: the score before it, thin and orange
     s_series.insert(s_series.begin(),
@@ -641,16 +694,16 @@ void draw_plots(const Model& model, UiState& ui) {
                                      : "scores s (orange: before softcap)",
        "The scaled scores s = scale * q.k of the row; gaps are masked keys. With fp16 inputs the "
        "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
-       s_series, n, model.cursor, false, size, {}, fp16_exp_limit);
+       s_series, n, model.cursor, false, size, {}, fp16_exp_limit, "key", win, &ui);
   ImGui::SameLine();
   plot("running max m (flashd: L)",
        "Each variant's running max m; red triangles mark where it rises and the state is "
        "rescaled by e^(m_prev - m_new). FLASH-D keeps no max: its running log-sum-exp L is drawn.",
-       m_series, n, model.cursor, false, size, rescales);
+       m_series, n, model.cursor, false, size, rescales, NAN, "key", win, &ui);
   plot(ui.log_l ? "denominator l (log)" : "denominator l",
        "The softmax denominator, relative to the current max: it drops when m rises. Click to "
        "switch between log and linear scale.",
-       l_series, n, model.cursor, ui.log_l, size);
+       l_series, n, model.cursor, ui.log_l, size, {}, NAN, "key", win, &ui);
   if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
   plot(has_sink ? "weight w of the new key (tan: the sink's share)" : "weight w of the new key",
@@ -661,14 +714,14 @@ void draw_plots(const Model& model, UiState& ui) {
                 : "The weight the newest key gets in the normalised output, per variant, with "
                   "the float64 weights in white. FLASH-D's w is this quantity; for the others it "
                   "is e^(s-m)/l.",
-       w_series, n, model.cursor, false, size);
+       w_series, n, model.cursor, false, size, {}, NAN, "key", win, &ui);
   plot("error vs float64 (log)",
        "Per step, the largest difference between the GPU's state and the same variant's "
-       "float64 recurrence; the red line is the error limit.",
-       e_series, n, model.cursor, true, size, {}, model.error_threshold);
+       "float64 recurrence; the red line is the error limit; a ring on the floor: exactly 0.",
+       e_series, n, model.cursor, true, size, {}, model.error_threshold, "key", win, &ui);
   ImGui::SameLine();
   plot("output o[0]", "The first component of the output each state stands for (FA2's o/l).",
-       o_series, n, model.cursor, false, size);
+       o_series, n, model.cursor, false, size, {}, NAN, "key", win, &ui);
 }
 
 void draw_heatmap(Model& model, UiState& ui) {
@@ -948,6 +1001,26 @@ void draw_ui(Model& model, UiState& ui, double dt) {
   end_panel(4);
   if (begin_panel(5, left + mid, size.y * 0.55f, right, size.y * 0.45f)) draw_output(model);
   end_panel(5);
+}
+
+float plot_pixels(float width) {
+  float left = std::clamp(width * 0.225f, 300.0f, 420.0f);
+  float right = std::clamp(width * 0.29375f, 376.0f, 560.0f);
+  if (width < 1280) left = width * 300 / 1280, right = width * 376 / 1280;
+  float content = width - left - right - 2 * 8.0f;  // ImGui's default window padding
+  return (content - 8) / 2 - 8;  // two plots a row, each inset by 4 on both sides
+}
+
+KeyWindow key_window(int steps, int cursor, float plot_px, const UiState& ui) {
+  if (steps <= 0) return {};
+  int fit = std::max(1, int(plot_px / kKeyPixels));
+  int span =
+      ui.view_span > 0 ? std::clamp(ui.view_span, std::min(steps, 8), steps) : std::min(steps, fit);
+  int lo = ui.view_span > 0 ? ui.view_lo : cursor - span / 2;
+  bool moved = cursor != ui.view_cursor;
+  if (ui.view_span > 0 && moved && (cursor < lo || cursor >= lo + span)) lo = cursor - span / 2;
+  lo = std::clamp(lo, 0, steps - span);
+  return {lo, lo + span};
 }
 
 }  // namespace flashvk::viewer

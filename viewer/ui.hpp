@@ -27,7 +27,23 @@ struct UiState {
   std::string lesson_of;        // what `lesson` was made for
   int point = -1;               // the point of interest last gone to
   bool literal_flashd = false;  // draw FLASH-D as the seed writes it (fp32) in the weight plot
+  // The step plots' window of keys (key_window): 0 keys = chosen from the plots' width; set by
+  // the mouse wheel (zoom) and dragging (pan), kept until the cursor leaves it.
+  int view_lo = 0, view_span = 0, view_cursor = -1;
 };
+
+/// Keys [lo, hi) of the row that the step plots show.
+struct KeyWindow {
+  int lo = 0, hi = 0;
+};
+/// Pixels a key needs before the plots show a window around the cursor instead of the whole row.
+constexpr float kKeyPixels = 3.0f;
+/// The drawing width of a step plot in a display `width` pixels wide (draw_ui's layout).
+float plot_pixels(float width);
+/// The keys the step plots show with the cursor on `cursor`: the whole row when each key gets at
+/// least kKeyPixels, else as many keys as get them, centred on the cursor; once zoomed or
+/// panned (ui.view_span), that window, moved only when the cursor has moved out of it.
+KeyWindow key_window(int steps, int cursor, float plot_px, const UiState& ui);
 
 /// Panel names in export order (index 0 is the whole window).
 const char* const* panel_names(int* count);
