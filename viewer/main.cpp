@@ -2,6 +2,7 @@
 #include <imgui.h>
 #include <imgui_impl_vulkan.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -166,15 +167,20 @@ int run_headless(Options& o) {
   ImGui::StyleColorsDark();
   init_imgui_vulkan(dev, target.render_pass(), 2);
   std::vector<uint8_t> pixels;
+  double frame_ms = 0;
   for (int frame = 0; frame < 3; ++frame) {  // auto-sized widgets settle after a frame or two
+    auto start = std::chrono::steady_clock::now();
     io.DeltaTime = 1.0f / 60.0f;
     ImGui_ImplVulkan_NewFrame();
     ImGui::NewFrame();
     draw_ui(model, o.ui, 0.0);
     ImGui::Render();
     if (frame == 2) pixels = target.render();
+    frame_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
   write_png(o.screenshot, pixels, o.width, o.height);
+  std::printf("  frame: %.1f ms to draw and render (the last of 3)\n", frame_ms);
   print_summary(model, o.screenshot,
                 key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui));
   ImGui_ImplVulkan_Shutdown();
