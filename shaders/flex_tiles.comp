@@ -2,8 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 // The tile bitmap of user-written attention (flashvk::flex), run before the fused kernels: a bit
 // per workgroup of theirs (TILE_ROWS query rows) and tile of BC keys, set where a row of the
-// workgroup sees a key of the tile through every limit of modifiers.glsl, mask_mod's included
-// (a score modify_score makes -inf is hidden). The kernels then step over the other tiles
+// workgroup sees a key of the tile through every limit of modifiers.glsl: the window, the chunk,
+// the key mask, an additive mask's -inf and mask_mod (score_mod is not run here: a score it makes
+// -inf depends on the keys' values, which the kernels read). The kernels then step over the other tiles
 // (next_seen_tile, tile_seen) as over an additive mask's: never read. It writes the words at
 // pc.mask_tiles of the buffer they read as mask_buf (bound here at binding 8). Each invocation
 // tests one tile and stops at its first visible pair; a workgroup of 32 writes one word.

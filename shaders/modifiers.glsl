@@ -99,7 +99,7 @@ float modify_score(uint rr, uint j, float s) {
 #endif
 #endif
   if ((MODS & MOD_SOFTCAP) != 0u) s = pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0));
-#ifdef FLEX_SCORE_MOD
+#if defined(FLEX_SCORE_MOD) && !defined(FLEX_TILES)  // the tile pass asks what mask_mod hides
   s = score_mod(s, flex_b, flex_h, flex_i, int(j));
 #endif
   if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));

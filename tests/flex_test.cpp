@@ -135,15 +135,17 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
                  "q_idx, int kv_idx)");
   // A read past the table: the call is refused once it has run (the output is not returned).
   Modifiers past;
-  past.score_mod = "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
-                   "  return score + flex_table[kv_idx + 2];\n}\n";
+  past.score_mod =
+      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+      "  return score + flex_table[kv_idx + 2];\n}\n";
   past.flex_table = HostTensor({20});  // K has 20 keys: keys 18 and 19 read past it
   expect_refused([&] { run(past); }, "score_mod read flex_table past its 20 values");
   past.flex_table = HostTensor({22});
   EXPECT_NO_THROW(run(past));
   Modifiers no_table;
-  no_table.mask_mod = "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
-                      "  return flex_table[ kv_idx ] >= 0.0;\n}\n";
+  no_table.mask_mod =
+      "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+      "  return flex_table[ kv_idx ] >= 0.0;\n}\n";
   expect_refused([&] { run(no_table); }, "mask_mod read flex_table past its 0 values");
   Modifiers table_alone;
   table_alone.flex_table = HostTensor({4});
@@ -209,6 +211,118 @@ TEST(FlexWithoutCompiler, IsRefusedNamingFlashvkFlex) {
   p.mods.mask_mod = kChunks;
   HostTensor q = random_tensor({1, 1, 4, 16}, 1);
   expect_refused([&] { attention(ctx, q, q, q, p); }, "flashvk::flex::enable(ctx)");
+}
+
+// Cases a review found (each failed before its fix): naive with an additive mask and mask_mod;
+// a recording whose keys shrink under a mask_mod that depends on FLEX_NK; a score_mod that makes
+// -inf from the score's value beside a mask_mod; one text for both functions; unsigned indices;
+// a bracket left open in a comment.
+TEST_F(VulkanTest, FlexNaiveTakesAnAdditiveMaskBesideMaskMod) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  const uint32_t nq = 40, nk = 90, d = 16;
+  HostTensor q = random_tensor({1, 2, nq, d}, 1), k = random_tensor({1, 2, nk, d}, 2),
+             v = random_tensor({1, 2, nk, d}, 3);
+  AttentionParams p;
+  p.variant = Variant::naive;
+  p.mods.mask = HostTensor({nq, nk});
+  for (uint32_t i = 0; i < nq; ++i)
+    for (uint32_t j = 0; j < nk; ++j)
+      p.mods.mask.data[i * nk + j] =
+          (j % 5 == 0) ? -std::numeric_limits<float>::infinity() : 0.1f * float(j % 3);
+  p.mods.mask_mod =
+      "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return kv_idx % 7 != 1; }";
+  p.mods.mask_twin = [](int, int, int, int j) { return j % 7 != 1; };
+  reference::Result ref = reference::direct(q, k, v, p);
+  HostAttentionResult r = attention(ctx, q, k, v, p);
+  EXPECT_LE(max_error(r.out.data, ref.out), tolerance(q, k, v, p));
+}
+
+TEST_F(VulkanTest, FlexRecordingWhoseKeysChangeRunsWithoutTheBitmap) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  const uint32_t nq = 1, nk = 300, n = 100, d = 16;
+  HostTensor q = random_tensor({1, 1, nq, d}, 1), k = random_tensor({1, 1, nk, d}, 2),
+             v = random_tensor({1, 1, nk, d}, 3);
+  AttentionParams p;
+  p.variant = Variant::flash2;
+  p.mods.mask_mod = R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;
+  return kv_idx <= q_pos && kv_idx >= q_pos - 20;
+})";
+  p.mods.mask_twin = [](int, int, int i, int j) {
+    int qp = i + int(n) - int(nq);
+    return j <= qp && j >= qp - 20;
+  };
+  HostTensor ks({1, 1, n, d}), vs({1, 1, n, d});
+  std::copy(k.data.begin(), k.data.begin() + n * d, ks.data.begin());
+  std::copy(v.data.begin(), v.data.begin() + n * d, vs.data.begin());
+  reference::Result ref = reference::direct(q, ks, vs, p);
+  Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32),
+         tv = Tensor::upload(ctx, v, DType::f32);
+  AttentionRecording rec(ctx, tq, tk, tv, p);
+  rec.set_keys(n);
+  AttentionParams p2 = p;
+  p2.variant = Variant::naive;
+  AttentionRecording rec2(ctx, tq, tk, tv, p2);
+  rec2.set_keys(n);
+  {
+    ReusedFrame f2(ctx.handles(), [&](VkCommandBuffer cmd) { rec2.record(cmd); });
+    f2.submit();
+    EXPECT_LE(max_error(rec2.out().download().data, ref.out), 1e-4) << "naive control";
+  }
+  ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+  frame.submit();
+  EXPECT_LE(max_error(rec.out().download().data, ref.out), 1e-4);
+}
+
+TEST_F(VulkanTest, FlexTilePassDoesNotJudgeByScoreMod) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  const uint32_t nq = 8, nk = 64, d = 16;
+  HostTensor q = random_tensor({1, 1, nq, d}, 1), k = random_tensor({1, 1, nk, d}, 2),
+             v = random_tensor({1, 1, nk, d}, 3);
+  AttentionParams p;
+  p.variant = Variant::flash2;
+  p.mods.score_mod =
+      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score > 0.0 ? "
+      "score : -1.0 / 0.0; }";
+  p.mods.score_twin = [](double s, int, int, int, int) {
+    return s > 0 ? s : -std::numeric_limits<double>::infinity();
+  };
+  p.mods.mask_mod = "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return true; }";
+  p.mods.mask_twin = [](int, int, int, int) { return true; };
+  reference::Result ref = reference::direct(q, k, v, p);
+  HostAttentionResult r = attention(ctx, q, k, v, p);
+  EXPECT_LE(max_error(r.out.data, ref.out), 1e-4);
+  p.mods.mask_mod.clear();
+  p.mods.mask_twin = nullptr;
+  HostAttentionResult r2 = attention(ctx, q, k, v, p);
+  EXPECT_LE(max_error(r2.out.data, ref.out), 1e-4) << "control without mask_mod";
+}
+
+TEST_F(VulkanTest, FlexOneTextForBothFunctionsCompiles) {
+  Modifiers m;
+  m.score_mod = m.mask_mod =
+      R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score; }
+bool mask_mod(int b, int h, int q_idx, int kv_idx) { return true; })";
+  EXPECT_NO_THROW(flex::check(m));
+}
+
+TEST_F(VulkanTest, FlexTableTakesUnsignedIndices) {
+  Modifiers m;
+  m.score_mod =
+      R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) { uint j = uint(kv_idx); return score + flex_table[j]; })";
+  m.flex_table = HostTensor({4});
+  EXPECT_NO_THROW(flex::check(m));
+}
+
+TEST_F(VulkanTest, FlexLeavesBracketsInCommentsAlone) {
+  Modifiers m;
+  m.score_mod =
+      "// reads flex_table[i\nfloat score_mod(float score, int b, int h, int q_idx, int kv_idx) "
+      "{\n  float a[2] = float[2](0.0, 1.0);\n  return score + a[1];\n}\n";
+  EXPECT_NO_THROW(flex::check(m));
 }
 
 }  // namespace

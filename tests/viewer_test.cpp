@@ -87,16 +87,11 @@ double line_y(const Image& img, const Box& box, double from, double to) {
   return n ? sum / n : -1;
 }
 
-const char* const kPresets[] = {"sample",      "huge-logits",    "falling-rising",
-                                "sink",        "masked-mid-row", "fully-masked-row",
-                                "empty-split", "fp16-overflow",  "q4-kv",
-#ifdef FLASHVK_VIEWER_FLEX
-                                "documents"
-#endif
-};
+// Every preset the viewer offers (the documents one where flashvk::flex is built).
+const std::vector<std::string>& kPresets = viewer::preset_names();
 
 TEST(Viewer, EveryPresetRendersAllPanels) {
-  for (const char* preset : kPresets) {
+  for (const std::string& preset : kPresets) {
     std::string out;
     Image img =
         screenshot(std::string("--preset ") + preset + " --variant flash2,flashd,splitkv", &out);
@@ -206,7 +201,7 @@ TEST(Viewer, StoredInputsAreExactAgainstTheirStoredValuesAndTheirCostIsShown) {
 // content reached and how wide each plot title is, and names what did not fit.
 TEST(Viewer, EveryPresetFitsAt1280x720And1920x1080) {
   for (auto [size, width] : {std::pair{"1280x720", 1280}, std::pair{"1920x1080", 1920}})
-    for (const char* preset : kPresets) {
+    for (const std::string& preset : kPresets) {
       std::string out;
       Image img =
           screenshot(std::string("--preset ") + preset +
@@ -233,7 +228,7 @@ const viewer::PointOfInterest* point_at(const viewer::Lesson& lesson, int step) 
 }
 
 TEST_F(LessonTest, EveryPresetHasPointsOfInterestInItsTrace) {
-  for (const char* preset : kPresets) {
+  for (const std::string& preset : kPresets) {
     viewer::Model model(context());
     model.selected = {Variant::flash1, Variant::flashd, Variant::splitkv};
     model.load(viewer::make_preset(preset, FLASHVK_ASSETS));
@@ -258,7 +253,7 @@ TEST_F(LessonTest, EveryPresetHasPointsOfInterestInItsTrace) {
 // when the cursor is on them, and a row that fits is shown whole.
 TEST_F(LessonTest, PointsOfInterestAreInsideThePlottedWindow) {
   for (float width : {1280.0f, 1920.0f})
-    for (const char* preset : kPresets) {
+    for (const std::string& preset : kPresets) {
       viewer::Model model(context());
       model.selected = {Variant::flash2, Variant::flashd};
       model.load(viewer::make_preset(preset, FLASHVK_ASSETS));

@@ -706,7 +706,7 @@ void draw_plots(Model& model, UiState& ui) {
        l_series, n, model.cursor, ui.log_l, size, {}, NAN, "key", win, &ui);
   if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
-  plot(has_sink ? "weight w of the new key (tan: the sink's share)" : "weight w of the new key",
+  plot(has_sink ? "weight w (tan: the sink's share)" : "weight w of the new key",
        has_sink ? "The weight the newest key gets in the normalised output, per variant, with the "
                   "float64 weights in white. Tan: the attention sink's share of the "
                   "denominator, e^(sink - L) with L the running log-sum-exp; it starts at 1 (the "

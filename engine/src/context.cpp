@@ -584,13 +584,11 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
 
 VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers& mods,
                                       const Spec& spec) {
-  // A module per build and functions: its name holds a hash of their text.
-  char hash[20];
-  std::snprintf(hash, sizeof hash, "%016zx",
-                std::hash<std::string>{}(mods.score_mod + '\0' + mods.mask_mod + '\0' +
-                                         mods.score_mod_name + '\0' + mods.mask_mod_name + '\0' +
-                                         std::to_string(mods.flex_table.data.size())));
-  std::string name = build + "+user_" + hash;
+  // A module per build and functions, keyed by their whole text (no digest to collide); the
+  // name goes through a C string, so its separator is not '\0'.
+  const char sep = '\x1f';
+  std::string name = build + "+user" + sep + mods.score_mod_name + sep + mods.score_mod + sep +
+                     mods.mask_mod_name + sep + mods.mask_mod;
   std::shared_ptr<KernelCompiler> with;
   {
     std::lock_guard lock(pipeline_mutex);

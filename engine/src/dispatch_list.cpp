@@ -46,7 +46,7 @@ DispatchList::~DispatchList() {
 }
 
 VkDescriptorSet DispatchList::make_set(const Bindings& buffers, VkBuffer lengths,
-                                       const TexelViews& texel_views, VkBuffer flex_table) {
+                                       const TexelViews& texel_views, Range flex_table) {
   VkDescriptorSetAllocateInfo alloc{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
   alloc.descriptorPool = pool_;
   alloc.descriptorSetCount = 1;
@@ -75,8 +75,9 @@ VkDescriptorSet DispatchList::make_set(const Bindings& buffers, VkBuffer lengths
   length_write.descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
   length_write.pBufferInfo = &length_info;
   vkUpdateDescriptorSets(impl_.device, 1, &length_write, 0, nullptr);
-  VkDescriptorBufferInfo table_info{flex_table ? flex_table : impl_.dummy.handle(), 0,
-                                    VK_WHOLE_SIZE};
+  // Exactly the table and its fault word: the shaders take the table's length from the range.
+  VkDescriptorBufferInfo table_info{flex_table.buffer ? flex_table.buffer : impl_.dummy.handle(),
+                                    flex_table.offset, flex_table.buffer ? flex_table.bytes : 16};
   VkWriteDescriptorSet table_write = length_write;
   table_write.dstBinding = kFlexTableBinding;
   table_write.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;

@@ -44,7 +44,7 @@ class DispatchList {
   /// where the first is not null the texel views (register tiles), and the user functions'
   /// table (a 16-byte placeholder where null).
   VkDescriptorSet make_set(const Bindings& buffers, VkBuffer lengths, const TexelViews& texels,
-                           VkBuffer flex_table = VK_NULL_HANDLE);
+                           Range flex_table = {});
   /// Appends a dispatch of `groups` workgroups; throws where the device allows fewer.
   void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
            const void* push_data, uint32_t push_bytes);

@@ -10,6 +10,7 @@
 #include <glslang/SPIRV/GlslangToSpv.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 
 #include "flashvk/error.hpp"
@@ -139,27 +141,110 @@ uint64_t sources_digest() {
   return d;
 }
 
+// What glslang compiles for one build and set of functions: the kernel's source, a preamble of
+// the build's defines and the functions' switches, and the files it includes besides the
+// embedded ones (flex_functions.glsl: the table and the user's files, their reads checked).
+struct Job {
+  const char* source_name = nullptr;
+  const char* source = nullptr;
+  std::string preamble;
+  std::map<std::string, std::string> files;
+  std::string score, mask;  // the user's files' names, as errors give them
+};
+
+Job prepare(const std::string& build, const Modifiers& mods) {
+  if (!mods.user_functions()) throw Error("flex::compile: neither score_mod nor mask_mod is given");
+  const detail::FlexBuild* found = nullptr;
+  for (const detail::FlexBuild& b : detail::flex_builds())
+    if (build == b.name) found = &b;
+  if (!found) throw Error("internal: flashvk::flex has no kernel build '" + build + "'");
+  Job job;
+  job.source_name = found->source;
+  for (const detail::FlexSource& s : detail::flex_sources())
+    if (std::strcmp(s.name, found->source) == 0) job.source = s.text;
+  if (!job.source) throw Error(std::string("internal: flashvk::flex lacks ") + found->source);
+  std::istringstream defines(found->defines);
+  for (std::string d; defines >> d;) job.preamble += "#define " + d + "\n";
+  job.preamble += "#define FLEX\n";
+  if (!mods.score_mod.empty()) job.preamble += "#define FLEX_SCORE_MOD\n";
+  if (!mods.mask_mod.empty()) job.preamble += "#define FLEX_MASK_MOD\n";
+  job.score = file_name(mods.score_mod_name, "score_mod");
+  job.mask = file_name(mods.mask_mod_name, "mask_mod");
+  // The table and after it a word a read outside it sets (Plan::check_user_functions); its
+  // length is the bound range's, less that word, so one build serves every table.
+  std::string functions =
+      "layout(std430, binding = 14) buffer FlexTable { float flex_table_values[]; };\n"
+      "#define FLEX_TABLE_SIZE (flex_table_values.length() - 1)\n"
+      "float flex_table_at(int i) {\n"
+      "  if (i >= 0 && i < FLEX_TABLE_SIZE) return flex_table_values[i];\n"
+      "  flex_table_values[FLEX_TABLE_SIZE] = 1.0;\n"
+      "  return 0.0;\n"
+      "}\n"
+      "float flex_table_at(uint i) { return flex_table_at(int(min(i, 0x7fffffffu))); }\n";
+  if (!mods.score_mod.empty()) {
+    job.files[job.score] = checked_reads(mods.score_mod);
+    functions += "#include \"" + job.score + "\"\n";
+  }
+  if (!mods.mask_mod.empty() && mods.mask_mod != mods.score_mod) {  // one text: included once
+    if (job.files.count(job.mask)) job.mask = "mask_" + job.mask;   // two files of one name
+    job.files[job.mask] = checked_reads(mods.mask_mod);
+    functions += "#include \"" + job.mask + "\"\n";
+  }
+  job.files["flex_functions.glsl"] = functions;
+  return job;
+}
+
+// A digest of everything glslang sees for `job`: its own text and the embedded GLSL.
+uint64_t job_digest(const Job& job) {
+  uint64_t h = digest(std::string(job.source_name) + '\0' + job.preamble, sources_digest());
+  for (const auto& [name, text] : job.files) h = digest(name + '\0' + text + '\0', h);
+  return h;
+}
+
+std::vector<uint32_t> run_glslang(const Job& job, const Modifiers& mods) {
+  std::call_once(glslang_ready, [] { glslang::InitializeProcess(); });
+  Includer includer(job.files);
+  glslang::TShader shader(EShLangCompute);
+  const char* texts[] = {job.source};
+  const char* names[] = {job.source_name};
+  shader.setStringsWithLengthsAndNames(texts, nullptr, names, 1);
+  shader.setPreamble(job.preamble.c_str());
+  shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
+  shader.setEnvClient(glslang::EShClientVulkan, glslang::EShTargetVulkan_1_1);
+  shader.setEnvTarget(glslang::EShTargetSpv, glslang::EShTargetSpv_1_3);
+  auto messages = static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules);
+  if (!shader.parse(GetDefaultResources(), 460, false, messages, includer))
+    throw Error(first_error(shader.getInfoLog(), mods, job.score, job.mask));
+  glslang::TProgram program;
+  program.addShader(&shader);
+  if (!program.link(messages))
+    throw Error(first_error(program.getInfoLog(), mods, job.score, job.mask));
+  std::vector<uint32_t> spirv;
+  glslang::SpvOptions options;
+  glslang::GlslangToSpv(*program.getIntermediate(EShLangCompute), spirv, &options);
+  return spirv;
+}
+
 // glslang's compiler, keeping each kernel's SPIR-V in `folder` (the pipeline cache's; "" keeps
-// none): a later process loads it instead of compiling again. A file that is not SPIR-V is
-// compiled over; a failed write only costs the next process a compile.
+// none), named by the digest of what glslang sees: a later process loads it instead of
+// compiling again. A file that is not SPIR-V is compiled over; a failed write only costs the
+// next process a compile.
 class GlslangCompiler : public KernelCompiler {
  public:
   explicit GlslangCompiler(std::filesystem::path folder) : folder_(std::move(folder)) {}
   std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) override {
-    if (folder_.empty()) return flex::compile(build, mods);
-    uint64_t key =
-        digest(build + '\0' + mods.score_mod + '\0' + mods.mask_mod + '\0' + mods.score_mod_name +
-                   '\0' + mods.mask_mod_name + '\0' + std::to_string(mods.flex_table.data.size()),
-               sources_digest());
-    char name[96];
+    Job job = prepare(build, mods);
+    if (folder_.empty()) return run_glslang(job, mods);
+    char name[64];
     std::snprintf(name, sizeof name, "flashvk-flex-%016llx.spv",
-                  static_cast<unsigned long long>(key));
+                  static_cast<unsigned long long>(job_digest(job)));
     std::filesystem::path file = folder_ / name;
     std::vector<uint32_t> words = read_spirv(file);
     if (!words.empty()) return words;
-    words = flex::compile(build, mods);
+    words = run_glslang(job, mods);
     std::filesystem::path tmp = file;
-    tmp += ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    tmp += ".tmp" + std::to_string(std::random_device{}()) +
+           std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
     {
       std::ofstream out(tmp, std::ios::binary);
       out.write(reinterpret_cast<const char*>(words.data()),
@@ -190,67 +275,7 @@ class GlslangCompiler : public KernelCompiler {
 }  // namespace
 
 std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods) {
-  if (!mods.user_functions()) throw Error("flex::compile: neither score_mod nor mask_mod is given");
-  const detail::FlexBuild* found = nullptr;
-  for (const detail::FlexBuild& b : detail::flex_builds())
-    if (build == b.name) found = &b;
-  if (!found) throw Error("internal: flashvk::flex has no kernel build '" + build + "'");
-  const char* source = nullptr;
-  for (const detail::FlexSource& s : detail::flex_sources())
-    if (std::strcmp(s.name, found->source) == 0) source = s.text;
-  if (!source) throw Error(std::string("internal: flashvk::flex lacks ") + found->source);
-  std::call_once(glslang_ready, [] { glslang::InitializeProcess(); });
-
-  std::string preamble;
-  std::istringstream defines(found->defines);
-  for (std::string d; defines >> d;) preamble += "#define " + d + "\n";
-  preamble += "#define FLEX\n";
-  if (!mods.score_mod.empty()) preamble += "#define FLEX_SCORE_MOD\n";
-  if (!mods.mask_mod.empty()) preamble += "#define FLEX_MASK_MOD\n";
-  std::string score = file_name(mods.score_mod_name, "score_mod");
-  std::string mask = file_name(mods.mask_mod_name, "mask_mod");
-  std::map<std::string, std::string> files;
-  // The table, and after it a word a read outside it sets (Plan::check_user_functions).
-  std::string functions =
-      "layout(std430, binding = 14) buffer FlexTable { float flex_table_values[]; };\n"
-      "const int FLEX_TABLE_SIZE = " +
-      std::to_string(mods.flex_table.data.size()) +
-      ";\n"
-      "float flex_table_at(int i) {\n"
-      "  if (i >= 0 && i < FLEX_TABLE_SIZE) return flex_table_values[i];\n"
-      "  flex_table_values[FLEX_TABLE_SIZE] = 1.0;\n"
-      "  return 0.0;\n"
-      "}\n";
-  if (!mods.score_mod.empty()) {
-    files[score] = checked_reads(mods.score_mod);
-    functions += "#include \"" + score + "\"\n";
-  }
-  if (!mods.mask_mod.empty() && !(files.count(mask) && mods.score_mod == mods.mask_mod)) {
-    if (files.count(mask)) mask = "mask_" + mask;  // two files of one name
-    files[mask] = checked_reads(mods.mask_mod);
-    functions += "#include \"" + mask + "\"\n";
-  }
-  files["flex_functions.glsl"] = functions;
-  Includer includer(std::move(files));
-
-  glslang::TShader shader(EShLangCompute);
-  const char* texts[] = {source};
-  const char* names[] = {found->source};
-  shader.setStringsWithLengthsAndNames(texts, nullptr, names, 1);
-  shader.setPreamble(preamble.c_str());
-  shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
-  shader.setEnvClient(glslang::EShClientVulkan, glslang::EShTargetVulkan_1_1);
-  shader.setEnvTarget(glslang::EShTargetSpv, glslang::EShTargetSpv_1_3);
-  auto messages = static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules);
-  if (!shader.parse(GetDefaultResources(), 460, false, messages, includer))
-    throw Error(first_error(shader.getInfoLog(), mods, score, mask));
-  glslang::TProgram program;
-  program.addShader(&shader);
-  if (!program.link(messages)) throw Error(first_error(program.getInfoLog(), mods, score, mask));
-  std::vector<uint32_t> spirv;
-  glslang::SpvOptions options;
-  glslang::GlslangToSpv(*program.getIntermediate(EShLangCompute), spirv, &options);
-  return spirv;
+  return run_glslang(prepare(build, mods), mods);
 }
 
 void enable(Context& ctx) {

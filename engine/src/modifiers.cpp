@@ -618,7 +618,7 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   }
   // mask_mod's tile bitmap: room for it where an additive mask has not made one (the same
   // layout: set_mask_tiles), filled on the device by flex_tiles.comp before each run.
-  if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {
+  if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {  // fused, fixed Nk (Plan)
     if (!m.has_mask()) {
       uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
       uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq, block = plan.spec.block();
@@ -648,7 +648,7 @@ void plan_flex_tiles(Plan& plan) {
   // (one whose keys grow runs without it), so every run of a recording reuses it.
   DispatchList once(plan.impl);
   VkDescriptorSet set =
-      once.make_set(b, plan.lengths.handle(), plan.texel_views, plan.flex_table.handle());
+      once.make_set(b, plan.lengths.handle(), plan.texel_views, plan.flex_range());
   once.add(pass, set, {words, blocks, d.batch * d.kv_heads}, &plan.push, sizeof(plan.push));
   plan.impl.submit_and_wait([&](VkCommandBuffer cmd) { once.record(cmd); });
 }

@@ -183,8 +183,10 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                     .forced_keys = options.keys,
                     .trace = options.trace},
                    options.pages ? options.pages->page_size : 0);
-  // mask_mod's tile bitmap is sized for Nk: a recording whose keys grow runs without it.
-  if (!params.mods.has_mask() && (most_keys != dims.nk || !variant_info(params.variant).fused))
+  // The tile bitmap is the fused kernels' alone; mask_mod's holds for one Nk, so a recording
+  // whose keys change (set_keys, set_position) runs without it (an additive mask's Nk is fixed).
+  if (!variant_info(params.variant).fused ||
+      (!params.mods.has_mask() && (options.dynamic_keys || appends)))
     spec.mods &= ~kModTiles;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
@@ -274,7 +276,6 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     check_binding(v, "V");
   }
 
-  if (flex_tiles) plan_flex_tiles(*this);
   const VariantInfo& info = variant_info(params.variant);
   if (!info.fused)
     plan_naive(*this);
@@ -282,6 +283,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     plan_splitkv(*this);
   else
     plan_fused(*this);
+  // After the kernels are built, so that a function one of them refuses stops the call before
+  // anything runs.
+  if (flex_tiles) plan_flex_tiles(*this);
 }
 
 Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, const char* name) {
@@ -321,6 +325,10 @@ Plan::Plan(Context& context, const Tensor& x, const RopeParams& rope) : Plan(con
 
 Plan::Plan(Context& context) : ctx(context), impl(context.impl()), dispatches_(impl) {}
 
+Range Plan::flex_range() const {
+  return flex_table.handle() ? Range(flex_table.handle(), 0, flex_table.bytes()) : Range();
+}
+
 void Plan::check_user_functions() const {
   const Modifiers& m = params.mods;
   if (!m.user_functions() || read_floats(flex_table).back() == 0.0f) return;
@@ -333,7 +341,7 @@ void Plan::check_user_functions() const {
 }
 
 VkDescriptorSet Plan::make_set(const Bindings& buffers) {
-  return dispatches_.make_set(buffers, lengths.handle(), texel_views, flex_table.handle());
+  return dispatches_.make_set(buffers, lengths.handle(), texel_views, flex_range());
 }
 
 void Plan::add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,

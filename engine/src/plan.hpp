@@ -172,7 +172,8 @@ class Plan {
   void check_loop_budget(uint64_t keys) const;
   static constexpr uint64_t kLoopBudget = 60000;
   static std::vector<float> read_floats(const Buffer& buffer);
-  void set_tables();  // the small tables: the modifiers', then the page table
+  Range flex_range() const;  // the user functions' table and its fault word, or none
+  void set_tables();         // the small tables: the modifiers', then the page table
   void make_texel_views();
   void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
   void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
