@@ -230,6 +230,13 @@ TEST_F(CliTest, RunAndTraceTakeUserFunctions) {
   EXPECT_NE(o.output.find("bad.glsl:2: 'missing_bias' : undeclared identifier"), std::string::npos)
       << o.output;
   EXPECT_FALSE(fs::exists(path("bad.npy")));
+  // A table of another type than float32.
+  put("ints.npy", npy_bytes("<i4", "(2,)", std::string(8, '\1')));
+  o = run_cli("run " + qkv() + " --mask-mod " + path("docs.glsl") + " --mod-table " +
+              path("ints.npy") + " --out " + path("bad.npy"));
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_NE(o.output.find("unsupported dtype '<i4'"), std::string::npos) << o.output;
+  EXPECT_FALSE(fs::exists(path("bad.npy")));
   o = run_cli("run " + qkv() + " --mask-mod " + path("nowhere.glsl") + " --out " + path("bad.npy"));
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_NE(o.output.find("cannot read"), std::string::npos) << o.output;
