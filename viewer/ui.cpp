@@ -627,6 +627,7 @@ void draw_plots(Model& model, UiState& ui) {
   KeyWindow win = key_window(n, model.cursor, size.x - 8, ui);
   if (ui.view_span > 0) ui.view_lo = win.lo;
   ui.view_cursor = model.cursor;
+  ui.shown = win;
   {
     ImDrawList* dl = ImGui::GetWindowDrawList();
     ImVec2 p0 = ImGui::GetCursorScreenPos();
@@ -735,19 +736,26 @@ void draw_heatmap(Model& model, UiState& ui) {
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
       "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk, mask).%s",
-      br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "");
+      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk, mask).%s%s",
+      br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "",
+      ui.shown.hi - ui.shown.lo < int(d.nk) && ui.shown.hi > ui.shown.lo
+          ? " Keys as the plots show them."
+          : "");
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   if (heat.empty() || d.nq == 0 || avail.x < 1 || avail.y < 1) return;
+  // The keys the plots show (all of them, unless the row is too long for its plots).
+  uint32_t klo = 0, khi = d.nk;
+  if (ui.shown.hi > ui.shown.lo && uint32_t(ui.shown.hi) <= d.nk)
+    klo = uint32_t(ui.shown.lo), khi = uint32_t(ui.shown.hi);
+  uint32_t nkw = khi - klo;
   // Square cells, as large as fit; a map of few rows gets rows at least 24 px tall.
-  float cell = std::min(avail.x / float(d.nk), avail.y / float(d.nq));
+  float cell = std::min(avail.x / float(nkw), avail.y / float(d.nq));
   float cw = cell, ch = std::max(cell, 24.0f / float(d.nq));
-  ImVec2 extent(cw * float(d.nk), std::min(avail.y, ch * float(d.nq)));
+  ImVec2 extent(cw * float(nkw), std::min(avail.y, ch * float(d.nq)));
   ImGui::InvisibleButton("heatmap", extent);
-  int cols = std::min<int>(int(d.nk), int(extent.x)),
-      rows = std::min<int>(int(d.nq), int(extent.y));
+  int cols = std::min<int>(int(nkw), int(extent.x)), rows = std::min<int>(int(d.nq), int(extent.y));
   float pw = extent.x / float(cols), ph = extent.y / float(rows);
   double lo = INFINITY, hi = -INFINITY;
   for (double v : heat)
@@ -756,7 +764,7 @@ void draw_heatmap(Model& model, UiState& ui) {
   for (int r = 0; r < rows; ++r) {
     size_t i = size_t(r) * d.nq / size_t(rows);
     for (int c = 0; c < cols; ++c) {
-      size_t j = size_t(c) * d.nk / size_t(cols);
+      size_t j = klo + size_t(c) * nkw / size_t(cols);
       double v = heat[i * d.nk + j];
       ImU32 col = IM_COL32(40, 40, 40, 255);  // a masked key, in S and in P alike
       if (std::isfinite(v) && std::isfinite(model.heat_s()[i * d.nk + j])) {
@@ -769,11 +777,11 @@ void draw_heatmap(Model& model, UiState& ui) {
                         ImVec2(p0.x + (fx + 1) * pw, p0.y + (fy + 1) * ph), col);
     }
   }
-  float sx = extent.x / float(d.nk), sy = extent.y / float(d.nq);
+  float sx = extent.x / float(nkw), sy = extent.y / float(d.nq);
   for (uint32_t i0 = 0; bc && i0 < d.nq; i0 += br) {
-    for (uint32_t j0 = 0; j0 < d.nk; j0 += bc) {
-      ImVec2 a(p0.x + float(j0) * sx, p0.y + float(i0) * sy);
-      ImVec2 b(p0.x + float(std::min(d.nk, j0 + bc)) * sx,
+    for (uint32_t j0 = bc ? klo / bc * bc : 0; bc && j0 < khi; j0 += bc) {
+      ImVec2 a(p0.x + float(std::max(j0, klo) - klo) * sx, p0.y + float(i0) * sy);
+      ImVec2 b(p0.x + float(std::min(khi, j0 + bc) - klo) * sx,
                p0.y + float(std::min(d.nq, i0 + br)) * sy);
       // Skipped: no row of the block sees a key of the tile (causal limit, window, chunk:
       // window_keys; an additive mask or a mask_mod that hides the whole tile).

@@ -8,6 +8,11 @@
 
 namespace flashvk::viewer {
 
+/// Keys [lo, hi) of the row that the step plots show.
+struct KeyWindow {
+  int lo = 0, hi = 0;
+};
+
 struct UiState {
   std::string assets = "assets";
   int preset = 0;
@@ -30,12 +35,9 @@ struct UiState {
   // The step plots' window of keys (key_window): 0 keys = chosen from the plots' width; set by
   // the mouse wheel (zoom) and dragging (pan), kept until the cursor leaves it.
   int view_lo = 0, view_span = 0, view_cursor = -1;
+  KeyWindow shown;  // the keys the plots showed in the last frame; the heatmap shows the same
 };
 
-/// Keys [lo, hi) of the row that the step plots show.
-struct KeyWindow {
-  int lo = 0, hi = 0;
-};
 /// Pixels a key needs before the plots show a window around the cursor instead of the whole row.
 constexpr float kKeyPixels = 3.0f;
 /// The drawing width of a step plot in a display `width` pixels wide (draw_ui's layout).
