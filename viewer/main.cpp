@@ -109,7 +109,7 @@ Options parse(const std::vector<std::string>& argv) {
   return o;
 }
 
-void print_summary(const Model& model, const std::string& path, KeyWindow plots) {
+void print_summary(const Model& model, const std::string& path, KeyWindow plots, double frame_ms) {
   const Dims& d = model.dims();
   std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(),
               model.context().device().name.c_str());
@@ -145,6 +145,7 @@ void print_summary(const Model& model, const std::string& path, KeyWindow plots)
   std::printf("\n");
   // What the step plots show, as the interactive viewer would with the cursor on this step.
   std::printf("  plots: keys %d-%d of %d\n", plots.lo, plots.hi - 1, model.steps());
+  std::printf("  frame: %.1f ms to draw and render (the last of 3)\n", frame_ms);
   const auto& overflows = layout_overflows();
   if (overflows.empty()) std::printf("  layout: every panel's text fits its width\n");
   for (const auto& o : overflows) std::printf("  layout: %s\n", o.c_str());
@@ -180,9 +181,9 @@ int run_headless(Options& o) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
   write_png(o.screenshot, pixels, o.width, o.height);
-  std::printf("  frame: %.1f ms to draw and render (the last of 3)\n", frame_ms);
   print_summary(model, o.screenshot,
-                key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui));
+                key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui),
+                frame_ms);
   ImGui_ImplVulkan_Shutdown();
   ImGui::DestroyContext();
   return 0;
