@@ -1,6 +1,7 @@
 // Headless screenshots of every preset, checked against what each panel should show.
 #include <stb/stb_image.h>
 #include <sys/wait.h>
+#include <array>
 
 #include <cstdio>
 #include <filesystem>
@@ -280,6 +281,59 @@ TEST_F(LessonTest, PointsOfInterestAreInsideThePlottedWindow) {
   viewer::KeyWindow moved = viewer::key_window(1000, 500, 600.0f, ui);
   EXPECT_EQ(moved.lo, 480);
   EXPECT_EQ(moved.hi, 520);
+}
+
+// The variants' colours stay apart for the common colour-vision deficiencies: simulated with
+// Machado, Oliveira and Fernandes (2009) at full severity in linear RGB, every pair is at least
+// 10 apart in CIELAB (and in normal vision too).
+TEST(Viewer, VariantColoursStayApartForColourBlindEyes) {
+  auto linear = [](double c) {
+    c /= 255.0;
+    return c <= 0.04045 ? c / 12.92 : std::pow((c + 0.055) / 1.055, 2.4);
+  };
+  auto lab = [](const std::array<double, 3>& rgb) {  // linear sRGB (D65) to CIELAB
+    double x = 0.4124 * rgb[0] + 0.3576 * rgb[1] + 0.1805 * rgb[2];
+    double y = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2];
+    double z = 0.0193 * rgb[0] + 0.1192 * rgb[1] + 0.9505 * rgb[2];
+    auto f = [](double t) { return t > 0.008856 ? std::cbrt(t) : 7.787 * t + 16.0 / 116.0; };
+    double fx = f(x / 0.95047), fy = f(y), fz = f(z / 1.08883);
+    return std::array<double, 3>{116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)};
+  };
+  using Matrix = std::array<std::array<double, 3>, 3>;
+  const Matrix kNormal = {{{1, 0, 0}, {0, 1, 0}, {0, 0, 1}}};
+  const Matrix kProtanopia = {{{0.152286, 1.052583, -0.204868},
+                               {0.114503, 0.786281, 0.099216},
+                               {-0.003882, -0.048116, 1.051998}}};
+  const Matrix kDeuteranopia = {{{0.367322, 0.860646, -0.227968},
+                                 {0.280085, 0.672501, 0.047413},
+                                 {-0.011820, 0.042940, 0.968881}}};
+  const Matrix kTritanopia = {{{1.255528, -0.076749, -0.178779},
+                               {-0.078411, 0.930809, 0.147602},
+                               {0.004733, 0.691367, 0.303900}}};
+  for (const Matrix* m : {&kNormal, &kProtanopia, &kDeuteranopia, &kTritanopia}) {
+    std::vector<std::array<double, 3>> seen;
+    for (Variant v : all_variants()) {
+      uint32_t c = viewer::variant_color(v);  // 0xAABBGGRR
+      std::array<double, 3> rgb = {linear(c & 0xff), linear((c >> 8) & 0xff),
+                                   linear((c >> 16) & 0xff)},
+                            sim{};
+      for (int r = 0; r < 3; ++r)
+        for (int k = 0; k < 3; ++k) sim[r] += (*m)[r][k] * rgb[k];
+      for (double& x : sim) x = std::clamp(x, 0.0, 1.0);
+      seen.push_back(lab(sim));
+    }
+    for (size_t a = 0; a < seen.size(); ++a)
+      for (size_t b = a + 1; b < seen.size(); ++b) {
+        double d =
+            std::hypot(seen[a][0] - seen[b][0], seen[a][1] - seen[b][1], seen[a][2] - seen[b][2]);
+        EXPECT_GE(d, 10.0) << variant_name(all_variants()[a]) << " and "
+                           << variant_name(all_variants()[b]) << ", matrix "
+                           << (m == &kNormal         ? "normal"
+                               : m == &kProtanopia   ? "protanopia"
+                               : m == &kDeuteranopia ? "deuteranopia"
+                                                     : "tritanopia");
+      }
+  }
 }
 
 // falling-rising: scores -12.5 j fall for 160 keys. In fp32 the seed's w_8 = 1 / (1 + e^100)

@@ -21,11 +21,13 @@ const char* kPanels[] = {"Whole window", "Controls", "Plots", "Heatmap", "Deriva
 std::map<int, ImVec4> g_panel_rects;
 std::vector<std::string> g_overflows;
 
-ImU32 variant_color(Variant v) {
+}  // namespace
+
+uint32_t variant_color(Variant v) {
   switch (v) {
     // Okabe and Ito's palette, told apart with the common colour-vision deficiencies too.
     case Variant::naive:
-      return IM_COL32(170, 170, 170, 255);  // grey
+      return IM_COL32(110, 110, 110, 255);  // grey, darker than the float64 reference's white
     case Variant::online:
       return IM_COL32(40, 130, 210, 255);  // blue, lightened for the dark background
     case Variant::flash1:
@@ -39,6 +41,8 @@ ImU32 variant_color(Variant v) {
   }
   return IM_COL32_WHITE;
 }
+
+namespace {
 const ImU32 kReference = IM_COL32(255, 255, 255, 200);
 const ImU32 kCursor = IM_COL32(255, 220, 0, 255);
 const ImU32 kLiteral = IM_COL32(255, 90, 90, 255);     // FLASH-D in the paper's form

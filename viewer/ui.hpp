@@ -1,5 +1,6 @@
 #pragma once
 // The viewer's panels, one function each, laid out over the whole display.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ float plot_pixels(float width);
 /// least kKeyPixels, else as many keys as get them, centred on the cursor; once zoomed or
 /// panned (ui.view_span), that window, moved only when the cursor has moved out of it.
 KeyWindow key_window(int steps, int cursor, float plot_px, const UiState& ui);
+
+/// A variant's colour in every panel (Okabe and Ito's palette).
+uint32_t variant_color(Variant v);  // ImGui's ImU32: 0xAABBGGRR
 
 /// Panel names in export order (index 0 is the whole window).
 const char* const* panel_names(int* count);
