@@ -62,9 +62,10 @@ TEST_P(FlexTest, FunctionsEqualToBuiltInsRunAsTheBuiltInsDo) {
 // The tiles mask_mod hides from every row of a workgroup are never read (flex_tiles.comp's
 // bitmap): keys 128..255 hidden from all, 64..127 from all heads but one per batch, and K and V
 // there NaN, which any read would carry into O. In every layout the device runs.
-TEST_P(FlexTest, TilesMaskModHidesAreNeverRead) {
+class FlexTilesTest : public FlexTest {};
+
+TEST_P(FlexTilesTest, TilesMaskModHidesAreNeverRead) {
   Variant variant = GetParam();
-  if (!variant_info(variant).fused) GTEST_SKIP() << "naive reads every key of a row's range";
   flex::enable(context());
   const uint32_t batch = 2, heads = 4, nq = 70, nk = 300, d = 32;
   HostTensor q = random_tensor({batch, heads, nq, d}, 21), k = random_tensor({batch, 2, nk, d}, 22),
@@ -80,31 +81,13 @@ TEST_P(FlexTest, TilesMaskModHidesAreNeverRead) {
     bool seen_64 = h == (b == 0 ? 2 : 1);
     return !((j >= 128 && j < 256) || (j >= 64 && j < 128 && !seen_64));
   };
-  HostTensor k_nan = k, v_nan = v;
-  for (uint32_t kv = 0; kv < batch * 2; ++kv)
-    for (uint32_t j = 128; j < 256; ++j)
-      for (uint32_t c = 0; c < d; ++c) {
-        size_t at = (size_t(kv) * nk + j) * d + c;
-        k.data[at] = v.data[at] = 0.0f;
-        k_nan.data[at] = v_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
-      }
-  for (TileLayout layout : device_layouts(variant, d, d)) {
-    bool f16 = layout == TileLayout::cooperative_matrix;
-    HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
-               vs = f16 ? round_to_half(v) : v;
-    reference::Result ref = reference::direct(qs, ks, vs, params);
-    params.hints.tile_layout = layout;
-    HostAttentionResult gpu =
-        attention(context(), qs, f16 ? round_to_half(k_nan) : k_nan,
-                  f16 ? round_to_half(v_nan) : v_nan, params, f16 ? DType::f16 : DType::f32);
-    EXPECT_LE(max_error(gpu.out.data, ref.out),
-              tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
-        << tile_layout_name(layout);
-    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
-  }
+  expect_keys_never_read(q, k, v, params, 128, 256);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, FlexTest, ::testing::ValuesIn(all_variants()),
+                         variant_param_name);
+// naive reads every key of a row's range: the fused variants alone skip tiles.
+INSTANTIATE_TEST_SUITE_P(Fused, FlexTilesTest, ::testing::ValuesIn(fused_variants()),
                          variant_param_name);
 
 TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {

@@ -479,31 +479,7 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
           params.mods.mask.data[((b * heads + h) * nq + i) * nk + j] =
               hide ? hidden : 0.05f * float((i + j + h + b) % 7);
         }
-  HostTensor k_nan = k, v_nan = v;
-  for (uint32_t kv = 0; kv < batch * 2; ++kv)
-    for (uint32_t j = 128; j < 256; ++j)
-      for (uint32_t c = 0; c < d; ++c) {
-        size_t at = (size_t(kv) * nk + j) * d + c;
-        k.data[at] = v.data[at] = 0.0f;
-        k_nan.data[at] = v_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
-      }
-  // Every layout the device runs: cooperative matrices in fp16 (NaN stays NaN), the rest in fp32.
-  ModCase shape{"skip", batch, heads, 2, nq, nk, d, d};
-  for (TileLayout layout : layouts_for(variant, shape)) {
-    bool f16 = layout == TileLayout::cooperative_matrix;
-    HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
-               vs = f16 ? round_to_half(v) : v;
-    reference::Result ref = reference::direct(qs, ks, vs, params);
-    params.hints.tile_layout = layout;
-    HostAttentionResult gpu =
-        attention(context(), qs, f16 ? round_to_half(k_nan) : k_nan,
-                  f16 ? round_to_half(v_nan) : v_nan, params, f16 ? DType::f16 : DType::f32);
-    EXPECT_EQ(gpu.tile_layout, layout == TileLayout::automatic ? gpu.tile_layout : layout);
-    EXPECT_LE(max_error(gpu.out.data, ref.out),
-              tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
-        << tile_layout_name(layout);
-    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
-  }
+  expect_keys_never_read(q, k, v, params, 128, 256);
 }
 
 // Chunked attention with q = 0: every key of a row's chunk up to its diagonal gets the same

@@ -151,4 +151,41 @@ std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
   return l;
 }
 
+void expect_keys_never_read(const HostTensor& q, HostTensor k, HostTensor v, AttentionParams params,
+                            uint32_t from, uint32_t to) {
+  const int64_t nk = k.shape[k.shape.size() - 2], d = k.shape.back(), dv = v.shape.back();
+  HostTensor k_nan = k, v_nan = v;
+  for (int64_t m = 0; m < k.numel() / (nk * d); ++m)
+    for (int64_t j = from; j < to; ++j) {
+      for (int64_t c = 0; c < d; ++c) {
+        size_t at = size_t((m * nk + j) * d + c);
+        k.data[at] = 0.0f;
+        k_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
+      }
+      for (int64_t c = 0; c < dv; ++c) {
+        size_t at = size_t((m * nk + j) * dv + c);
+        v.data[at] = 0.0f;
+        v_nan.data[at] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+  for (TileLayout layout :
+       device_layouts(params.variant, static_cast<uint32_t>(d), static_cast<uint32_t>(dv))) {
+    bool f16 = layout == TileLayout::cooperative_matrix;
+    HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
+               vs = f16 ? round_to_half(v) : v;
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    params.hints.tile_layout = layout;
+    HostAttentionResult gpu =
+        attention(context(), qs, f16 ? round_to_half(k_nan) : k_nan,
+                  f16 ? round_to_half(v_nan) : v_nan, params, f16 ? DType::f16 : DType::f32);
+    if (layout != TileLayout::automatic) {
+      EXPECT_EQ(gpu.tile_layout, layout);
+    }
+    EXPECT_LE(max_error(gpu.out.data, ref.out),
+              tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
+        << tile_layout_name(layout);
+    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << tile_layout_name(layout);
+  }
+}
+
 }  // namespace flashvk::test

@@ -90,6 +90,13 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 /// matrices (fp16 only: callers skip them for fp32).
 std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv);
 
+/// `params` in every layout the device runs (cooperative matrices in fp16, where NaN stays NaN;
+/// the rest in fp32) with K and V NaN at keys [from, to) of every K/V head, against float64 with
+/// those keys at 0: a kernel that read one would carry NaN into O. For the tests that tiles a mask
+/// hides are never read.
+void expect_keys_never_read(const HostTensor& q, HostTensor k, HostTensor v, AttentionParams params,
+                            uint32_t from, uint32_t to);
+
 /// `call` throws an Error whose message contains `words`.
 inline void expect_refused(const std::function<void()>& call, const char* words) {
   try {
