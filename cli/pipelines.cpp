@@ -18,6 +18,9 @@
 
 #include "bench_cases.hpp"
 #include "commit.hpp"
+#ifdef FLASHVK_CLI_FLEX
+#include "flashvk/flex.hpp"
+#endif
 
 namespace flashvk::cli {
 
@@ -33,8 +36,10 @@ the specialization constants, and what the driver compiled (VK_KHR_pipeline_exec
 properties: registers, spills, scratch, shared memory, occupancy, instructions, by the driver's
 own names). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
 instructions (v_fma*, v_pk_fma*, v_dot2*) among the VALU instructions of the kernel's largest
-loop. A pipeline that several calls build is listed once. The context only compiles (no memory,
-no queue work), so it runs on Mesa's null devices: with Mesa 25,
+loop. A pipeline that several calls build is listed once. With --score-mod or --mask-mod the
+kernels have the functions compiled in (their shaders' names end in +flex), after mask_mod's
+tile pass (flex_tiles). The context only compiles (no memory, no queue work), so it runs on
+Mesa's null devices: with Mesa 25,
   RADV_FORCE_FAMILY=navi31 flashvk pipelines --suite kernels
 reports AMD's compiler for RDNA3 on a machine without an AMD GPU (scripts/pipelines.sh sets
 that up for RDNA2, RDNA3 and RDNA3.5).
@@ -206,6 +211,9 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.compile_only = true;
   Context ctx = Context::create(options);
+#ifdef FLASHVK_CLI_FLEX
+  flex::enable(ctx);  // --score-mod, --mask-mod: their kernels, and mask_mod's tile pass
+#endif
   const DeviceInfo& dev = ctx.device();
   if (args.flag("check") && !dev.pipeline_statistics)
     throw Error(

@@ -91,7 +91,8 @@ int FLEX_NQ, FLEX_NK;
 
 float modify_score(uint rr, uint j, float s) {
 #ifdef FLEX
-  int flex_b = int(rows[rr].b), flex_h = int(rows[rr].bh % pc.heads), flex_i = int(rows[rr].i);
+  int flex_b = int(rows[rr].b), flex_i = int(rows[rr].i);
+  int flex_h = int(rows[rr].bh - rows[rr].b * pc.heads);  // bh % H, without a division
   FLEX_NQ = int(pc.nq);
   FLEX_NK = int(seq_len(rows[rr].b));
 #ifdef FLEX_MASK_MOD

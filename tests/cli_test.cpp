@@ -221,6 +221,14 @@ TEST_F(CliTest, RunAndTraceTakeUserFunctions) {
   const auto& s = trace.at("steps").at("s");
   for (int j = 0; j < 40; ++j)  // row 3 sits on key 22: it sees keys 13..25, its document's
     EXPECT_EQ(s.at(size_t(j)).is_null(), j < 13 || j > 25) << "key " << j;
+  // The pipeline report compiles them in: mask_mod's tile pass, then the kernel.
+  o = run_cli("pipelines --variant flash2 --nq 21 --nk 40 --d 16 --heads 2" + mods + " --json " +
+              path("p.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  nlohmann::json report = nlohmann::json::parse(read_text(path("p.json")));
+  ASSERT_EQ(report.at("pipelines").size(), 2u) << o.output;
+  EXPECT_EQ(report["pipelines"][0].at("shader"), "flex_tiles+flex");
+  EXPECT_EQ(report["pipelines"][1].at("program"), "flash2");
 
   put("bad.glsl",
       "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"

@@ -7,9 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "flashvk/flex.hpp"
+#include "flashvk/pipelines.hpp"
 #include "test_util.hpp"
+#include "vk.hpp"
 
 namespace flashvk::test {
 namespace {
@@ -142,6 +145,56 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
   // flex::check compiles one kernel: the same error without a context.
   expect_refused([&] { flex::check(syntax); }, "bias.glsl:2:");
   EXPECT_NO_THROW(flex::check(no_twin));
+}
+
+// The pipeline report with user functions: exactly the pipelines a plan builds with them
+// (mask_mod's tile pass first, for the fused kernels), each with the SPIR-V flex::compile makes.
+TEST(FlexPipelines, TheReportListsWhatThePlanBuildsWithTheFunctions) {
+  for (Variant variant : {Variant::flash2, Variant::naive}) {
+    AttentionParams params;
+    params.variant = variant;
+    params.mods.mask_mod = kChunks;
+    params.mods.score_mod = kAlibi;
+    params.mods.flex_table = HostTensor({4});
+    // What a plan builds: attention() on a context of its own, by build name and constants.
+    std::set<std::pair<std::string, std::vector<uint32_t>>> ran, listed;
+    {
+      ContextOptions options;
+      options.validation = true;
+      Context ctx = Context::create(options);
+      flex::enable(ctx);
+      HostTensor q = random_tensor({1, 4, 40, 16}, 1), k = random_tensor({1, 2, 90, 16}, 2);
+      attention(ctx, q, k, k, params);
+      for (const auto& [key, pipe] : ctx.impl().pipelines) {
+        auto values = key.second.constants();
+        ran.emplace(key.first.substr(0, key.first.find("+user")),
+                    std::vector<uint32_t>(values.begin(), values.end()));
+      }
+      EXPECT_TRUE(ctx.take_validation_messages().empty());
+    }
+    ContextOptions options;
+    options.compile_only = true;
+    options.validation = true;
+    Context ctx = Context::create(options);
+    flex::enable(ctx);
+    PipelineCall call;
+    call.heads = 4, call.kv_heads = 2, call.nq = 40, call.nk = 90, call.d = 16;
+    call.params = params;
+    std::vector<PipelineDescription> report = describe_pipelines(ctx, call);
+    ASSERT_FALSE(report.empty());
+    EXPECT_EQ(report[0].program == "flex_tiles", variant == Variant::flash2);
+    for (const PipelineDescription& p : report) {
+      ASSERT_GT(p.shader.size(), 5u);
+      EXPECT_EQ(p.shader.substr(p.shader.size() - 5), "+flex") << p.shader;
+      std::string build = p.shader.substr(0, p.shader.size() - 5);
+      EXPECT_EQ(p.spirv, flex::compile(build, params.mods)) << build;
+      std::vector<uint32_t> values;
+      for (auto [id, value] : p.spec_constants) values.push_back(value);
+      listed.emplace(build, values);
+    }
+    EXPECT_EQ(listed, ran) << variant_name(variant);
+    EXPECT_TRUE(ctx.take_validation_messages().empty());
+  }
 }
 
 // With a pipeline cache, each kernel's SPIR-V is kept beside it and loaded by a later context;

@@ -582,13 +582,27 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
   return pipe;
 }
 
+namespace {
+
+// A module per build and functions, keyed by their whole text (no digest to collide); the name
+// goes through a C string, so its separator is not '\0'.
+std::string user_module(const std::string& build, const Modifiers& mods) {
+  const char sep = '\x1f';
+  return build + "+user" + sep + mods.score_mod_name + sep + mods.score_mod + sep +
+         mods.mask_mod_name + sep + mods.mask_mod;
+}
+
+}  // namespace
+
+std::vector<uint32_t> ContextImpl::user_spirv(const std::string& build, const Modifiers& mods) {
+  std::lock_guard lock(pipeline_mutex);
+  auto it = user_words.find(user_module(build, mods));
+  return it == user_words.end() ? std::vector<uint32_t>() : it->second;
+}
+
 VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers& mods,
                                       const Spec& spec) {
-  // A module per build and functions, keyed by their whole text (no digest to collide); the
-  // name goes through a C string, so its separator is not '\0'.
-  const char sep = '\x1f';
-  std::string name = build + "+user" + sep + mods.score_mod_name + sep + mods.score_mod + sep +
-                     mods.mask_mod_name + sep + mods.mask_mod;
+  std::string name = user_module(build, mods);
   std::shared_ptr<KernelCompiler> with;
   {
     std::lock_guard lock(pipeline_mutex);
@@ -601,7 +615,9 @@ VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers&
         "flashvk::flex: link flashvk::flex and call flashvk::flex::enable(ctx) first");
   std::vector<uint32_t> words = with->compile(build, mods);
   std::lock_guard lock(pipeline_mutex);
-  return pipeline(ShaderBlob{name.c_str(), words.data(), words.size() * 4}, spec, lock);
+  VkPipeline made = pipeline(ShaderBlob{name.c_str(), words.data(), words.size() * 4}, spec, lock);
+  if (compile_only) user_words[name] = std::move(words);  // for the pipeline report
+  return made;
 }
 
 void ContextImpl::check_runs(const char* what) const {

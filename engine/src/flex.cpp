@@ -142,8 +142,9 @@ uint64_t sources_digest() {
 }
 
 // What glslang compiles for one build and set of functions: the kernel's source, a preamble of
-// the build's defines and the functions' switches, and the files it includes besides the
-// embedded ones (flex_functions.glsl: the table and the user's files, their reads checked).
+// the build's defines and the functions' switches, the files it includes besides the embedded
+// ones (flex_functions.glsl: the table and the user's files, their reads checked), and after
+// the kernel the main() that runs it and then reports a read past the table (kEpilogue).
 struct Job {
   const char* source_name = nullptr;
   const char* source = nullptr;
@@ -165,20 +166,25 @@ Job prepare(const std::string& build, const Modifiers& mods) {
   if (!job.source) throw Error(std::string("internal: flashvk::flex lacks ") + found->source);
   std::istringstream defines(found->defines);
   for (std::string d; defines >> d;) job.preamble += "#define " + d + "\n";
-  job.preamble += "#define FLEX\n";
+  job.preamble += "#define FLEX\n#define main flex_kernel_main\n";
   if (!mods.score_mod.empty()) job.preamble += "#define FLEX_SCORE_MOD\n";
   if (!mods.mask_mod.empty()) job.preamble += "#define FLEX_MASK_MOD\n";
   job.score = file_name(mods.score_mod_name, "score_mod");
   job.mask = file_name(mods.mask_mod_name, "mask_mod");
   // The table and after it a word a read outside it sets (Plan::check_user_functions); its
-  // length is the bound range's, less that word, so one build serves every table.
+  // length is the bound range's, less that word, so one build serves every table. A read is
+  // clamped into the table and notes a miss in a register, without a branch or a store in the
+  // kernels' loops: kEpilogue's main() writes the word once, after the kernel.
   std::string functions =
-      "layout(std430, binding = 14) buffer FlexTable { float flex_table_values[]; };\n"
+      "layout(std430, binding = 14) restrict readonly buffer FlexTable {\n"
+      "  float flex_table_values[];\n"
+      "};\n"
       "#define FLEX_TABLE_SIZE (flex_table_values.length() - 1)\n"
+      "uint flex_missed = 0u;\n"
       "float flex_table_at(int i) {\n"
-      "  if (i >= 0 && i < FLEX_TABLE_SIZE) return flex_table_values[i];\n"
-      "  flex_table_values[FLEX_TABLE_SIZE] = 1.0;\n"
-      "  return 0.0;\n"
+      "  flex_missed |= uint(uint(i) >= uint(FLEX_TABLE_SIZE));  // no branch, as || would be\n"
+      "  float value = flex_table_values[clamp(i, 0, max(FLEX_TABLE_SIZE - 1, 0))];\n"
+      "  return mix(0.0, value, uint(i) < uint(FLEX_TABLE_SIZE));  // a select: 0 outside\n"
       "}\n"
       "float flex_table_at(uint i) { return flex_table_at(int(min(i, 0x7fffffffu))); }\n";
   if (!mods.score_mod.empty()) {
@@ -194,9 +200,20 @@ Job prepare(const std::string& build, const Modifiers& mods) {
   return job;
 }
 
+// After the kernel (renamed flex_kernel_main by the preamble): the main() that runs it, then
+// sets the word after the table where one of its reads missed the table.
+const char* const kEpilogue =
+    "\n#undef main\n"
+    "layout(std430, binding = 14) buffer FlexMiss { float flex_table_words[]; };\n"
+    "void main() {\n"
+    "  flex_kernel_main();\n"
+    "  if (flex_missed != 0u) flex_table_words[flex_table_words.length() - 1] = 1.0;\n"
+    "}\n";
+
 // A digest of everything glslang sees for `job`: its own text and the embedded GLSL.
 uint64_t job_digest(const Job& job) {
-  uint64_t h = digest(std::string(job.source_name) + '\0' + job.preamble, sources_digest());
+  uint64_t h = digest(std::string(job.source_name) + '\0' + job.preamble + '\0' + kEpilogue,
+                      sources_digest());
   for (const auto& [name, text] : job.files) h = digest(name + '\0' + text + '\0', h);
   return h;
 }
@@ -205,9 +222,9 @@ std::vector<uint32_t> run_glslang(const Job& job, const Modifiers& mods) {
   std::call_once(glslang_ready, [] { glslang::InitializeProcess(); });
   Includer includer(job.files);
   glslang::TShader shader(EShLangCompute);
-  const char* texts[] = {job.source};
-  const char* names[] = {job.source_name};
-  shader.setStringsWithLengthsAndNames(texts, nullptr, names, 1);
+  const char* texts[] = {job.source, kEpilogue};
+  const char* names[] = {job.source_name, "flex_main.glsl"};
+  shader.setStringsWithLengthsAndNames(texts, nullptr, names, 2);
   shader.setPreamble(job.preamble.c_str());
   shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
   shader.setEnvClient(glslang::EShClientVulkan, glslang::EShTargetVulkan_1_1);

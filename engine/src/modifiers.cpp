@@ -630,14 +630,19 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   }
 }
 
-void plan_flex_tiles(Plan& plan) {
-  const Dims& d = plan.dims;
-  Spec spec = plan.spec;  // the attention kernel's tiles, rows and modifiers
+Spec flex_tiles_spec(const Spec& attention) {
+  Spec spec = attention;  // the attention kernel's tiles, rows and modifiers
   spec.layout = TileLayout::shared;
   spec.workgroup = 32;
   spec.rows = 1;
   spec.lanes = 1;
-  spec.tile_rows = plan.spec.block();
+  spec.tile_rows = attention.block();
+  return spec;
+}
+
+void plan_flex_tiles(Plan& plan) {
+  const Dims& d = plan.dims;
+  Spec spec = flex_tiles_spec(plan.spec);
   Bindings b = plan.bindings;
   b[kTrace] = plan.mask.handle();  // flex_tiles.comp writes the bitmap there
   uint32_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;

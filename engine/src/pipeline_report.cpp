@@ -124,10 +124,6 @@ std::string PipelineExecutable::representation(const std::string& part) const {
 std::vector<PipelineDescription> describe_pipelines(Context& ctx, const PipelineCall& call) {
   detail::ContextImpl& impl = ctx.impl();
   const AttentionParams& params = call.params;
-  if (params.mods.user_functions())
-    throw Error(
-        "the pipeline report describes the engine's own kernels; user-written functions "
-        "(score_mod, mask_mod) are not reported yet");
   int64_t kv_heads = call.kv_heads ? call.kv_heads : call.heads, dv = call.dv ? call.dv : call.d;
   Dims dims =
       check_shapes({call.batch, call.heads, call.nq, call.d},
@@ -158,15 +154,29 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
        detail::attention_pipelines(params.variant, spec, kv.q, impl.info))
     choices.push_back(c);
 
+  // With mask_mod, the tile pass the plan runs first where the kernel skips tiles (plan.cpp).
+  const Modifiers& mods = params.mods;
+  const bool user = mods.user_functions();
+  if (!mods.mask_mod.empty() && (spec.mods & detail::kModTiles))
+    choices.insert(choices.begin(), {{.program = "flex_tiles"}, detail::flex_tiles_spec(spec)});
+
   const bool fused = variant_info(params.variant).fused;
   std::vector<PipelineDescription> out;
   for (const detail::PipelineChoice& c : choices) {
-    const detail::ShaderBlob& blob =
-        detail::find_build(detail::shader_blobs(), detail::kernel_name(c.key));
-    VkPipeline pipeline = impl.pipeline(blob, c.spec);
     PipelineDescription p;
+    std::string build = detail::kernel_name(c.key);
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    if (user) {  // compiled with the user's functions (flashvk::flex), named so
+      pipeline = impl.user_pipeline(build, mods, c.spec);
+      p.shader = build + "+flex";
+      p.spirv = impl.user_spirv(build, mods);
+    } else {
+      const detail::ShaderBlob& blob = detail::find_build(detail::shader_blobs(), build);
+      pipeline = impl.pipeline(blob, c.spec);
+      p.shader = blob.name;
+      p.spirv.assign(blob.words, blob.words + blob.bytes / 4);
+    }
     p.program = c.key.program;
-    p.shader = blob.name;
     p.source = detail::kernel_source(c.key.program, c.key.layout);
     p.layout = c.spec.layout;
     if (fused && c.key.program == variant_name(params.variant)) {  // the tiled kernel
@@ -176,7 +186,6 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     auto values = c.spec.constants();
     for (uint32_t id = 0; id < values.size(); ++id) p.spec_constants.emplace_back(id, values[id]);
     p.spec_names = spec_names();
-    p.spirv.assign(blob.words, blob.words + blob.bytes / 4);
     p.executables = executables(impl, pipeline);
     out.push_back(std::move(p));
   }

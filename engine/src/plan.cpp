@@ -36,6 +36,7 @@ Spec call_spec(const TilingRequest& request, uint32_t page_size) {
   Spec spec = choose_tiling(request);
   spec.page_size = page_size;
   spec_modifiers(request.params.mods, spec);
+  if (!variant_info(request.params.variant).fused) spec.mods &= ~kModTiles;  // the fused' alone
   return spec;
 }
 
@@ -183,11 +184,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                     .forced_keys = options.keys,
                     .trace = options.trace},
                    options.pages ? options.pages->page_size : 0);
-  // The tile bitmap is the fused kernels' alone; mask_mod's holds for one Nk, so a recording
-  // whose keys change (set_keys, set_position) runs without it (an additive mask's Nk is fixed).
-  if (!variant_info(params.variant).fused ||
-      (!params.mods.has_mask() && (options.dynamic_keys || appends)))
-    spec.mods &= ~kModTiles;
+  // mask_mod's tile bitmap holds for one Nk, so a recording whose keys change (set_keys,
+  // set_position) runs without it (an additive mask's Nk is fixed).
+  if (!params.mods.has_mask() && (options.dynamic_keys || appends)) spec.mods &= ~kModTiles;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 

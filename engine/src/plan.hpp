@@ -87,6 +87,8 @@ void spec_modifiers(const Modifiers& m, Spec& spec);
 /// With mask_mod (and flashvk::flex), flex_tiles.comp run once, as the plan is made: it writes
 /// the tile bitmap the fused kernels skip by.
 void plan_flex_tiles(Plan& plan);
+/// flex_tiles.comp's constants for the fused kernel of constants `attention`.
+Spec flex_tiles_spec(const Spec& attention);
 /// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
 /// cache (0: dense) and the modifiers' part. The plans and describe_pipelines() both take it.
 Spec call_spec(const TilingRequest& request, uint32_t page_size);

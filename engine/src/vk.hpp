@@ -188,6 +188,7 @@ struct ContextImpl {
   std::map<std::pair<std::string, Spec>, VkPipeline> pipelines;
   std::map<std::string, VkShaderModule> modules;
   std::shared_ptr<KernelCompiler> compiler;  // user-written functions (flashvk::flex::enable)
+  std::map<std::string, std::vector<uint32_t>> user_words;  // compile_only: user_pipeline's SPIR-V
   std::mutex message_mutex;
   std::vector<std::string> messages;
   /// RoPE's cos/sin tables by (base, positions, d, first position), shared by the plans that
@@ -214,6 +215,8 @@ struct ContextImpl {
   /// The pipeline of build `build` with `mods`' user-written functions compiled in (compiler),
   /// the module kept per build and functions.
   VkPipeline user_pipeline(const std::string& build, const Modifiers& mods, const Spec& spec);
+  /// The SPIR-V user_pipeline compiled for `build` and `mods` (the pipeline report's), or none.
+  std::vector<uint32_t> user_spirv(const std::string& build, const Modifiers& mods);
   /// Throws unless the context can run work (not ContextOptions::compile_only); `what` names it.
   void check_runs(const char* what) const;
   /// Records with `fill`, submits, and waits for the queue to finish it.
