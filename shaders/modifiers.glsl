@@ -133,12 +133,14 @@ uint mask_tile_word(uint t) {
 // The first tile from key j0 on (a multiple of BC) whose bit is set, or `end`. The key loops step
 // from one such tile to the next, so fully masked tiles cost nothing: a branch around a tile
 // would not (llvmpipe runs both sides of a branch on a loaded value), and the row ranges only cut
-// a row's ends. Every invocation reads the same words, so a workgroup steps together.
+// a row's ends. Every invocation reads the same words, so a workgroup steps together. Never
+// before j0: a splitkv chunk past the keys starts at Nk, which need not be a tile's first key,
+// and must stay empty.
 uint next_seen_tile(uint j0, uint end) {
   if ((MODS & MOD_TILES) == 0u) return j0;
   for (uint t = j0 / BC; t * BC < end; t = (t / 32u + 1u) * 32u) {
     uint bits = mask_tile_word(t) >> (t % 32u);
-    if (bits != 0u) return min(end, (t + uint(findLSB(bits))) * BC);
+    if (bits != 0u) return min(end, max(j0, (t + uint(findLSB(bits))) * BC));
   }
   return end;
 }

@@ -482,6 +482,37 @@ TEST_P(ClosedFormTest, FullyMaskedTilesAreNeverRead) {
   expect_keys_never_read(q, k, v, params, 128, 256);
 }
 
+// splitkv's chunks past the keys (more splits than the keys fill) start at Nk, inside a tile
+// when Nk is not a multiple of the tile: with the tile bitmap on they must stay empty, not walk
+// the last tile again (keys 144..149 counted twice, as they were). A window of an additive
+// mask over 150 keys, in 8 chunks, in every layout the device runs.
+TEST_F(VulkanTest, SplitkvChunksPastTheKeysStayEmptyWithTheTileBitmap) {
+  const uint32_t nq = 3, nk = 150, d = 16;
+  HostTensor q = random_tensor({1, 2, nq, d}, 31), k = random_tensor({1, 2, nk, d}, 32),
+             v = random_tensor({1, 2, nk, d}, 33);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.hints.splits = 8;
+  params.mods.mask = HostTensor({nq, nk});
+  for (uint32_t i = 0; i < nq; ++i)
+    for (uint32_t j = 0; j < nk; ++j)
+      params.mods.mask.data[i * nk + j] =
+          j + 21 >= nk ? 0.1f * float(j % 3) : -std::numeric_limits<float>::infinity();
+  reference::Result ref = reference::direct(q, k, v, params);
+  ModCase shape{"window", 1, 2, 2, nq, nk, d, d};
+  for (TileLayout layout : layouts_for(Variant::splitkv, shape)) {
+    bool f16 = layout == TileLayout::cooperative_matrix;
+    params.hints.tile_layout = layout;
+    HostTensor qs = f16 ? round_to_half(q) : q, ks = f16 ? round_to_half(k) : k,
+               vs = f16 ? round_to_half(v) : v;
+    reference::Result want = f16 ? reference::direct(qs, ks, vs, params) : ref;
+    HostAttentionResult gpu =
+        attention(context(), qs, ks, vs, params, f16 ? DType::f16 : DType::f32);
+    EXPECT_LE(max_error(gpu.out.data, want.out), tolerance(qs, ks, vs, params))
+        << tile_layout_name(layout);
+  }
+}
+
 // Chunked attention with q = 0: every key of a row's chunk up to its diagonal gets the same
 // weight, v_j = j, so row i's output is the mean of its chunk's keys. The keys of the other
 // chunks hold NaN in K and V: a kernel that read one would return NaN, so every layout must skip

@@ -617,8 +617,8 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
     encode_mask(encoding, words);
   }
   // mask_mod's tile bitmap: room for it where an additive mask has not made one (the same
-  // layout: set_mask_tiles), filled on the device by flex_tiles.comp before each run.
-  if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {  // fused, fixed Nk (Plan)
+  // layout: set_mask_tiles), filled on the device by flex_tiles.comp (plan_flex_tiles).
+  if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {  // the fused variants
     if (!m.has_mask()) {
       uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
       uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq, block = plan.spec.block();
@@ -640,7 +640,7 @@ Spec flex_tiles_spec(const Spec& attention) {
   return spec;
 }
 
-void plan_flex_tiles(Plan& plan) {
+void plan_flex_tiles(Plan& plan, bool each_run) {
   const Dims& d = plan.dims;
   Spec spec = flex_tiles_spec(plan.spec);
   Bindings b = plan.bindings;
@@ -649,12 +649,18 @@ void plan_flex_tiles(Plan& plan) {
   uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
   auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);
   VkPipeline pass = plan.impl.user_pipeline("flex_tiles", plan.params.mods, spec);
-  // Once, now: the bitmap holds while the functions, the table and Nk do, which a plan fixes
-  // (one whose keys grow runs without it), so every run of a recording reuses it.
+  std::array<uint32_t, 3> groups = {words, blocks, d.batch * d.kv_heads};
+  if (each_run) {  // from the keys of each run (the lengths it reads), before the kernels
+    plan.add(pass, plan.make_set(b), groups);
+    plan.add_barrier();
+    return;
+  }
+  // Once, now: the bitmap holds while the functions, the table and Nk do, which this plan
+  // fixes, so every run of a recording reuses it.
   DispatchList once(plan.impl);
   VkDescriptorSet set =
       once.make_set(b, plan.lengths.handle(), plan.texel_views, plan.flex_range());
-  once.add(pass, set, {words, blocks, d.batch * d.kv_heads}, &plan.push, sizeof(plan.push));
+  once.add(pass, set, groups, &plan.push, sizeof(plan.push));
   plan.impl.submit_and_wait([&](VkCommandBuffer cmd) { once.record(cmd); });
 }
 

@@ -184,9 +184,6 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                     .forced_keys = options.keys,
                     .trace = options.trace},
                    options.pages ? options.pages->page_size : 0);
-  // mask_mod's tile bitmap holds for one Nk, so a recording whose keys change (set_keys,
-  // set_position) runs without it (an additive mask's Nk is fixed).
-  if (!params.mods.has_mask() && (options.dynamic_keys || appends)) spec.mods &= ~kModTiles;
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
 
@@ -275,6 +272,10 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     check_binding(v, "V");
   }
 
+  // mask_mod's tile bitmap holds for one Nk: where the keys change from run to run (a
+  // recording's set_keys, set_position), every run starts with the tile pass.
+  const bool keys_change = options.dynamic_keys || appends;
+  if (flex_tiles && keys_change) plan_flex_tiles(*this, true);
   const VariantInfo& info = variant_info(params.variant);
   if (!info.fused)
     plan_naive(*this);
@@ -282,9 +283,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     plan_splitkv(*this);
   else
     plan_fused(*this);
-  // After the kernels are built, so that a function one of them refuses stops the call before
-  // anything runs.
-  if (flex_tiles) plan_flex_tiles(*this);
+  // Otherwise once, now: after the kernels are built, so that a function one of them refuses
+  // stops the call before anything runs.
+  if (flex_tiles && !keys_change) plan_flex_tiles(*this, false);
 }
 
 Tensor Plan::output(const Tensor* given, const std::vector<int64_t>& shape, const char* name) {

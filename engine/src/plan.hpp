@@ -84,9 +84,10 @@ class Plan;
 void encode_modifiers(Plan& plan, std::vector<uint32_t>& words);
 /// The modifiers' part of the kernels' specialization constants (Spec::mods, Spec::key_mask).
 void spec_modifiers(const Modifiers& m, Spec& spec);
-/// With mask_mod (and flashvk::flex), flex_tiles.comp run once, as the plan is made: it writes
-/// the tile bitmap the fused kernels skip by.
-void plan_flex_tiles(Plan& plan);
+/// With mask_mod (and flashvk::flex), flex_tiles.comp, which writes the tile bitmap the fused
+/// kernels skip by: the plan's first dispatch where `each_run` (its keys change from run to run),
+/// else run once, now.
+void plan_flex_tiles(Plan& plan, bool each_run);
 /// flex_tiles.comp's constants for the fused kernel of constants `attention`.
 Spec flex_tiles_spec(const Spec& attention);
 /// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
@@ -151,7 +152,7 @@ class Plan {
 
  private:
   friend void encode_modifiers(Plan&, std::vector<uint32_t>&);
-  friend void plan_flex_tiles(Plan&);
+  friend void plan_flex_tiles(Plan&, bool);
   friend void plan_fused(Plan&);
   friend void plan_naive(Plan&);
   friend void plan_splitkv(Plan&);
