@@ -128,6 +128,20 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
   expect_refused([&] { run(past); }, "score_mod read flex_table past its 20 values");
   past.flex_table = HostTensor({22});
   EXPECT_NO_THROW(run(past));
+  // A recording hears of it from check_user_functions() once a run has finished, and from the
+  // next set_keys (a decode loop's next step).
+  {
+    AttentionParams rp;
+    rp.mods = past;
+    rp.mods.flex_table = HostTensor({20});
+    Tensor tq = Tensor::upload(ctx, q, DType::f32), tk = Tensor::upload(ctx, k, DType::f32);
+    AttentionRecording rec(ctx, tq, tk, tk, rp);
+    EXPECT_NO_THROW(rec.check_user_functions());  // nothing has run
+    ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+    frame.submit();
+    expect_refused([&] { rec.check_user_functions(); }, "score_mod read flex_table past its 20");
+    expect_refused([&] { rec.set_keys(18); }, "score_mod read flex_table past its 20");
+  }
   Modifiers no_table;
   no_table.mask_mod =
       "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"

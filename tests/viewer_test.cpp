@@ -142,6 +142,41 @@ TEST(Viewer, SummaryNamesThePlottedKeys) {
   EXPECT_LT(hi - lo + 1, 240) << "240 keys at 3 px do not fit a 1280-wide window's plots";
 }
 
+// --play: the Play button's steps, speed / 60 keys a frame, with the plots' window following the
+// cursor; playback stops at the row's last key. The frames' times are printed, not judged.
+TEST(Viewer, PlayStepsAsThePlayButtonDoes) {
+  struct Play {
+    int step, frames, speed, to;
+  };
+  for (Play p : {Play{100, 30, 120, 160}, Play{230, 30, 120, 239}}) {
+    std::string out;
+    screenshot("--preset falling-rising --size 1280x720 --step " + std::to_string(p.step) +
+                   " --play " + std::to_string(p.frames) + " --speed " + std::to_string(p.speed),
+               &out);
+    size_t at = out.find("play: ");
+    ASSERT_NE(at, std::string::npos) << out;
+    int frames = 0, from = -1, to = -1;
+    double speed = 0, median = 0, slowest = 0;
+    ASSERT_EQ(std::sscanf(out.c_str() + at,
+                          "play: %d frames at %lf steps/s, keys %d to %d: %lf ms a frame (median), "
+                          "%lf ms the slowest",
+                          &frames, &speed, &from, &to, &median, &slowest),
+              6)
+        << out;
+    EXPECT_EQ(frames, p.frames);
+    EXPECT_EQ(speed, p.speed);
+    EXPECT_EQ(from, p.step);
+    EXPECT_EQ(to, p.to) << out;
+    EXPECT_GT(median, 0.0);
+    EXPECT_GE(slowest, median);
+    int lo = -1, hi = -1, n = -1;
+    at = out.find("plots: keys ");
+    ASSERT_EQ(std::sscanf(out.c_str() + at, "plots: keys %d-%d of %d", &lo, &hi, &n), 3) << out;
+    EXPECT_LE(lo, to);
+    EXPECT_GE(hi, to);
+  }
+}
+
 TEST(Viewer, SummaryReportsExactOutputs) {
   std::string out;
   screenshot(
@@ -424,6 +459,21 @@ TEST(Viewer, BadOptionsAreRefused) {
   int status = pclose(pipe);
   EXPECT_NE(WEXITSTATUS(status), 0);
   EXPECT_NE(std::string(buf, n).find("unknown preset 'nope'"), std::string::npos);
+}
+
+TEST(Viewer, PlayOptionsAreChecked) {
+  for (auto [args, says] : {std::pair<const char*, const char*>{"--headless --play 10 --speed 0",
+                                                                "--speed must be a number"},
+                            {"--headless --play 0", "--play"},
+                            {"--play 10 --screenshot x.png", "--play is for --headless"}}) {
+    std::string cmd = std::string(FLASHVK_VIEWER) + " " + args + " 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    char buf[512] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, pipe);
+    int status = pclose(pipe);
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args;
+    EXPECT_NE(std::string(buf, n).find(says), std::string::npos) << args << ": " << buf;
+  }
 }
 
 }  // namespace

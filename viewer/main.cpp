@@ -2,6 +2,7 @@
 #include <imgui.h>
 #include <imgui_impl_vulkan.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,10 @@ options:
   --headless          render offscreen, no window
   --screenshot FILE   the PNG to write (headless; default viewer.png)
   --size WxH          headless image size (default 1600x1000)
+  --play N            headless: then play N frames (1/60 s each) from the cursor, as the Play
+                      button does, and print each frame's time (median, slowest); the PNG is
+                      the last frame
+  --speed S           playback speed in steps per second, 1 to 500 (default 20, as the slider)
   --assets DIR        folder with sample/ (default: assets next to the build, or ./assets)
   --device N          Vulkan device index
 
@@ -61,7 +66,7 @@ struct Options {
   Inputs inputs;
   UiState ui;
   std::vector<Variant> variants = {Variant::flash1, Variant::flash2, Variant::flashd};
-  int step = -1, device = -1;
+  int step = -1, device = -1, play = 0;
   bool headless = false;
   std::string window_screenshot;  // --screenshot without --headless: save the window, then exit
   std::string screenshot = "viewer.png";
@@ -69,10 +74,10 @@ struct Options {
 };
 
 Options parse(const std::vector<std::string>& argv) {
-  cli::Args args(
-      argv,
-      {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets", "device"},
-      {"headless", "causal"});
+  cli::Args args(argv,
+                 {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets",
+                  "device", "play", "speed"},
+                 {"headless", "causal"});
   Options o;
   o.ui.assets = args.text("assets", FLASHVK_ASSETS);
   o.headless = args.flag("headless");
@@ -80,6 +85,16 @@ Options parse(const std::vector<std::string>& argv) {
   if (!o.headless && args.has("screenshot")) o.window_screenshot = o.screenshot;
   o.device = int(args.integer("device", -1, 0, 1 << 20));
   o.step = int(args.integer("step", -1, 0, INT32_MAX));
+  o.play = int(args.integer("play", 0, 1, 100000));
+  if (args.has("speed")) {
+    double speed = 0;
+    if (std::sscanf(args.text("speed").c_str(), "%lf", &speed) != 1 ||
+        !(speed >= 1 && speed <= 500))
+      throw cli::UsageError{"--speed must be a number of steps per second from 1 to 500, got '" +
+                            args.text("speed") + "'"};
+    o.ui.speed = float(speed);
+  }
+  if (o.play && !o.headless) throw cli::UsageError{"--play is for --headless"};
   if (args.has("variant")) o.variants = parse_variants(args.text("variant"));
   if (args.has("size")) {
     unsigned w = 0, h = 0;
@@ -109,7 +124,15 @@ Options parse(const std::vector<std::string>& argv) {
   return o;
 }
 
-void print_summary(const Model& model, const std::string& path, KeyWindow plots, double frame_ms) {
+// Headless playback (--play): the frames' times and the keys they went through.
+struct Playback {
+  int frames = 0, from = 0, to = 0;
+  float speed = 0;
+  double median_ms = 0, slowest_ms = 0;
+};
+
+void print_summary(const Model& model, const std::string& path, KeyWindow plots, double frame_ms,
+                   const Playback& play) {
   const Dims& d = model.dims();
   std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(),
               model.context().device().name.c_str());
@@ -146,6 +169,11 @@ void print_summary(const Model& model, const std::string& path, KeyWindow plots,
   // What the step plots show, as the interactive viewer would with the cursor on this step.
   std::printf("  plots: keys %d-%d of %d\n", plots.lo, plots.hi - 1, model.steps());
   std::printf("  frame: %.1f ms to draw and render (the last of 3)\n", frame_ms);
+  if (play.frames)
+    std::printf(
+        "  play: %d frames at %.0f steps/s, keys %d to %d: %.1f ms a frame (median), %.1f ms "
+        "the slowest\n",
+        play.frames, double(play.speed), play.from, play.to, play.median_ms, play.slowest_ms);
   const auto& overflows = layout_overflows();
   if (overflows.empty()) std::printf("  layout: every panel's text fits its width\n");
   for (const auto& o : overflows) std::printf("  layout: %s\n", o.c_str());
@@ -169,21 +197,35 @@ int run_headless(Options& o) {
   init_imgui_vulkan(dev, target.render_pass(), 2);
   std::vector<uint8_t> pixels;
   double frame_ms = 0;
-  for (int frame = 0; frame < 3; ++frame) {  // auto-sized widgets settle after a frame or two
+  // One frame: the panels drawn (playback advanced by dt) and rendered, its time in ms.
+  auto frame = [&](double dt, bool render) {
     auto start = std::chrono::steady_clock::now();
     io.DeltaTime = 1.0f / 60.0f;
     ImGui_ImplVulkan_NewFrame();
     ImGui::NewFrame();
-    draw_ui(model, o.ui, 0.0);
+    draw_ui(model, o.ui, dt);
     ImGui::Render();
-    if (frame == 2) pixels = target.render();
-    frame_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (render) pixels = target.render();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  for (int i = 0; i < 3; ++i)  // auto-sized widgets settle after a frame or two
+    frame_ms = frame(0.0, i == 2);
+  Playback play;
+  if (o.play) {  // as the Play button: the cursor moves speed / 60 keys a frame
+    play.frames = o.play, play.from = model.cursor, play.speed = o.ui.speed;
+    o.ui.playing = true;
+    std::vector<double> times;
+    for (int i = 0; i < o.play; ++i) times.push_back(frame(1.0 / 60.0, true));
+    play.to = model.cursor;
+    std::sort(times.begin(), times.end());
+    play.median_ms = times[times.size() / 2];
+    play.slowest_ms = times.back();
   }
   write_png(o.screenshot, pixels, o.width, o.height);
   print_summary(model, o.screenshot,
                 key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui),
-                frame_ms);
+                frame_ms, play);
   ImGui_ImplVulkan_Shutdown();
   ImGui::DestroyContext();
   return 0;

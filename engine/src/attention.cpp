@@ -361,10 +361,15 @@ const Tensor& AttentionRecording::lse() const {
   return plan_->lse();
 }
 void AttentionRecording::set_keys(uint32_t n) {
+  plan_->check_user_functions();  // the run before, finished
   plan_->set_keys(n);
 }
 void AttentionRecording::set_position(uint32_t position) {
+  plan_->check_user_functions();
   plan_->set_position(position);
+}
+void AttentionRecording::check_user_functions() const {
+  plan_->check_user_functions();
 }
 
 namespace {
