@@ -62,6 +62,53 @@ TEST_P(FlexTest, FunctionsEqualToBuiltInsRunAsTheBuiltInsDo) {
   EXPECT_LE(max_lse_error(c.lse.data, ref.lse), 2e-5);
 }
 
+// flex::DeviceTwins: the float64 reference over functions it has no C++ twin of, from their
+// values on the device (flex_eval.comp), equals the reference of the built-ins they equal, to
+// fp32's rounding of the scores; a point its first run did not ask is refused.
+TEST_F(VulkanTest, FlexDeviceTwinsStandInForCppTwins) {
+  Context& ctx = context();
+  flex::enable(ctx);
+  const uint32_t b = 2, h = 4, hkv = 2, nq = 21, nk = 70, d = 16;
+  HostTensor q = random_tensor({b, h, nq, d}, 81, 1.5f),
+             k = random_tensor({b, hkv, nk, d}, 82, 1.5f), v = random_tensor({b, hkv, nk, d}, 83);
+  AttentionParams builtin;
+  builtin.mods.alibi_max_bias = 8.0f;
+  builtin.mods.causal = true;
+  builtin.mods.chunk_size = 24;
+  AttentionParams user;
+  user.mods.score_mod = kAlibi;
+  user.mods.mask_mod = kChunks;
+  user.mods.flex_table = HostTensor({h});
+  user.mods.flex_table.data = alibi_slopes(h, 8.0f);
+  flex::DeviceTwins twins(ctx, user.mods, nq, nk);
+  user.mods = twins.noting();
+  reference::direct(q, k, v, user);  // notes the points
+  user.mods = twins.answering();
+  reference::Result got = reference::direct(q, k, v, user),
+                    want = reference::direct(q, k, v, builtin);
+  auto apart = [](const std::vector<double>& x, const std::vector<double>& y) {
+    double worst = x.size() == y.size() ? 0.0 : INFINITY;
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i)
+      worst = std::max(worst, std::abs(x[i] - y[i]));
+    return worst;
+  };
+  EXPECT_LE(apart(got.out, want.out), 2e-6);
+  EXPECT_LE(apart(got.lse, want.lse), 2e-6);
+  expect_refused([&] { user.mods.score_twin(0.123, 0, 0, 0, 0); }, "the first run did not");
+  expect_refused([&] { user.mods.mask_twin(9, 0, 0, 0); }, "the first run did not");
+  // A function that reads past its table is refused as a call would be.
+  Modifiers past;
+  past.mask_mod =
+      "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return flex_table[kv_idx] > 0.0; }";
+  past.flex_table = HostTensor({10});
+  flex::DeviceTwins bad(ctx, past, nq, nk);
+  AttentionParams p;
+  p.mods = bad.noting();
+  reference::direct(q, k, v, p);
+  expect_refused([&] { bad.answering(); }, "mask_mod read flex_table past its 10 values");
+  EXPECT_TRUE(ctx.take_validation_messages().empty());
+}
+
 // The tiles mask_mod hides from every row of a workgroup are never read (flex_tiles.comp's
 // bitmap): keys 128..255 hidden from all, 64..127 from all heads but one per batch, and K and V
 // there NaN, which any read would carry into O. In every layout the device runs.

@@ -3,10 +3,13 @@
 #include <sys/wait.h>
 #include <array>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "lessons.hpp"
+#include "npy.hpp"
 #include "test_util.hpp"
 #include "ui.hpp"
 
@@ -175,6 +178,58 @@ TEST(Viewer, PlayStepsAsThePlayButtonDoes) {
     EXPECT_LE(lo, to);
     EXPECT_GE(hi, to);
   }
+}
+
+// The user's own functions from files (--score-mod, --mask-mod, --mod-table): the float64
+// reference takes their values from the device (flex::DeviceTwins). A copy of the documents
+// preset's mask_mod gives the preset's own errors, to the digit (the mask is exact either way);
+// a per-key bias capped by tanh leaves every variant within fp32 of float64, which a reference
+// without the bias would miss by far.
+TEST(Viewer, UsersOwnFunctionsAreComparedWithFloat64) {
+#ifndef FLASHVK_VIEWER_FLEX
+  GTEST_SKIP() << "flashvk::flex is not built";
+#endif
+  fs::path dir = fs::temp_directory_path() / ("flashvk_viewer_flex_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto put = [&](const char* name, const char* text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  std::string docs = put("mine.glsl", R"(bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+  int q_pos = q_idx + FLEX_NK - FLEX_NQ;
+  return kv_idx <= q_pos && flex_table[kv_idx] == flex_table[q_pos];
+})");
+  auto errors = [](const std::string& out) {
+    std::string lines;
+    for (size_t at = out.find("output error"); at != std::string::npos;
+         at = out.find("output error", at + 1))
+      lines += out.substr(at, out.find(',', at) - at) + "\n";
+    return lines;
+  };
+  std::string preset, mine;
+  screenshot("--preset documents --variant flash2,flashd", &preset);
+  screenshot("--preset documents --variant flash2,flashd --mask-mod " + docs, &mine);
+  EXPECT_NE(mine.find("documents with mask_mod mine.glsl"), std::string::npos) << mine;
+  EXPECT_EQ(errors(mine), errors(preset));
+  EXPECT_EQ(errors(mine).size(), 2 * std::string("output error vs float64 0.00e+00\n").size());
+
+  std::string bias =
+      put("bias.glsl", R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score + 4.0 * tanh(flex_table[kv_idx] / 4.0);
+})");
+  HostTensor table({96});
+  for (int j = 0; j < 96; ++j) table.data[size_t(j)] = 3.0f * std::sin(0.37f * float(j));
+  npy::write((dir / "bias.npy").string(), table);
+  std::string out;
+  screenshot("--preset sample --variant flash1,flash2,flashd --score-mod " + bias +
+                 " --mod-table " + (dir / "bias.npy").string(),
+             &out);
+  int variants = 0;
+  for (size_t at = out.find("output error vs float64 "); at != std::string::npos;
+       at = out.find("output error vs float64 ", at + 1), ++variants)
+    EXPECT_LT(std::stod(out.substr(at + 24)), 2e-6) << out;
+  EXPECT_EQ(variants, 3) << out;
+  fs::remove_all(dir);
 }
 
 TEST(Viewer, SummaryReportsExactOutputs) {

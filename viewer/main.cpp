@@ -33,6 +33,10 @@ options:
   --row R             query row to trace (default: the preset's)
   --step N            step cursor: the state after key N (default: the last key)
   --causal            causal mask (for --q/--k/--v inputs)
+  --score-mod FILE --mask-mod FILE --mod-table FILE
+                      your own score_mod / mask_mod in GLSL and their flex_table (as for
+                      `flashvk run`), over a preset's inputs or the files'; the float64
+                      reference takes their values as the device computes them (fp32)
   --headless          render offscreen, no window
   --screenshot FILE   the PNG to write (headless; default viewer.png)
   --size WxH          headless image size (default 1600x1000)
@@ -76,7 +80,7 @@ struct Options {
 Options parse(const std::vector<std::string>& argv) {
   cli::Args args(argv,
                  {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets",
-                  "device", "play", "speed"},
+                  "device", "play", "speed", "score-mod", "mask-mod", "mod-table"},
                  {"headless", "causal"});
   Options o;
   o.ui.assets = args.text("assets", FLASHVK_ASSETS);
@@ -116,6 +120,15 @@ Options parse(const std::vector<std::string>& argv) {
     const auto& names = preset_names();
     o.ui.preset = int(std::find(names.begin(), names.end(), preset) - names.begin());
   }
+  // The user's own functions, over a preset's or the files' inputs: the reference takes their
+  // values from the device (flex::DeviceTwins), so a preset's C++ twins give way.
+  Modifiers& mods = o.inputs.params.mods;
+  if (args.has("mod-table")) mods.flex_table = {};
+  cli::modifier_options(args, mods);
+  if (args.has("score-mod")) mods.score_twin = nullptr;
+  if (args.has("mask-mod")) mods.mask_twin = nullptr;
+  if (args.has("score-mod") || args.has("mask-mod") || args.has("mod-table"))
+    o.inputs.name += " with " + modifier_text(mods);
   Dims d = check_shapes(o.inputs.q.shape, o.inputs.k.shape, o.inputs.v.shape);
   if (args.has("row")) {
     auto row = args.integer("row", 0, 0, int64_t(d.nq) - 1);

@@ -85,6 +85,32 @@ double row_cost(const HostTensor& q, const HostTensor& k, const HostTensor& v, c
 
 }  // namespace
 
+void Model::reference_rows() {
+  scores_ = reference::row_scores(q_, k_, dims_, ref_params_, batch, head, row);
+  raw_scores_.clear();
+  if (ref_params_.mods.softcap > 0) {
+    AttentionParams raw = ref_params_;
+    raw.mods.softcap = 0;
+    raw_scores_ = reference::row_scores(q_, k_, dims_, raw, batch, head, row);
+  }
+  std::vector<reference::Vec> values = reference::value_rows(v_, dims_, batch, head);
+  double sink = reference::row_sink(ref_params_, head);
+  direct_ = reference::direct_row(scores_, values, sink);
+  storage_cost_ = fp16_cost_ = 0;
+  if (in_.storage.q != DType::f32 || in_.storage.k != DType::f32 || in_.storage.v != DType::f32) {
+    reference::Vec given =
+        reference::direct_row(
+            reference::row_scores(in_.q, in_.k, dims_, ref_params_, batch, head, row),
+            reference::value_rows(in_.v, dims_, batch, head), sink)
+            .out;
+    for (size_t c = 0; c < given.size(); ++c)
+      storage_cost_ = std::max(storage_cost_, std::abs(direct_.out[c] - given[c]));
+    fp16_cost_ = row_cost(in_.q, in_.k, in_.v, dims_, ref_params_, batch, head, row,
+                          Storage(DType::f16), given);
+  }
+  build_heatmap();
+}
+
 void Model::retrace() {
   last_error.clear();
   batch = std::min(batch, dims_.batch - 1);
@@ -102,27 +128,27 @@ void Model::retrace() {
     in_.storage = Storage();
     q_ = in_.q, k_ = in_.k, v_ = in_.v;
   }
-  scores_ = reference::row_scores(q_, k_, dims_, in_.params, batch, head, row);
-  raw_scores_.clear();
-  if (in_.params.mods.softcap > 0) {
-    AttentionParams raw = in_.params;
-    raw.mods.softcap = 0;
-    raw_scores_ = reference::row_scores(q_, k_, dims_, raw, batch, head, row);
+  try {
+    ref_params_ = in_.params;
+#ifdef FLASHVK_VIEWER_FLEX
+    const Modifiers& m = in_.params.mods;
+    if ((!m.score_mod.empty() && !m.score_twin) || (!m.mask_mod.empty() && !m.mask_twin)) {
+      flex::DeviceTwins twins(ctx_, m, dims_.nq, dims_.nk);
+      ref_params_.mods = twins.noting();
+      reference_rows();  // notes what the reference asks of the functions
+      ref_params_.mods = twins.answering();
+    }
+#endif
+    reference_rows();
+  } catch (const Error& e) {  // a function the device refuses: nothing to compare with
+    last_error = e.what();
+    ref_params_ = in_.params;
+    ref_params_.mods.score_mod.clear();
+    ref_params_.mods.mask_mod.clear();
+    reference_rows();
   }
   std::vector<reference::Vec> values = reference::value_rows(v_, dims_, batch, head);
   double sink = reference::row_sink(in_.params, head);
-  direct_ = reference::direct_row(scores_, values, sink);
-  if (in_.storage.q != DType::f32 || in_.storage.k != DType::f32 || in_.storage.v != DType::f32) {
-    reference::Vec given =
-        reference::direct_row(
-            reference::row_scores(in_.q, in_.k, dims_, in_.params, batch, head, row),
-            reference::value_rows(in_.v, dims_, batch, head), sink)
-            .out;
-    for (size_t c = 0; c < given.size(); ++c)
-      storage_cost_ = std::max(storage_cost_, std::abs(direct_.out[c] - given[c]));
-    fp16_cost_ = row_cost(in_.q, in_.k, in_.v, dims_, in_.params, batch, head, row,
-                          Storage(DType::f16), given);
-  }
   fa1_ = reference::flash1_row(scores_, values, sink);
   fa2_ = reference::flash2_row(scores_, values, sink);
   fd_ = reference::flashd_row(scores_, values, sink);
@@ -145,7 +171,6 @@ void Model::retrace() {
     traces_.push_back(std::move(t));
   }
   cursor = std::clamp(cursor, 0, std::max(0, steps() - 1));
-  build_heatmap();
 }
 
 const reference::RowTrace& Model::ref_of(Variant v) const {
@@ -201,7 +226,7 @@ void Model::build_heatmap() {
   heat_p_.assign(nq * nk, 0.0);
   if (nq * nk > 4'000'000) return;  // too large to show; the panel says so
   for (uint32_t i = 0; i < nq; ++i) {
-    reference::Vec s = reference::row_scores(q_, k_, dims_, in_.params, batch, head, i);
+    reference::Vec s = reference::row_scores(q_, k_, dims_, ref_params_, batch, head, i);
     double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
     for (double x : s) m = std::max(m, x);
     for (double x : s) sum += std::isinf(x) ? 0.0 : std::exp(x - m);

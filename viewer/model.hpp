@@ -99,10 +99,15 @@ class Model {
 
  private:
   void build_heatmap();
+  /// Everything the float64 reference computes from the row's scores (ref_params_).
+  void reference_rows();
   bool event_at(Jump jump, int step) const;
 
   Context& ctx_;
   Inputs in_;
+  /// in_.params with twins for the user's functions where the inputs lack them: their values on
+  /// the device (flex::DeviceTwins), since the host cannot run GLSL.
+  AttentionParams ref_params_;
   HostTensor q_, k_, v_;  // the values the device holds (stored_values): what float64 sees
   double storage_cost_ = 0, fp16_cost_ = 0;
   Dims dims_;

@@ -9,6 +9,7 @@
 #include <glslang/Public/ShaderLang.h>
 #include <glslang/SPIRV/GlslangToSpv.h>
 
+#include <bit>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -20,10 +21,13 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "flashvk/error.hpp"
 #include "flex_tables.hpp"
+#include "plan.hpp"
 #include "vk.hpp"
 
 namespace flashvk::flex {
@@ -305,6 +309,77 @@ void enable(Context& ctx) {
 
 void check(const Modifiers& mods) {
   compile("flash2_f32", mods);
+}
+
+struct DeviceTwins::State {
+  Context* ctx;
+  Modifiers mods;
+  uint32_t nq, nk;
+  using Key = std::tuple<int, int, int, int>;  // b, h, q_idx, kv_idx
+  std::set<std::pair<Key, uint32_t>> asked;    // and the score's fp32 bits
+  std::map<std::pair<Key, uint32_t>, float> scores;
+  std::map<Key, bool> kept;
+};
+
+DeviceTwins::DeviceTwins(Context& ctx, Modifiers mods, uint32_t nq, uint32_t nk)
+    : state_(std::make_shared<State>()) {
+  state_->ctx = &ctx;
+  state_->mods = std::move(mods);
+  state_->nq = nq;
+  state_->nk = nk;
+}
+
+Modifiers DeviceTwins::noting() {
+  Modifiers m = state_->mods;
+  std::shared_ptr<State> st = state_;
+  if (!m.score_mod.empty() && !m.score_twin)
+    m.score_twin = [st](double s, int b, int h, int i, int j) {
+      st->asked.insert({{b, h, i, j}, std::bit_cast<uint32_t>(float(s))});
+      return s;
+    };
+  if (!m.mask_mod.empty() && !m.mask_twin)
+    m.mask_twin = [st](int b, int h, int i, int j) {
+      st->asked.insert({{b, h, i, j}, 0u});
+      return true;
+    };
+  return m;
+}
+
+Modifiers DeviceTwins::answering() {
+  State& st = *state_;
+  std::vector<float> points;
+  points.reserve(st.asked.size() * 5);
+  for (const auto& [key, bits] : st.asked) {
+    auto [b, h, i, j] = key;
+    for (float x : {std::bit_cast<float>(bits), std::bit_cast<float>(b), std::bit_cast<float>(h),
+                    std::bit_cast<float>(i), std::bit_cast<float>(j)})
+      points.push_back(x);
+  }
+  std::vector<float> values =
+      detail::evaluate_user_functions(*st.ctx, st.mods, st.nq, st.nk, points);
+  size_t e = 0;
+  for (const auto& [key, bits] : st.asked) {
+    st.scores[{key, bits}] = values[2 * e];
+    st.kept[key] = values[2 * e + 1] != 0.0f;
+    ++e;
+  }
+  Modifiers m = st.mods;
+  std::shared_ptr<State> held = state_;
+  if (!m.score_mod.empty() && !m.score_twin)
+    m.score_twin = [held](double s, int b, int h, int i, int j) {
+      auto it = held->scores.find({{b, h, i, j}, std::bit_cast<uint32_t>(float(s))});
+      if (it == held->scores.end())
+        throw Error("flex::DeviceTwins: score_mod asked at a point the first run did not");
+      return double(it->second);
+    };
+  if (!m.mask_mod.empty() && !m.mask_twin)
+    m.mask_twin = [held](int b, int h, int i, int j) {
+      auto it = held->kept.find({b, h, i, j});
+      if (it == held->kept.end())
+        throw Error("flex::DeviceTwins: mask_mod asked at a point the first run did not");
+      return it->second;
+    };
+  return m;
 }
 
 }  // namespace flashvk::flex

@@ -664,6 +664,43 @@ void plan_flex_tiles(Plan& plan, bool each_run) {
   plan.impl.submit_and_wait([&](VkCommandBuffer cmd) { once.record(cmd); });
 }
 
+std::vector<float> evaluate_user_functions(Context& ctx, const Modifiers& m, uint32_t nq,
+                                           uint32_t nk, const std::vector<float>& points) {
+  const uint64_t n = points.size() / 5;
+  if (n == 0) return {};
+  if (n > UINT32_MAX) throw Error("flex: too many points to evaluate at once");
+  Plan plan(ctx);
+  plan.params.mods = m;
+  std::vector<float> table = m.flex_table.data;
+  table.push_back(0.0f);  // the word a read past the table sets (check_user_functions)
+  plan.flex_table = plan.scratch(table.size() * 4);
+  plan.flex_table.write(table.data(), table.size() * 4);
+  Buffer in = plan.scratch(points.size() * 4), out = plan.scratch(n * 2 * 4);
+  in.write(points.data(), points.size() * 4);
+  Bindings b;
+  b.fill(ctx.impl().dummy.handle());
+  b[kScratch1] = in.handle();
+  b[kScratch2] = out.handle();
+  Push push{};
+  push.batch = push.heads = push.kv_heads = 1;
+  push.nq = nq;
+  push.nk = nk;
+  push.kv_keys = static_cast<uint32_t>(n);
+  Spec spec;
+  spec.workgroup = 64;
+  uint64_t groups = (n + 63) / 64;
+  uint64_t across = std::min<uint64_t>(groups, ctx.device().max_workgroup_count[0]);
+  plan.add(
+      ctx.impl().user_pipeline("flex_eval", m, spec), plan.make_set(b),
+      {static_cast<uint32_t>(across), static_cast<uint32_t>((groups + across - 1) / across), 1},
+      &push, sizeof(push));
+  ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
+  plan.check_user_functions();
+  std::vector<float> values = Plan::read_floats(out);
+  values.resize(n * 2);
+  return values;
+}
+
 }  // namespace detail
 
 }  // namespace flashvk

@@ -90,6 +90,11 @@ void spec_modifiers(const Modifiers& m, Spec& spec);
 void plan_flex_tiles(Plan& plan, bool each_run);
 /// flex_tiles.comp's constants for the fused kernel of constants `attention`.
 Spec flex_tiles_spec(const Spec& attention);
+/// `m`'s user-written functions evaluated on `ctx`'s device (flex_eval.comp) at points of five
+/// floats each (the score, then b, h, q_idx and kv_idx as int bits), with FLEX_NQ = nq and
+/// FLEX_NK = nk: two floats a point, score_mod's score and 1 where mask_mod keeps the key.
+std::vector<float> evaluate_user_functions(Context& ctx, const Modifiers& m, uint32_t nq,
+                                           uint32_t nk, const std::vector<float>& points);
 /// The constants a call's kernels run with: the tiling (choose_tiling), the page size of a paged
 /// cache (0: dense) and the modifiers' part. The plans and describe_pipelines() both take it.
 Spec call_spec(const TilingRequest& request, uint32_t page_size);
@@ -153,6 +158,8 @@ class Plan {
  private:
   friend void encode_modifiers(Plan&, std::vector<uint32_t>&);
   friend void plan_flex_tiles(Plan&, bool);
+  friend std::vector<float> evaluate_user_functions(Context&, const Modifiers&, uint32_t, uint32_t,
+                                                    const std::vector<float>&);
   friend void plan_fused(Plan&);
   friend void plan_naive(Plan&);
   friend void plan_splitkv(Plan&);

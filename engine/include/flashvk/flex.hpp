@@ -4,6 +4,7 @@
 // with glslang. Link flashvk::flex (CMake option FLASHVK_FLEX, on where glslang-dev is found) and
 // call enable() once per context; docs/engine.md shows how to write the functions.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,23 @@ std::vector<uint32_t> compile(const std::string& build, const Modifiers& mods);
 
 /// Compiles `mods`' functions into one kernel, to refuse a bad file before anything runs.
 void check(const Modifiers& mods);
+
+/// C++ twins (Modifiers::score_twin, mask_twin) for functions the host has none of, from their
+/// values on the device: for float64 code (reference::) that runs twice over the same inputs.
+/// The first run takes noting(), whose twins note each point asked and answer as if there were
+/// no function; answering() evaluates those points on `ctx`'s device in one dispatch (in fp32,
+/// as the kernels do, with FLEX_NQ = nq and FLEX_NK = nk) and gives twins that answer from them
+/// to the second run, which throws Error at a point the first did not ask. Twins `mods` already
+/// has are kept. The viewer's reference uses it for a file of the user's.
+class DeviceTwins {
+ public:
+  DeviceTwins(Context& ctx, Modifiers mods, uint32_t nq, uint32_t nk);
+  Modifiers noting();
+  Modifiers answering();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
 
 }  // namespace flashvk::flex
