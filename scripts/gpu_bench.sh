@@ -49,6 +49,14 @@ done
 step bench --suite modifiers --dtype f16 --json "$out/modifiers_f16.json"
 step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16,q8_0,q4_0 \
   --json "$out/decode_kv.json"
+# Issue #34: a document mask written as a mask_mod, 8 documents of 512 at N=4096 (causal within
+# each) on one head, against causal N=512 over 8 heads, the same visible pairs (target >= 70% of
+# its throughput); ALiBi as a score_mod is in the modifiers suites (target <= 10% over ALiBi).
+printf '%s\n' 'bool mask_mod(int b, int h, int q_idx, int kv_idx) {' \
+  '  int q_pos = q_idx + FLEX_NK - FLEX_NQ;' \
+  '  return kv_idx <= q_pos && kv_idx / 512 == q_pos / 512;' '}' >"$out/documents512.glsl"
+step bench --variant flash2,flashd --heads 1 --nq 4096 --mask-mod "$out/documents512.glsl" --repeat 9
+step bench --variant flash2,flashd --heads 8 --nq 512 --causal --repeat 9
 # Issue #20: register blocks against the FMA peak (target >= 30% at N=4096), fp32 and fp16
 # arithmetic, d=64 and 128.
 for d in 64 128; do

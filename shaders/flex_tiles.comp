@@ -7,7 +7,9 @@
 // -inf depends on the keys' values, which the kernels read). The kernels then step over the other tiles
 // (next_seen_tile, tile_seen) as over an additive mask's: never read. It writes the words at
 // pc.mask_tiles of the buffer they read as mask_buf (bound here at binding 8). Each invocation
-// tests one tile and stops at its first visible pair; a workgroup of 32 writes one word.
+// tests one tile and stops at its first visible pair; a workgroup of 32 writes one word, and in
+// scratch1 (as uint bits) the length of its batch's keys it was made for: a recording runs the
+// pass before every run, and a word already made for this length is kept as it is.
 #define FLEX_TILES
 #include "common.glsl"
 
@@ -18,6 +20,8 @@ void main() {
   uint bkv = gl_WorkGroupID.z, group = pc.heads / pc.kv_heads;
   uint b = bkv / pc.kv_heads, hkv = bkv % pc.kv_heads;
   uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  uint at = (bkv * gl_NumWorkGroups.y + block) * words + word, made_for = seq_len(b);
+  if (floatBitsToUint(scratch1[at]) == made_for) return;  // the same for the whole workgroup
   if (t == 0u) bits_sh = 0u;
   barrier();
   uint tile = word * 32u + t;
@@ -33,5 +37,8 @@ void main() {
   }
   if (seen) atomicOr(bits_sh, 1u << t);
   barrier();
-  if (t == 0u) tile_bits[pc.mask_tiles + (bkv * gl_NumWorkGroups.y + block) * words + word] = bits_sh;
+  if (t == 0u) {
+    tile_bits[pc.mask_tiles + at] = bits_sh;
+    scratch1[at] = uintBitsToFloat(made_for);
+  }
 }

@@ -336,8 +336,9 @@ TEST_F(VulkanTest, FlexNaiveTakesAnAdditiveMaskBesideMaskMod) {
 }
 
 // A recording whose keys change (a decode loop's set_keys) runs the tile pass first on every
-// submit, from the keys of that run: the tiles mask_mod hides at each length are never read
-// (NaN there), and a bitmap left from the run before (longer keys) would hide keys this one sees.
+// submit, from the keys of that run (a length it has just made the words for keeps them): the
+// tiles mask_mod hides at each length are never read (NaN there), and a bitmap left from the
+// run before (longer keys) would hide keys this one sees.
 TEST_F(VulkanTest, FlexRecordingRebuildsTheBitmapEachRun) {
   Context& ctx = context();
   flex::enable(ctx);
@@ -363,7 +364,7 @@ TEST_F(VulkanTest, FlexRecordingRebuildsTheBitmapEachRun) {
     p.variant = variant;
     AttentionRecording rec(ctx, tq, tk, tv, p);
     ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
-    for (uint32_t n : {300u, 180u, 250u, 150u}) {
+    for (uint32_t n : {300u, 180u, 180u, 250u, 150u, 300u}) {  // 180 again: the words kept
       AttentionParams twin = p;
       twin.mods.mask_twin = [n](int, int, int i, int j) {
         int qp = i + int(n) - int(nq);

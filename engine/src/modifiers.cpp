@@ -648,6 +648,11 @@ void plan_flex_tiles(Plan& plan, bool each_run) {
   uint32_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
   uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
   auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);
+  // The length each word was made for, none yet: a recording's pass keeps the words of a length
+  // it has made them for (a decode loop resubmitted without set_keys).
+  plan.flex_stamps = plan.scratch(uint64_t(words) * blocks * d.batch * d.kv_heads * 4);
+  plan.flex_stamps.fill(0xffffffffu);
+  b[kScratch1] = plan.flex_stamps.handle();
   VkPipeline pass = plan.impl.user_pipeline("flex_tiles", plan.params.mods, spec);
   std::array<uint32_t, 3> groups = {words, blocks, d.batch * d.kv_heads};
   if (each_run) {  // from the keys of each run (the lengths it reads), before the kernels

@@ -206,6 +206,7 @@ class Plan {
   Buffer heads;             // [B * H] (ALiBi slope, sink logit), when a modifier needs them
   Buffer flex_table;        // Modifiers::flex_table, when given (the user functions' flex_table[])
   bool flex_tiles = false;  // mask_mod's tile bitmap is computed by flex_tiles.comp first
+  Buffer flex_stamps;       // flex_tiles.comp: the length of keys each bitmap word was made for
   std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).
