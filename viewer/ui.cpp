@@ -434,6 +434,40 @@ void controls_other_inputs(Model& model, UiState& ui) {
     }
     tip("Reads the three files and traces them; the preset box then says \"files\".");
   }
+  if (ImGui::CollapsingHeader("Your mask or bias (GLSL)")) {
+    ImGui::InputText("score_mod", ui.score_path, sizeof ui.score_path);
+    tip("A GLSL file defining float score_mod(float score, int b, int h, int q_idx, int kv_idx),\n"
+        "which turns each scaled score into its own (docs/engine.md). Empty: as it is.");
+    ImGui::InputText("mask_mod", ui.mask_path, sizeof ui.mask_path);
+    tip("A GLSL file defining bool mask_mod(int b, int h, int q_idx, int kv_idx): false hides\n"
+        "key kv_idx from query q_idx. Empty: as it is.");
+    ImGui::InputText("table", ui.table_path, sizeof ui.table_path);
+    tip("A float32 .npy the functions read as flex_table[] (ids, biases). Empty: as it is.");
+    if (ImGui::Button("Apply")) {
+      try {
+        Inputs in = model.inputs();
+        Modifiers& m = in.params.mods;
+        auto read = [](const char* path) {
+          std::ifstream file(path, std::ios::binary);
+          std::string text((std::istreambuf_iterator<char>(file)), {});
+          if (!file.good() && !file.eof()) text.clear();
+          if (text.empty()) throw Error(std::string("cannot read '") + path + "' (a GLSL file)");
+          return text;
+        };
+        if (*ui.score_path) m.score_mod = read(ui.score_path), m.score_mod_name = ui.score_path;
+        if (*ui.score_path) m.score_twin = nullptr;  // the device's values stand in (DeviceTwins)
+        if (*ui.mask_path) m.mask_mod = read(ui.mask_path), m.mask_mod_name = ui.mask_path;
+        if (*ui.mask_path) m.mask_twin = nullptr;
+        if (*ui.table_path) m.flex_table = npy::read(ui.table_path, "table");
+        in.name += " with " + modifier_text(m);
+        load(model, ui, std::move(in));
+      } catch (const Error& e) {
+        ui.status = e.what();
+      }
+    }
+    tip("Compiles them into the kernels and traces again; the float64 reference takes their\n"
+        "values from the GPU (the host cannot run GLSL).");
+  }
 }
 
 void controls_selection(Model& model, UiState& ui) {

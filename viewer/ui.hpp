@@ -19,6 +19,7 @@ struct UiState {
   int preset = 0;
   RandomSpec random;
   char q_path[256] = "", k_path[256] = "", v_path[256] = "";
+  char score_path[256] = "", mask_path[256] = "", table_path[256] = "";  // the user's functions
   char csv_path[256] = "trace.csv", png_path[256] = "viewer.png";
   bool playing = false;
   float speed = 20.0f;  // steps per second
