@@ -19,7 +19,7 @@ void main() {
   uint t = gl_LocalInvocationID.x, word = gl_WorkGroupID.x, block = gl_WorkGroupID.y;
   uint bkv = gl_WorkGroupID.z, group = pc.heads / pc.kv_heads;
   uint b = bkv / pc.kv_heads, hkv = bkv % pc.kv_heads;
-  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  uint tiles = (lengths.tile_keys + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint at = (bkv * gl_NumWorkGroups.y + block) * words + word, made_for = seq_len(b);
   if (floatBitsToUint(scratch1[at]) == made_for) return;  // the same for the whole workgroup
   if (t == 0u) bits_sh = 0u;

@@ -125,7 +125,7 @@ float row_score(uint rr, uint j, bool seen, float scaled_dot) {
 // (modifiers.cpp set_mask_tiles), or with mask_mod from flex_tiles.comp, run before. This is the
 // word holding tile t's bit (bit t % 32).
 uint mask_tile_word(uint t) {
-  uint tiles = (pc.nk + BC - 1u) / BC, words = (tiles + 31u) / 32u;
+  uint tiles = (lengths.tile_keys + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
   return mask_buf[base + t / 32u];
 }

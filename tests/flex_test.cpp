@@ -96,6 +96,27 @@ TEST_F(VulkanTest, FlexDeviceTwinsStandInForCppTwins) {
   EXPECT_LE(apart(got.lse, want.lse), 2e-6);
   expect_refused([&] { user.mods.score_twin(0.123, 0, 0, 0, 0); }, "the first run did not");
   expect_refused([&] { user.mods.mask_twin(9, 0, 0, 0); }, "the first run did not");
+  // The functions are asked where the kernels ask them: score_mod only at keys the limits and
+  // mask_mod keep, so a bias by distance that only exists for causal keys is no miss.
+  AttentionParams by_distance;
+  by_distance.mods.causal = true;
+  by_distance.mods.score_mod =
+      R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - flex_table[q_idx + FLEX_NK - FLEX_NQ - kv_idx];
+})";
+  by_distance.mods.flex_table = HostTensor({nk});
+  for (uint32_t x = 0; x < nk; ++x) by_distance.mods.flex_table.data[x] = 0.05f * float(x);
+  AttentionParams twin = by_distance;
+  twin.mods.score_twin = [&](double s, int, int, int i, int j) {
+    return s - double(0.05f * float(i + int(nk - nq) - j));
+  };
+  flex::DeviceTwins distance(ctx, by_distance.mods, nq, nk);
+  by_distance.mods = distance.noting();
+  reference::direct(q, k, v, by_distance);
+  by_distance.mods = distance.answering();
+  EXPECT_LE(
+      apart(reference::direct(q, k, v, by_distance).out, reference::direct(q, k, v, twin).out),
+      2e-6);
   // A function that reads past its table is refused as a call would be.
   Modifiers past;
   past.mask_mod =
@@ -175,8 +196,8 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
   expect_refused([&] { run(past); }, "score_mod read flex_table past its 20 values");
   past.flex_table = HostTensor({22});
   EXPECT_NO_THROW(run(past));
-  // A recording hears of it from check_user_functions() once a run has finished, and from the
-  // next set_keys (a decode loop's next step).
+  // A recording hears of it from the next set_keys (a decode loop's next step), or from
+  // check_user_functions() once a run has finished; once, until a run misses again.
   {
     AttentionParams rp;
     rp.mods = past;
@@ -185,9 +206,15 @@ TEST_F(VulkanTest, FlexRefusesBadFunctionsInOneLine) {
     AttentionRecording rec(ctx, tq, tk, tk, rp);
     EXPECT_NO_THROW(rec.check_user_functions());  // nothing has run
     ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+    frame.submit();  // 20 keys: keys 18 and 19 read past
+    expect_refused([&] { rec.set_keys(18); }, "score_mod read flex_table past its 20");
+    EXPECT_NO_THROW(rec.check_user_functions());  // said once
+    rec.set_keys(18);
+    frame.submit();  // keys 0..17 read values 2..19: inside
+    EXPECT_NO_THROW(rec.check_user_functions());
+    rec.set_keys(20);
     frame.submit();
     expect_refused([&] { rec.check_user_functions(); }, "score_mod read flex_table past its 20");
-    expect_refused([&] { rec.set_keys(18); }, "score_mod read flex_table past its 20");
   }
   Modifiers no_table;
   no_table.mask_mod =
@@ -362,7 +389,9 @@ TEST_F(VulkanTest, FlexRecordingRebuildsTheBitmapEachRun) {
          tv = Tensor::upload(ctx, v_nan, DType::f32);
   for (Variant variant : fused_variants()) {
     p.variant = variant;
-    AttentionRecording rec(ctx, tq, tk, tv, p);
+    // Made over the first 64 keys (a cache's prefix views, as a decode loop starts), so that
+    // the bitmap must span every key set_keys may reach, not the 64 it was made with.
+    AttentionRecording rec(ctx, tq, tk.prefix(64), tv.prefix(64), p);
     ReusedFrame frame(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
     for (uint32_t n : {300u, 180u, 180u, 250u, 150u, 300u}) {  // 180 again: the words kept
       AttentionParams twin = p;

@@ -213,6 +213,19 @@ TEST(Viewer, UsersOwnFunctionsAreComparedWithFloat64) {
   EXPECT_EQ(errors(mine), errors(preset));
   EXPECT_EQ(errors(mine).size(), 2 * std::string("output error vs float64 0.00e+00\n").size());
 
+  // A table alone replaces the preset's: its C++ twin (of the preset's own ids) gives way too.
+  HostTensor ids({192});
+  for (int j = 0; j < 192; ++j) ids.data[size_t(j)] = j < 100 ? 0.0f : 1.0f;
+  npy::write((dir / "ids.npy").string(), ids);
+  std::string two;
+  screenshot("--preset documents --variant flash2,flashd --mod-table " + (dir / "ids.npy").string(),
+             &two);
+  int checked = 0;
+  for (size_t at = two.find("output error vs float64 "); at != std::string::npos;
+       at = two.find("output error vs float64 ", at + 1), ++checked)
+    EXPECT_LT(std::stod(two.substr(at + 24)), 2e-6) << two;
+  EXPECT_EQ(checked, 2) << two;
+
   std::string bias =
       put("bias.glsl", R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
   return score + 4.0 * tanh(flex_table[kv_idx] / 4.0);

@@ -32,7 +32,7 @@ options:
   --variant A,B,...   variants to step together (default flash1,flash2,flashd)
   --row R             query row to trace (default: the preset's)
   --step N            step cursor: the state after key N (default: the last key)
-  --causal            causal mask (for --q/--k/--v inputs)
+  --causal            causal mask (over a preset's inputs or the files')
   --score-mod FILE --mask-mod FILE --mod-table FILE
                       your own score_mod / mask_mod in GLSL and their flex_table (as for
                       `flashvk run`), over a preset's inputs or the files'; the float64
@@ -91,11 +91,12 @@ Options parse(const std::vector<std::string>& argv) {
   o.step = int(args.integer("step", -1, 0, INT32_MAX));
   o.play = int(args.integer("play", 0, 1, 100000));
   if (args.has("speed")) {
-    double speed = 0;
-    if (std::sscanf(args.text("speed").c_str(), "%lf", &speed) != 1 ||
-        !(speed >= 1 && speed <= 500))
+    const std::string text = args.text("speed");
+    char* end = nullptr;
+    double speed = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(speed >= 1 && speed <= 500))
       throw cli::UsageError{"--speed must be a number of steps per second from 1 to 500, got '" +
-                            args.text("speed") + "'"};
+                            text + "'"};
     o.ui.speed = float(speed);
   }
   if (o.play && !o.headless) throw cli::UsageError{"--play is for --headless"};
@@ -125,8 +126,8 @@ Options parse(const std::vector<std::string>& argv) {
   Modifiers& mods = o.inputs.params.mods;
   if (args.has("mod-table")) mods.flex_table = {};
   cli::modifier_options(args, mods);
-  if (args.has("score-mod")) mods.score_twin = nullptr;
-  if (args.has("mask-mod")) mods.mask_twin = nullptr;
+  if (args.has("score-mod") || args.has("mod-table")) mods.score_twin = nullptr;
+  if (args.has("mask-mod") || args.has("mod-table")) mods.mask_twin = nullptr;
   if (args.has("score-mod") || args.has("mask-mod") || args.has("mod-table"))
     o.inputs.name += " with " + modifier_text(mods);
   Dims d = check_shapes(o.inputs.q.shape, o.inputs.k.shape, o.inputs.v.shape);

@@ -130,9 +130,11 @@ void Model::retrace() {
   }
   try {
     ref_params_ = in_.params;
+    device_twins_ = false;
 #ifdef FLASHVK_VIEWER_FLEX
     const Modifiers& m = in_.params.mods;
     if ((!m.score_mod.empty() && !m.score_twin) || (!m.mask_mod.empty() && !m.mask_twin)) {
+      device_twins_ = true;
       flex::DeviceTwins twins(ctx_, m, dims_.nq, dims_.nk);
       ref_params_.mods = twins.noting();
       reference_rows();  // notes what the reference asks of the functions
@@ -222,9 +224,13 @@ int Model::find(Jump jump, int dir) const {
 
 void Model::build_heatmap() {
   size_t nq = dims_.nq, nk = dims_.nk;
+  heat_s_.clear();
+  heat_p_.clear();
+  // Too large to show (the panel says so): 4M pairs, or 1M whose user functions' values come
+  // from the device (DeviceTwins keeps each pair asked).
+  if (nq * nk > (device_twins_ ? 1'000'000u : 4'000'000u)) return;
   heat_s_.assign(nq * nk, 0.0);
   heat_p_.assign(nq * nk, 0.0);
-  if (nq * nk > 4'000'000) return;  // too large to show; the panel says so
   for (uint32_t i = 0; i < nq; ++i) {
     reference::Vec s = reference::row_scores(q_, k_, dims_, ref_params_, batch, head, i);
     double m = -std::numeric_limits<double>::infinity(), sum = 0.0;

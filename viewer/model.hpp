@@ -108,7 +108,8 @@ class Model {
   /// in_.params with twins for the user's functions where the inputs lack them: their values on
   /// the device (flex::DeviceTwins), since the host cannot run GLSL.
   AttentionParams ref_params_;
-  HostTensor q_, k_, v_;  // the values the device holds (stored_values): what float64 sees
+  bool device_twins_ = false;  // ref_params_' twins are flex::DeviceTwins'
+  HostTensor q_, k_, v_;       // the values the device holds (stored_values): what float64 sees
   double storage_cost_ = 0, fp16_cost_ = 0;
   Dims dims_;
   std::vector<VariantTrace> traces_;

@@ -455,9 +455,10 @@ void controls_other_inputs(Model& model, UiState& ui) {
           return text;
         };
         if (*ui.score_path) m.score_mod = read(ui.score_path), m.score_mod_name = ui.score_path;
-        if (*ui.score_path) m.score_twin = nullptr;  // the device's values stand in (DeviceTwins)
         if (*ui.mask_path) m.mask_mod = read(ui.mask_path), m.mask_mod_name = ui.mask_path;
-        if (*ui.mask_path) m.mask_twin = nullptr;
+        // The device's values stand in (DeviceTwins), also for a preset's twin of another table.
+        if (*ui.score_path || *ui.table_path) m.score_twin = nullptr;
+        if (*ui.mask_path || *ui.table_path) m.mask_twin = nullptr;
         if (*ui.table_path) m.flex_table = npy::read(ui.table_path, "table");
         in.name += " with " + modifier_text(m);
         load(model, ui, std::move(in));
@@ -782,7 +783,11 @@ void draw_heatmap(Model& model, UiState& ui) {
   const auto& heat = ui.show_p ? model.heat_p() : model.heat_s();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
-  if (heat.empty() || d.nq == 0 || avail.x < 1 || avail.y < 1) return;
+  if (heat.empty() && d.nq > 0) {
+    wrapped("The map of %u x %u pairs is too large to draw.", d.nq, d.nk);
+    return;
+  }
+  if (d.nq == 0 || avail.x < 1 || avail.y < 1) return;
   // The keys the plots show (all of them, unless the row is too long for its plots).
   uint32_t klo = 0, khi = d.nk;
   if (ui.shown.hi > ui.shown.lo && uint32_t(ui.shown.hi) <= d.nk)

@@ -616,7 +616,7 @@ VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers&
   std::vector<uint32_t> words = with->compile(build, mods);
   std::lock_guard lock(pipeline_mutex);
   VkPipeline made = pipeline(ShaderBlob{name.c_str(), words.data(), words.size() * 4}, spec, lock);
-  if (compile_only) user_words[name] = std::move(words);  // for the pipeline report
+  user_words[name] = std::move(words);  // for the pipeline report
   return made;
 }
 

@@ -180,7 +180,7 @@ Job prepare(const std::string& build, const Modifiers& mods) {
   // clamped into the table and notes a miss in a register, without a branch or a store in the
   // kernels' loops: kEpilogue's main() writes the word once, after the kernel.
   std::string functions =
-      "layout(std430, binding = 14) restrict readonly buffer FlexTable {\n"
+      "layout(std430, binding = 14) readonly buffer FlexTable {\n"
       "  float flex_table_values[];\n"
       "};\n"
       "#define FLEX_TABLE_SIZE (flex_table_values.length() - 1)\n"

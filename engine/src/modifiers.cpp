@@ -615,12 +615,15 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
                           plan.push,
                           plan.spec};
     encode_mask(encoding, words);
+    plan.tile_keys = d.nk;  // set_mask_tiles' rows (a plan with a mask attends over its Nk)
   }
   // mask_mod's tile bitmap: room for it where an additive mask has not made one (the same
   // layout: set_mask_tiles), filled on the device by flex_tiles.comp (plan_flex_tiles).
   if (!m.mask_mod.empty() && (plan.spec.mods & kModTiles)) {  // the fused variants
-    if (!m.has_mask()) {
-      uint64_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, per_row = (tiles + 31) / 32;
+    if (!m.has_mask()) {  // over the most keys a recording may attend over (set_keys)
+      plan.tile_keys = plan.most_keys;
+      uint64_t tiles = (plan.tile_keys + plan.spec.bc - 1) / plan.spec.bc,
+               per_row = (tiles + 31) / 32;
       uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq, block = plan.spec.block();
       plan.push.mask_tiles = static_cast<uint32_t>(words.size());
       words.resize(words.size() +
@@ -645,7 +648,7 @@ void plan_flex_tiles(Plan& plan, bool each_run) {
   Spec spec = flex_tiles_spec(plan.spec);
   Bindings b = plan.bindings;
   b[kTrace] = plan.mask.handle();  // flex_tiles.comp writes the bitmap there
-  uint32_t tiles = (d.nk + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
+  uint32_t tiles = (plan.tile_keys + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
   uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
   auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);
   // The length each word was made for, none yet: a recording's pass keeps the words of a length

@@ -242,6 +242,10 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     bindings[kK] = binding(k_rot);
   }
   set_tables();
+  if (appends)  // again, with the tile bitmap's span (lengths.tile_keys) that set_tables chose
+    set_position(0);
+  else
+    set_keys(dims.nk);
   if (options.outputs.lse && !params.want_lse)
     throw Error("attention: an LSE output was given with want_lse false");
   out_ = output(options.outputs.out, dims.out_shape, "O");
@@ -329,9 +333,17 @@ Range Plan::flex_range() const {
   return flex_table.handle() ? Range(flex_table.handle(), 0, flex_table.bytes()) : Range();
 }
 
-void Plan::check_user_functions() const {
+void Plan::check_user_functions() {
   const Modifiers& m = params.mods;
-  if (!m.user_functions() || read_floats(flex_table).back() == 0.0f) return;
+  if (!m.user_functions()) return;
+  // The word after the table, and only it; cleared once said, so that a recording that goes on
+  // says it again only for a run that misses again.
+  const uint64_t at = flex_table.bytes() - 4;
+  float missed = 0.0f;
+  flex_table.read(&missed, 4, at);
+  if (missed == 0.0f) return;
+  const float cleared = 0.0f;
+  flex_table.write(&cleared, 4, at);
   std::string who = !m.score_mod.empty() && !m.mask_mod.empty() ? "score_mod or mask_mod"
                     : !m.score_mod.empty()                      ? "score_mod"
                                                                 : "mask_mod";
@@ -497,7 +509,7 @@ void Plan::set_keys(uint32_t n) {
         "attention with a key mask, an additive mask or RoPE attends over the Nk it was "
         "recorded for (" +
         std::to_string(dims.nk) + "); record it again for " + std::to_string(n) + " keys");
-  uint32_t words[4] = {n, 0, 0, 0};
+  uint32_t words[4] = {n, 0, tile_keys, 0};
   lengths.write(words, sizeof(words));
 }
 
@@ -511,7 +523,7 @@ void Plan::set_position(uint32_t position) {
     throw Error("attention: appending " + std::to_string(rows) + " rows at position " +
                 std::to_string(position) + " overruns the KV cache's capacity of " +
                 std::to_string(dims.kv_rows) + " tokens");
-  uint32_t words[4] = {position + dims.nq, position, 0, 0};
+  uint32_t words[4] = {position + dims.nq, position, tile_keys, 0};
   lengths.write(words, sizeof(words));
 }
 

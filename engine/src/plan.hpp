@@ -133,7 +133,7 @@ class Plan {
   uint64_t allocated_bytes() const { return device_bytes; }
   /// Throws Error if a user-written function read flex_table past its end in the runs so far
   /// (once the recorded work has finished).
-  void check_user_functions() const;
+  void check_user_functions();
   float scale() const { return push.scale; }
   const Tensor& out() const { return out_; }
   const Tensor& lse() const { return lse_; }
@@ -207,6 +207,7 @@ class Plan {
   Buffer flex_table;        // Modifiers::flex_table, when given (the user functions' flex_table[])
   bool flex_tiles = false;  // mask_mod's tile bitmap is computed by flex_tiles.comp first
   Buffer flex_stamps;       // flex_tiles.comp: the length of keys each bitmap word was made for
+  uint32_t tile_keys = 0;   // the keys a row of the tile bitmap spans (lengths.tile_keys)
   std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).

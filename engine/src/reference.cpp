@@ -300,8 +300,11 @@ Vec row_scores(const HostTensor& q, const HostTensor& k, const Dims& d,
     for (uint32_t c = 0; c < d.d; ++c) acc += double(qrow[c]) * double(kbase[size_t(j) * d.d + c]);
     double x = scale * acc;
     if (mods.softcap > 0) x = double(mods.softcap) * std::tanh(x / double(mods.softcap));
-    if (!mods.score_mod.empty()) x = mods.score_twin(x, b, h, i, static_cast<int>(j));
-    if (!mods.mask_mod.empty() && !mods.mask_twin(b, h, i, static_cast<int>(j))) visible = false;
+    // The user's functions where the kernels call them: mask_mod on keys the built-in limits
+    // let through, score_mod on keys mask_mod keeps (a function may index a table by both).
+    if (visible && !mods.mask_mod.empty() && !mods.mask_twin(b, h, i, static_cast<int>(j)))
+      visible = false;
+    if (visible && !mods.score_mod.empty()) x = mods.score_twin(x, b, h, i, static_cast<int>(j));
     x -= slope * double(std::abs(diag - jj));
     if (mask_row) x += double(mask_row[j]);  // -inf hides the key
     s[j] = visible && x != -kInf ? x : -kInf;

@@ -86,20 +86,20 @@ void Buffer::release() {
   mapped_ = nullptr;
 }
 
-void Buffer::write(const void* data, uint64_t bytes) {
+void Buffer::write(const void* data, uint64_t bytes, uint64_t offset) {
   if (mapped_) {
-    std::memcpy(mapped_, data, bytes);
+    std::memcpy(static_cast<char*>(mapped_) + offset, data, bytes);
     return;
   }
-  copy_to_buffer(*ctx_, buffer_, 0, data, bytes);
+  copy_to_buffer(*ctx_, buffer_, offset, data, bytes);
 }
 
-void Buffer::read(void* data, uint64_t bytes) const {
+void Buffer::read(void* data, uint64_t bytes, uint64_t offset) const {
   if (mapped_) {
-    std::memcpy(data, mapped_, bytes);
+    std::memcpy(data, static_cast<const char*>(mapped_) + offset, bytes);
     return;
   }
-  copy_from_buffer(*ctx_, buffer_, 0, data, bytes);
+  copy_from_buffer(*ctx_, buffer_, offset, data, bytes);
 }
 
 void Buffer::fill(uint32_t word) {

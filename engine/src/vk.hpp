@@ -50,8 +50,8 @@ class Buffer {
   VkBuffer handle() const { return buffer_; }
   uint64_t bytes() const { return bytes_; }
   void* mapped() const { return mapped_; }
-  void write(const void* data, uint64_t bytes);
-  void read(void* data, uint64_t bytes) const;
+  void write(const void* data, uint64_t bytes, uint64_t offset = 0);
+  void read(void* data, uint64_t bytes, uint64_t offset = 0) const;
   void fill(uint32_t word);
 
  private:
@@ -188,7 +188,7 @@ struct ContextImpl {
   std::map<std::pair<std::string, Spec>, VkPipeline> pipelines;
   std::map<std::string, VkShaderModule> modules;
   std::shared_ptr<KernelCompiler> compiler;  // user-written functions (flashvk::flex::enable)
-  std::map<std::string, std::vector<uint32_t>> user_words;  // compile_only: user_pipeline's SPIR-V
+  std::map<std::string, std::vector<uint32_t>> user_words;  // user_pipeline's SPIR-V, by module
   std::mutex message_mutex;
   std::vector<std::string> messages;
   /// RoPE's cos/sin tables by (base, positions, d, first position), shared by the plans that

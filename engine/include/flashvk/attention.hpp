@@ -285,9 +285,10 @@ class AttentionRecording {
   /// is the number of tokens the cache holds before it (0 for a prompt's first chunk). Throws
   /// if position + n passes the capacity. Like set_keys, a host write for the next run.
   void set_position(uint32_t position);
-  /// Throws Error if, in the runs so far, a user-written function (Modifiers::score_mod,
-  /// mask_mod) read flex_table past its end (those reads gave 0). Call it once they have
-  /// finished; set_keys and set_position check first, so a decode loop hears of it a step late.
+  /// Throws Error if, in the runs since it last did, a user-written function
+  /// (Modifiers::score_mod, mask_mod) read flex_table past its end (those reads gave 0). Call it
+  /// once they have finished; set_keys and set_position check first, so a decode loop hears of
+  /// it a step late.
   void check_user_functions() const;
   /// O and LSE: the recording's own, or views of the AttentionOutputs it was given.
   const Tensor& out() const;

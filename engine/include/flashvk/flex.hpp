@@ -33,7 +33,8 @@ void check(const Modifiers& mods);
 /// no function; answering() evaluates those points on `ctx`'s device in one dispatch (in fp32,
 /// as the kernels do, with FLEX_NQ = nq and FLEX_NK = nk) and gives twins that answer from them
 /// to the second run, which throws Error at a point the first did not ask. Twins `mods` already
-/// has are kept. The viewer's reference uses it for a file of the user's.
+/// has are kept. Its twins are for one thread at a time. The viewer's reference uses it for a
+/// file of the user's.
 class DeviceTwins {
  public:
   DeviceTwins(Context& ctx, Modifiers mods, uint32_t nq, uint32_t nk);
