@@ -199,19 +199,20 @@ TEST(Viewer, UsersOwnFunctionsAreComparedWithFloat64) {
   int q_pos = q_idx + FLEX_NK - FLEX_NQ;
   return kv_idx <= q_pos && flex_table[kv_idx] == flex_table[q_pos];
 })");
+  // Each variant's "output error vs float64" from the summary, as printed (%.2e).
   auto errors = [](const std::string& out) {
-    std::string lines;
-    for (size_t at = out.find("output error"); at != std::string::npos;
-         at = out.find("output error", at + 1))
-      lines += out.substr(at, out.find(',', at) - at) + "\n";
-    return lines;
+    const std::string label = "output error vs float64 ";
+    std::vector<double> found;
+    for (size_t at = out.find(label); at != std::string::npos; at = out.find(label, at + 1))
+      found.push_back(std::stod(out.substr(at + label.size())));
+    return found;
   };
   std::string preset, mine;
   screenshot("--preset documents --variant flash2,flashd", &preset);
   screenshot("--preset documents --variant flash2,flashd --mask-mod " + docs, &mine);
   EXPECT_NE(mine.find("documents with mask_mod mine.glsl"), std::string::npos) << mine;
   EXPECT_EQ(errors(mine), errors(preset));
-  EXPECT_EQ(errors(mine).size(), 2 * std::string("output error vs float64 0.00e+00\n").size());
+  EXPECT_EQ(errors(mine).size(), 2u) << mine;
 
   // A table alone replaces the preset's: its C++ twin (of the preset's own ids) gives way too.
   HostTensor ids({192});
@@ -220,11 +221,8 @@ TEST(Viewer, UsersOwnFunctionsAreComparedWithFloat64) {
   std::string two;
   screenshot("--preset documents --variant flash2,flashd --mod-table " + (dir / "ids.npy").string(),
              &two);
-  int checked = 0;
-  for (size_t at = two.find("output error vs float64 "); at != std::string::npos;
-       at = two.find("output error vs float64 ", at + 1), ++checked)
-    EXPECT_LT(std::stod(two.substr(at + 24)), 2e-6) << two;
-  EXPECT_EQ(checked, 2) << two;
+  EXPECT_EQ(errors(two).size(), 2u) << two;
+  for (double e : errors(two)) EXPECT_LT(e, 2e-6) << two;
 
   std::string bias =
       put("bias.glsl", R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
@@ -237,11 +235,8 @@ TEST(Viewer, UsersOwnFunctionsAreComparedWithFloat64) {
   screenshot("--preset sample --variant flash1,flash2,flashd --score-mod " + bias +
                  " --mod-table " + (dir / "bias.npy").string(),
              &out);
-  int variants = 0;
-  for (size_t at = out.find("output error vs float64 "); at != std::string::npos;
-       at = out.find("output error vs float64 ", at + 1), ++variants)
-    EXPECT_LT(std::stod(out.substr(at + 24)), 2e-6) << out;
-  EXPECT_EQ(variants, 3) << out;
+  EXPECT_EQ(errors(out).size(), 3u) << out;
+  for (double e : errors(out)) EXPECT_LT(e, 2e-6) << out;
   fs::remove_all(dir);
 }
 

@@ -558,6 +558,15 @@ void encode_mask(MaskEncoding& plan, std::vector<uint32_t>& words) {
 
 }  // namespace
 
+// The user functions' flex_table[] and after it the word a read past it sets (flex.cpp's
+// flex_table_at; Plan::check_user_functions), in a buffer of the plan's own.
+void Plan::upload_flex_table() {
+  std::vector<float> table = params.mods.flex_table.data;
+  table.push_back(0.0f);
+  flex_table = scratch(table.size() * 4);
+  flex_table.write(table.data(), table.size() * 4);
+}
+
 void spec_modifiers(const Modifiers& m, Spec& spec) {
   if (m.softcap > 0) spec.mods |= kModSoftcap;
   if (m.alibi()) spec.mods |= kModAlibi;
@@ -597,12 +606,7 @@ void encode_modifiers(Plan& plan, std::vector<uint32_t>& words) {
   }
   // The user functions' flex_table[], a buffer of its own (binding kFlexTableBinding), and after
   // it a word a read past the table sets (flex.cpp's flex_table_at; Plan::check_user_functions).
-  if (m.user_functions()) {
-    std::vector<float> table = m.flex_table.data;
-    table.push_back(0.0f);
-    plan.flex_table = plan.scratch(table.size() * 4);
-    plan.flex_table.write(table.data(), table.size() * 4);
-  }
+  if (m.user_functions()) plan.upload_flex_table();
   // The key mask [B, Nk] from word 0 of the small tables (modifiers.glsl key_visible).
   if (!m.key_mask.empty()) {
     words.assign(m.key_mask.begin(), m.key_mask.end());
@@ -679,10 +683,7 @@ std::vector<float> evaluate_user_functions(Context& ctx, const Modifiers& m, uin
   if (n > UINT32_MAX) throw Error("flex: too many points to evaluate at once");
   Plan plan(ctx);
   plan.params.mods = m;
-  std::vector<float> table = m.flex_table.data;
-  table.push_back(0.0f);  // the word a read past the table sets (check_user_functions)
-  plan.flex_table = plan.scratch(table.size() * 4);
-  plan.flex_table.write(table.data(), table.size() * 4);
+  plan.upload_flex_table();
   Buffer in = plan.scratch(points.size() * 4), out = plan.scratch(n * 2 * 4);
   in.write(points.data(), points.size() * 4);
   Bindings b;

@@ -183,6 +183,7 @@ class Plan {
   static constexpr uint64_t kLoopBudget = 60000;
   static std::vector<float> read_floats(const Buffer& buffer);
   Range flex_range() const;  // the user functions' table and its fault word, or none
+  void upload_flex_table();  // flex_table from params.mods (modifiers.cpp)
   void set_tables();         // the small tables: the modifiers', then the page table
   void make_texel_views();
   void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
