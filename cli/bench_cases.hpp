@@ -87,7 +87,7 @@ Inputs make_inputs(const Dims& d);
 /// The prefill, window and decode sets of docs/performance.md (--suite standard).
 std::vector<Case> standard_suite();
 /// Every kernel the engine picks on its own on a GPU (`flashvk pipelines --suite kernels`):
-/// prefill and decode, fp32 and fp16 storage, fp16 arithmetic, q8_0 and q4_0 K and V, d = 64,
+/// prefill and decode, fp32 and fp16 storage, fp16 arithmetic, K and V in each block format, d = 64,
 /// 80, 96, 128 and 256, without modifiers, causal, and with softcap, ALiBi, sinks and a window.
 std::vector<Case> kernel_suite();
 /// The shape of the options once per storage of K and V that --kv-dtype lists.

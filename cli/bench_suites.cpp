@@ -160,27 +160,25 @@ std::vector<Case> kernel_suite() {
   mods[2].window_left = 1023, mods[2].window_right = 0;
   mods[2].softcap = 30.0f;
   mods[2].alibi_max_bias = 8.0f;
-  const DType f32 = DType::f32, f16 = DType::f16, q8 = DType::q8_0, q4 = DType::q4_0;
+  const DType f32 = DType::f32, f16 = DType::f16;
   struct Kind {
     const char* kind;
     Storage storage;
     bool fp16_arithmetic;
   };
-  const Kind prefill[] = {{"prefill", f32, false},
-                          {"prefill", f16, false},
-                          {"prefill", f16, true},
-                          {"prefill", {f16, q8, q8}, false},
-                          {"prefill", {f16, q4, q4}, false}};
-  const Kind decode[] = {{"decode", f32, false},
-                         {"decode", f16, false},
-                         {"decode", {f16, q8, q8}, false},
-                         {"decode", {f16, q4, q4}, false}};
+  std::vector<Kind> prefill = {{"prefill", f32, false}, {"prefill", f16, false}, {"prefill", f16, true}};
+  std::vector<Kind> decode = {{"decode", f32, false}, {"decode", f16, false}};
+  for (DType t : dtypes())  // fp16 Q with K and V in each block format
+    if (dtype_quantised(t)) {
+      prefill.push_back({"prefill", {f16, t, t}, false});
+      decode.push_back({"decode", {f16, t, t}, false});
+    }
   for (uint32_t d : {64u, 80u, 96u, 128u, 256u})
     for (size_t i = 0; i < mods.size(); ++i) {
       const Modifiers& m = mods[i];
       bool sinks = i == 2;  // a sink logit per query head
       for (const Kind& k : prefill) {
-        if (d % dtype_block(k.storage.k) != 0) continue;  // q8_0, q4_0: blocks of 32
+        if (d % dtype_block(k.storage.k) != 0) continue;  // the block formats' blocks of 32
         Case c{k.kind, make_dims(1, 8, 8, 2048, 2048, d, d), m, k.storage, all_variants()};
         if (sinks) c.mods.sinks.assign(8, 0.5f);
         c.fp16_arithmetic = k.fp16_arithmetic;
@@ -200,7 +198,7 @@ std::vector<Case> kernel_suite() {
   return cases;
 }
 
-// The shape of the options once per storage of K and V that --kv-dtype lists ("f16,q8_0,q4_0"),
+// The shape of the options once per storage of K and V that --kv-dtype lists ("f16,q8_0"),
 // on the same inputs and in the same rounds, the first the others' base (vs base).
 std::vector<Case> custom_cases(const Args& args) {
   std::vector<Storage> storages = storage_list(args);

@@ -124,10 +124,11 @@ int run_decode_loop(const Args& args) {
   auto dv = args.integer("dv", d, 1, 256);
   check_shapes({1, heads, 1, d}, {1, kv_heads, tokens, d}, {1, kv_heads, tokens, dv});
   Storage storage = storage_options(args, "--decode-loop");
-  bool quantised = storage.k == DType::q8_0 || storage.k == DType::q4_0;
+  bool quantised =
+      dtype_quantised(storage.k) && std::ranges::count(dtypes(DTypeUse::append), storage.k);
   if (storage.k != storage.v || (storage.k != storage.q && !quantised))
     throw UsageError{
-        "--decode-loop appends to a cache in Q's dtype, or to a q8_0 or q4_0 cache (rows "
+        "--decode-loop appends to a cache in Q's dtype, or to a cache of a block format (rows "
         "quantised as they go in): --kv-dtype " +
         std::string(dtype_name(storage.k)) + " with --dtype " + dtype_name(storage.q) +
         " is neither"};

@@ -52,8 +52,8 @@ options:
   --suite standard    bench's standard suite: its prefill, window and decode sets
   --suite kernels     every kernel the engine picks on its own on a GPU: prefill (all six
                       variants, B=1 H=8 N=2048) in fp32, fp16, fp16 with --fp16-arithmetic,
-                      and fp16 Q with q8_0 and q4_0 K and V; decode (flash2, flashd, splitkv,
-                      Nq=1 H=32 Hkv=8 Nk=16384) in fp32, fp16, q8_0 and q4_0; d = 64, 80,
+                      and fp16 Q with K and V in each block format; decode (flash2, flashd,
+                      splitkv, Nq=1 H=32 Hkv=8 Nk=16384) in fp32, fp16 and the same; d = 64, 80,
                       96, 128 and 256; without modifiers, causal, and causal with a window,
                       softcap, ALiBi and sinks
   --json FILE         every pipeline with its constants and statistics (docs/formats.md)

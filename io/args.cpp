@@ -133,29 +133,18 @@ namespace {
 
 const std::set<std::string> kStorageOptions = {"dtype", "kv-dtype"};
 
-const char* kStorageHelp =
-    R"(  --dtype f32|f16     storage of Q, and of K and V unless --kv-dtype (default f32;
-                      accumulation is always fp32; with f16 on GPUs with cooperative
-                      matrices the softmax weights are rounded to fp16 for the P V product:
-                      up to 2^-11 max|v| more error)
-  --kv-dtype T        storage of K and V: f32, f16, bf16, q8_0 or q4_0 (ggml's blocks of 32
-                      values with an fp16 scale, quantised on upload: d and dv multiples
-                      of 32); default --dtype. bench takes a list (f16,q8_0,q4_0): the
-                      shape in each, in the same rounds, "vs base" against the first
-)";
-
 // One option's help: "  --name VALUE" in a column of 22, then the text wrapped at 94 columns
 // (on a line of its own when the option is wider than its column).
-std::string option_help(const ModifierOption& o) {
+std::string option_help(const std::string& name, const std::string& value, const std::string& help) {
   const size_t column = 22, width = 94;
-  std::string head = std::string("  --") + o.name + (*o.value ? std::string(" ") + o.value : "");
+  std::string head = "  --" + name + (value.empty() ? "" : " " + value);
   std::string out = head;
   if (head.size() + 2 > column)
     out += "\n" + std::string(column, ' ');
   else
     out += std::string(column - head.size(), ' ');
   size_t line = column;
-  std::string text = o.help, word;
+  std::string text = help, word;
   for (size_t i = 0; i <= text.size(); ++i) {
     if (i < text.size() && text[i] != ' ') {
       word += text[i];
@@ -172,6 +161,26 @@ std::string option_help(const ModifierOption& o) {
     word.clear();
   }
   return out + "\n";
+}
+
+std::string option_help(const ModifierOption& o) {
+  return option_help(o.name, o.value, o.help);
+}
+
+// --dtype and --kv-dtype, their choices from the table of formats.
+std::string storage_help() {
+  std::string queries;
+  for (DType t : dtypes(DTypeUse::query)) queries += (queries.empty() ? "" : "|") + std::string(dtype_name(t));
+  return option_help("dtype", queries,
+                     "storage of Q, and of K and V unless --kv-dtype (default f32; accumulation is "
+                     "always fp32; with f16 on GPUs with cooperative matrices the softmax weights "
+                     "are rounded to fp16 for the P V product: up to 2^-11 max|v| more error)") +
+         option_help("kv-dtype", "T",
+                     "storage of K and V: " + dtype_list() +
+                         " (the block formats: ggml's blocks of 32 values, quantised on upload: d "
+                         "and dv multiples of 32); default --dtype. bench takes a list "
+                         "(f16,q8_0): the shape in each, in the same rounds, \"vs base\" "
+                         "against the first");
 }
 
 // A comma-separated list of integers ("7,2"); nullopt if it is not one.
@@ -218,7 +227,7 @@ std::string modifier_help() {
   std::string text;
   for (const ModifierInfo& info : modifier_table())
     for (const ModifierOption& o : info.options) text += option_help(o);
-  return text + kStorageHelp;
+  return text + storage_help();
 }
 
 void modifier_options(const Args& args, Modifiers& mods) {

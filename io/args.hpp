@@ -73,7 +73,7 @@ std::vector<T> parse_list(const std::string& option, const std::string& text, Pa
 }
 
 /// --dtype (Q's storage, f32 or f16, and by default K's and V's) and --kv-dtype (K's and V's:
-/// f32, f16, bf16, q8_0 or q4_0); a list is refused, naming `where` ("run", "--suite modifiers").
+/// dtype_list()); a list is refused, naming `where` ("run", "--suite modifiers").
 Storage storage_options(const Args& args, const std::string& where);
 /// The same with --kv-dtype a list (bench: "f16,q8_0"), one Storage per entry.
 std::vector<Storage> storage_list(const Args& args);

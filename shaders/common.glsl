@@ -24,7 +24,8 @@
 // The specialization constants (workgroup size, BC, D, DV, ROWS, KEY_MASK, LANES, MODS, K_FORMAT,
 // V_FORMAT, PAGE_SIZE, KV_VEC4, V_AT), declared once for shaders and host.
 #include "spec_constants.glsl"
-const uint FMT_F32 = 0u, FMT_F16 = 1u, FMT_BF16 = 2u, FMT_Q8_0 = 3u, FMT_Q4_0 = 4u;
+// What each storage format of K and V is, and how its values decode (FMT_*, kv_value).
+#include "formats.glsl"
 // Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
 // head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
 // gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
@@ -36,9 +37,8 @@ const uint CH = 1u;
 
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
-// K and V as 16-byte vectors in their storage formats, decoded by kv_value() (4 floats, 8 halves
-// or bfloat16s, 16 q8_0 or 32 q4_0 quants, and the block formats' fp16 scales read from the
-// same vectors).
+// K and V as 16-byte vectors in their storage formats (formats.glsl: FMT_LOAD_VALUES values a
+// vector, and the block formats' fp16 scales read from the same vectors), decoded by kv_value().
 layout(std430, binding = 1) readonly buffer KBuf { uvec4 k_vec[]; };
 layout(std430, binding = 2) readonly buffer VBuf { uvec4 v_vec[]; };
 #elif defined(KV_QUANT)
@@ -84,8 +84,8 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 // fetch is a branch-free gather of four elements per lane. Texel buffers also reach past
 // maxStorageBufferRange.
 #ifdef KV_QUANT
-// KV_QUANT: K and V in their formats as 32-bit words (R32_UINT texels), q8_0 and q4_0 as four
-// words a texel (R32G32B32A32_UINT; tile.glsl kv_fetch).
+// KV_QUANT: K and V in their formats as 32-bit words (R32_UINT texels), the block formats as
+// four words a texel (R32G32B32A32_UINT; tile.glsl kv_fetch).
 #define KV_TEX usamplerBuffer
 #else
 #define KV_TEX samplerBuffer
@@ -132,47 +132,6 @@ uint paged_row(uint kv_head, uint j) {
 #define PAGED_KEY_ROW
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
-
-// Value x (a flat element index) of a tensor of `count` values in format fmt: kv_word() is the
-// 32-bit word that holds it and kv_scale_word() the word of its block's fp16 scale (q8_0, q4_0:
-// all quants first, then all scales; tensor.cpp), kv_scale() that scale, and kv_value() decodes
-// it. Every layout decodes through these (register tiles' texel() four quants at once). The bits
-// of x that kv_word() and kv_value() look at below the block are those of x's offset in a 16-byte
-// load that starts on a whole number of loads, so a kernel that loads 16 bytes (lanes) passes
-// that offset and indexes its load with kv_word().
-uint kv_word(uint fmt, uint x) {
-  if (fmt == FMT_F32) return x;
-  if (fmt == FMT_F16 || fmt == FMT_BF16) return x >> 1u;
-  if (fmt == FMT_Q8_0) return x >> 2u;
-  return ((x >> 5u) * 16u + (x & 15u)) >> 2u;  // q4_0: byte j of a block holds j and j + 16
-}
-
-uint kv_scale_word(uint fmt, uint x, uint count) {
-  return (fmt == FMT_Q8_0 ? count >> 2u : count >> 3u) + (x >> 6u);
-}
-
-bool kv_scaled(uint fmt) { return fmt == FMT_Q8_0 || fmt == FMT_Q4_0; }
-
-// The scale of value x's block, from its scale word (two blocks' fp16 scales a word).
-float kv_scale(uint scale_word, uint x) { return unpackHalf2x16(scale_word)[(x >> 5u) & 1u]; }
-
-// Of q8_0 and q4_0, value x before its block's scale: q, or q - 8 for q4_0. Exact, and with no
-// int-to-float conversion (GPUs convert at a fraction of their FMA rate): the quant's bits, made
-// unsigned, go into the mantissa of 2^23, which is then subtracted with the offset.
-float kv_quant(uint fmt, uint x, uint word) {
-  uint shift = 8u * (x & 3u);
-  if (fmt == FMT_Q8_0) return uintBitsToFloat(((word >> shift) & 0xffu) ^ 0x4b000080u) - 8388736.0;
-  shift += (x & 16u) != 0u ? 4u : 0u;
-  return uintBitsToFloat(((word >> shift) & 15u) | 0x4b000000u) - 8388616.0;
-}
-
-// d: the block's scale (kv_scale) for q8_0 and q4_0; unused for the other formats.
-float kv_value(uint fmt, uint x, uint word, float d) {
-  if (fmt == FMT_F32) return uintBitsToFloat(word);
-  if (fmt == FMT_F16) return unpackHalf2x16(word)[x & 1u];
-  if (fmt == FMT_BF16) return uintBitsToFloat((x & 1u) != 0u ? word & 0xffff0000u : word << 16u);
-  return d * kv_quant(fmt, x, word);
-}
 
 // Values of K and V in memory: pc.kv_keys rows of D (K) and DV (V) values, in which key_row()
 // finds each head's keys.

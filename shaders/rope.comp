@@ -24,12 +24,12 @@
 #include "spec_constants.glsl"
 layout(std430, binding = 0) readonly buffer In { ELEM x_in[]; };
 #ifdef QUANT_OUT
-// The output in ggml's block format OUT_FORMAT (q8_0 or q4_0, numbered as common.glsl's FMT_*):
-// all the tensor's quants first, then all its fp16 scales, one a block of 32 values (tensor.hpp).
-// Each invocation quantises one block, as ggml's quantize_row_*_ref does, and writes its quants
-// as whole words; two blocks share a word of scales, so each sets its half with atomics.
+// The output in the block format OUT_FORMAT (formats.glsl): all the tensor's quants first, then
+// all its fp16 scales, one a block of 32 values. Each invocation quantises one block
+// (quantise_block) and writes its quants as whole words; two blocks share a word of scales, so
+// each sets its half with atomics.
 #define OUT_FORMAT K_FORMAT
-const uint FMT_Q8_0 = 3u;
+#include "formats.glsl"
 layout(std430, binding = 1) buffer Out { uint out_words[]; };
 #else
 layout(std430, binding = 1) writeonly buffer Out { ELEM x_out[]; };
@@ -86,8 +86,6 @@ float element(uint vec, uint e, uint angle_row) {
   return first ? r.x : r.y;
 }
 
-float round_half_away(float x) { return sign(x) * floor(abs(x) + 0.5); }  // C's lroundf
-
 void main() {
   uint blocks = pc.dim / 32u;
   uint id = gl_GlobalInvocationID.x;
@@ -96,45 +94,19 @@ void main() {
   uint out_row, angle_row;
   rows_of(vec, out_row, angle_row);
   float x[32];
-  float amax = 0.0, signed_max = 0.0;
-  [[unroll]] for (uint j = 0u; j < 32u; ++j) {
-    x[j] = element(vec, blk * 32u + j, angle_row);
-    if (abs(x[j]) > amax) {
-      amax = abs(x[j]);
-      signed_max = x[j];
-    }
-  }
+  [[unroll]] for (uint j = 0u; j < 32u; ++j) x[j] = element(vec, blk * 32u + j, angle_row);
   uint out_vec = key_row((vec / pc.seq_len) * pc.out_rows, out_row);
   uint block = (out_vec * pc.dim) / 32u + blk;  // the block's index in the output tensor
-  float d;
-  if (OUT_FORMAT == FMT_Q8_0) {
-    d = amax / 127.0;
-    float inv = d != 0.0 ? 1.0 / d : 0.0;
-    [[unroll]] for (uint w = 0u; w < 8u; ++w) {
-      uint word = 0u;
-      [[unroll]] for (uint k = 0u; k < 4u; ++k)
-        word |= (uint(int(round_half_away(x[4u * w + k] * inv))) & 0xffu) << (8u * k);
-      out_words[block * 8u + w] = word;
-    }
-  } else {  // q4_0: byte j holds values j (low nibble) and j + 16 (high)
-    d = signed_max / -8.0;
-    float inv = d != 0.0 ? 1.0 / d : 0.0;
-    [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-      uint word = 0u;
-      [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-        uint j = 4u * w + k;
-        uint lo = min(15u, uint(int(x[j] * inv + 8.5)));
-        uint hi = min(15u, uint(int(x[j + 16u] * inv + 8.5)));
-        word |= (lo | (hi << 4u)) << (8u * k);
-      }
-      out_words[block * 4u + w] = word;
-    }
-  }
-  uint scales = OUT_FORMAT == FMT_Q8_0 ? pc.out_values / 4u : pc.out_values / 8u;
+  uint words[8];
+  float d = quantise_block(OUT_FORMAT, x, words);
+  uint n = fmt_bits(OUT_FORMAT);  // words of a block's quants: 32 values of n bits
+  [[unroll]] for (uint w = 0u; w < 8u; ++w)
+    if (w < n) out_words[block * n + w] = words[w];
+  uint scale = kv_scale_word(OUT_FORMAT, block * 32u, pc.out_values);
   uint shift = 16u * (block & 1u);
   uint half_bits = packHalf2x16(vec2(d, 0.0)) & 0xffffu;
-  atomicAnd(out_words[scales + block / 2u], ~(0xffffu << shift));
-  atomicOr(out_words[scales + block / 2u], half_bits << shift);
+  atomicAnd(out_words[scale], ~(0xffffu << shift));
+  atomicOr(out_words[scale], half_bits << shift);
 }
 #else
 void main() {

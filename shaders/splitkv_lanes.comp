@@ -8,7 +8,7 @@
 //   workgroup when they fit) is worked on by every invocation, so K and V are read once per
 //   KV head, not once per query head (grouped-query attention).
 // - A key's head dimension is spread over a cluster of LANES lanes, each loading 16 bytes a row
-//   at a time (4 floats, 8 halves, 16 q8_0 or 32 q4_0 quants and their block's scale), so one
+//   at a time (4 floats, 8 halves, or a block format's quants and their block's scale), so one
 //   load instruction of the cluster reads a whole row and the memory sees wide, contiguous
 //   requests. The score's partial sums meet by a butterfly of
 //   subgroup shuffles within the cluster.
@@ -26,16 +26,15 @@
 #include "flash2_step.glsl"  // the recurrence every FlashAttention-2 layout runs
 #include "lse_merge.glsl"    // the clusters' merge
 
-// Values in one 16-byte load of K (V): 4 floats, 8 halves or bfloat16s, 16 q8_0 quants (half a
-// block) or 32 q4_0 quants (a whole block), so that vector x / VEC holds value x.
-const uint KVEC = K_FORMAT == FMT_F32 ? 4u : (K_FORMAT == FMT_Q8_0 ? 16u : (K_FORMAT == FMT_Q4_0 ? 32u : 8u));
-const uint VVEC = V_FORMAT == FMT_F32 ? 4u : (V_FORMAT == FMT_Q8_0 ? 16u : (V_FORMAT == FMT_Q4_0 ? 32u : 8u));
+// Values in one 16-byte load of K (V) (formats.glsl), so that vector x / VEC holds value x.
+const uint KVEC = FMT_LOAD_VALUES(K_FORMAT);
+const uint VVEC = FMT_LOAD_VALUES(V_FORMAT);
 const uint KE = D / LANES;    // elements of a key row per lane
 const uint VE = DV / LANES;   // elements of a value row (and of the output) per lane
 const uint KB = BC;           // keys a cluster takes per step, their loads all in flight
 const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
 
-// The scale of the block holding value x of K (V), for q8_0 and q4_0; 0 (unused) for the other
+// The scale of the block holding value x of K (V), for the block formats; 0 (unused) for the other
 // formats. Values are decoded by kv_value (common.glsl), from their offset i in the 16-byte load
 // (a whole number of loads from the row's start) and the load's word kv_word(fmt, i); quants by
 // kv_quant, without the scale, which multiplies a load's sum of products (K) or the weights (V)
@@ -91,7 +90,7 @@ void main() {
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
     if (!tile_seen(j0)) continue;  // hidden from every row by the additive mask: never read
     uvec4 kx[KB][KE / KVEC], vx[KB][VE / VVEC];
-    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (q8_0, q4_0)
+    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (block formats)
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       uint key = key_row(kv_base, min(j0 + c, end - 1u));  // past the end: the last key, weight 0
       [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {

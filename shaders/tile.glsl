@@ -56,12 +56,13 @@ void mark_tile_keys(Row r, uint j0, uint n) {
 
 float mask_value(uint rr, uint j) { return tile_mask[rr][j - tile_j0]; }
 
-// A lane fetches G texels (4 values each) of a row at once, as one 16-byte texel: G = 4 for
-// q8_0 and q4_0 (sixteen values of one block, fetched with their block's scale), else 1. Lane l
-// holds the row's texels (l + BC * g) * G .. + G - 1 for g = 0, 1, ..: KT (VT) texels of a key
-// (value) row a lane, of which texel_slot() says where texel t of the row is.
-const uint KG = K_FORMAT == FMT_Q8_0 || K_FORMAT == FMT_Q4_0 ? 4u : 1u;
-const uint VG = V_FORMAT == FMT_Q8_0 || V_FORMAT == FMT_Q4_0 ? 4u : 1u;
+// A lane fetches G texels (4 values each) of a row at once, as one 16-byte texel where the
+// format asks (FMT_TEXEL_GROUP: the block formats' sixteen values of a block, fetched with their
+// block's scale), else G = 1. Lane l holds the row's texels (l + BC * g) * G .. + G - 1 for g = 0,
+// 1, ..: KT (VT) texels of a key (value) row a lane, of which texel_slot() says where texel t of
+// the row is.
+const uint KG = FMT_TEXEL_GROUP(K_FORMAT);
+const uint VG = FMT_TEXEL_GROUP(V_FORMAT);
 const uint KT = (D / 4u + KG * BC - 1u) / (KG * BC) * KG;
 const uint VT = (DV / 4u + VG * BC - 1u) / (VG * BC) * VG;
 uint texel_lane(uint t, uint g) { return (t / g) % BC; }
@@ -73,19 +74,18 @@ uint slot_texel(uint lane, uint u, uint g) { return (lane + BC * (u / g)) * g + 
 // than one key and one sum; 4 keys or 4 sums were no better).
 const uint KB = 2u, ACC = 2u;
 
-// G texels fetched at once, decoded by texel(): a q8_0 or q4_0 block's words w with its scale d
-// (q4_0: the nibbles at `shift`), or one texel x of another format.
+// G texels fetched at once, decoded by texel(): a block format's words w with its scale d, their
+// first value x0, or one texel x of another format.
 struct Fetch {
   uvec4 w;
   float d;
-  uint shift;
+  uint x0;
   vec4 x;
 };
 
 // Texel g of a fetch.
 vec4 texel(Fetch f, uint fmt, uint g) {
-  if (fmt == FMT_Q8_0) return f.d * vec4(ivec4(int(f.w[g])) << ivec4(24, 16, 8, 0) >> 24);
-  if (fmt == FMT_Q4_0) return f.d * (vec4((uvec4(f.w[g] >> f.shift) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
+  if (kv_scaled(fmt)) return fmt_vec4(fmt, f.w[g], f.d, f.x0 + 4u * g);
   return f.x;
 }
 
@@ -93,19 +93,18 @@ vec4 texel(Fetch f, uint fmt, uint g) {
 // values 4t .. 4t + 4G - 1.
 Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
   Fetch f;
-  f.w = uvec4(0u), f.d = 0.0, f.shift = 0u, f.x = vec4(0.0);
+  f.w = uvec4(0u), f.d = 0.0, f.x0 = 4u * t, f.x = vec4(0.0);
 #ifdef KV_QUANT
   uint x0 = 4u * t;
-  if (fmt == FMT_Q8_0 || fmt == FMT_Q4_0) {  // sixteen values of a block and its scale
+  if (kv_scaled(fmt)) {  // sixteen values of a block, in one texel, and its scale
     uint s = kv_scale_word(fmt, x0, count);
     f.d = kv_scale(texelFetch(tex, int(s >> 2u))[s & 3u], x0);
-    f.w = texelFetch(tex, int(fmt == FMT_Q8_0 ? x0 >> 4u : x0 >> 5u));
-    f.shift = (x0 & 16u) != 0u ? 4u : 0u;  // q4_0: byte j of a block holds j and j + 16
+    f.w = texelFetch(tex, int(kv_word(fmt, x0) >> 2u));
     return f;
   }
-  // The words that hold the four values, each fetched once: four (f32) or two (f16, bf16).
+  // The words that hold the four values, each fetched once: 4 x fmt_bits / 32 of them.
   uint w[4];
-  uint words = fmt == FMT_F32 ? 4u : 2u;
+  uint words = fmt_bits(fmt) / 8u;
   [[unroll]] for (uint i = 0; i < 4u; ++i)
     if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
   [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], 0.0);

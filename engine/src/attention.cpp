@@ -387,10 +387,9 @@ KvCacheShape checked_cache_shape(const Tensor& k, const Tensor& v) {
     if (k.shape()[size_t(i)] != v.shape()[size_t(i)])
       throw Error("KvCache: keys " + shape_string(k.shape()) + " and values " +
                   shape_string(v.shape()) + " differ in their first three dimensions");
-  if (k.dtype() != v.dtype() || k.dtype() == DType::bf16)
-    throw Error(
-        std::string("KvCache: keys and values are stored alike as f32, f16, q8_0 or q4_0; got ") +
-        dtype_name(k.dtype()) + " and " + dtype_name(v.dtype()));
+  if (k.dtype() != v.dtype() || !std::ranges::count(dtypes(DTypeUse::append), k.dtype()))
+    throw Error("KvCache: keys and values are stored alike as " + dtype_list(DTypeUse::append) +
+                "; got " + dtype_name(k.dtype()) + " and " + dtype_name(v.dtype()));
   for (int64_t x : k.shape())
     if (x <= 0 || x > int64_t(UINT32_MAX)) throw Error("KvCache: a dimension is out of range");
   auto dim = [](const Tensor& t, size_t i) { return static_cast<uint32_t>(t.shape()[i]); };

@@ -119,9 +119,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   if (q.context() != &ctx || k.context() != &ctx || v.context() != &ctx)
     throw Error("attention: q, k and v must live on the context they are used with");
   dtype = q.dtype();
-  if (dtype != DType::f32 && dtype != DType::f16)
-    throw Error(std::string("attention: Q is stored as f32 or f16 (got ") + dtype_name(dtype) +
-                "); bf16, q8_0 and q4_0 are storage types for K and V");
+  if (!std::ranges::count(dtypes(DTypeUse::query), dtype))
+    throw Error("attention: Q is stored as " + dtype_list(DTypeUse::query) + " (got " +
+                dtype_name(dtype) + "); the other formats are for K and V");
   kv = Storage{dtype, k.dtype(), v.dtype()};
   if (options.pages) {
     if (!k.is_dense() || !v.is_dense())
@@ -138,7 +138,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                   std::to_string(k.row_capacity()) + " and " + std::to_string(v.row_capacity()) +
                   " keys a head; they must be alike");
     dims.kv_rows = static_cast<uint32_t>(k.row_capacity());
-    // The rows K's and V's memory holds (q8_0 and q4_0 keep their scales after them), and where
+    // The rows K's and V's memory holds (the block formats keep their scales after them), and where
     // each key sits in it, alike for K and V.
     RowStrides ks = row_strides(k, "K"), vs = row_strides(v, "V");
     int64_t k_rows = dims.d ? k.span() / dims.d : 0, v_rows = dims.dv ? v.span() / dims.dv : 0;
@@ -559,11 +559,11 @@ void Plan::check_append(const Tensor& q, const Tensor& k, const Tensor& v) {
       throw Error(name + " are " + shape_string(t.shape()) + "; appending as many rows as Q has " +
                   "queries to this cache needs " + shape_string(want));
     DType stored = cache[i]->dtype();
-    if (stored == DType::bf16)
-      throw Error(
-          "attention: appending to a bf16 KV cache is not supported; a cache that is appended "
-          "to stores f32, f16, q8_0 or q4_0");
-    bool quantised = stored == DType::q8_0 || stored == DType::q4_0;
+    if (!std::ranges::count(dtypes(DTypeUse::append), stored))
+      throw Error(std::string("attention: appending to a ") + dtype_name(stored) +
+                  " KV cache is not supported; a cache that is appended to stores " +
+                  dtype_list(DTypeUse::append));
+    bool quantised = dtype_quantised(stored);
     if (quantised ? t.dtype() != DType::f32 && t.dtype() != DType::f16 : t.dtype() != stored)
       throw Error(name + " are " + dtype_name(t.dtype()) + " but the cache stores " +
                   dtype_name(stored) + "; give them " +

@@ -209,7 +209,7 @@ void check_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>
 
 // Checks what every tensor needs of its dtype and shape; returns the bytes its values take,
 // buffer_bytes(): whole 32-bit words (kernels read K and V in storage of their own as words, and
-// an odd count of q8_0 blocks or of halves ends mid-word), whole 16 bytes for q8_0 and q4_0.
+// an odd count of blocks or of halves ends mid-word), whole 16 bytes for the block formats.
 uint64_t tensor_bytes(Context& ctx, const std::vector<int64_t>& shape, DType dtype) {
   if (dtype == DType::f16 && !ctx.impl().fp16_enabled)
     throw Error("fp16 storage needs storageBuffer16BitAccess, which device " + ctx.device().name +

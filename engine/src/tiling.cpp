@@ -10,7 +10,7 @@ namespace flashvk::detail {
 namespace {
 
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
-// 32-bit words (q8_0, q4_0: four words a texel, kv_fetch), so d and dv must be multiples of 4 and
+// 32-bit words (word_texel_bytes: the block formats four words a texel), so d and dv must be multiples of 4 and
 // each of K and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
   uint64_t keys = dims.kv_keys;
@@ -117,20 +117,11 @@ bool use_coopmat(const DeviceInfo& info, bool coopmat_enabled, const Dims& dims,
 }
 
 // TileLayout::lanes (shaders/splitkv_lanes.comp): lanes per key, so that each lane loads 16
-// bytes of a key row at a time (4 floats, 8 halves, 16 q8_0 or 32 q4_0 quants); the most that
-// divide both d and dv into whole loads, a power of two no larger than the subgroup. 0 when d or
-// dv is not a whole number of loads.
+// bytes of a key row at a time (Format::load_values: 4 floats, 8 halves, a block format's
+// quants); the most that divide both d and dv into whole loads, a power of two no larger than the
+// subgroup. 0 when d or dv is not a whole number of loads.
 uint32_t lane_vec(DType storage) {  // values of one 16-byte load
-  switch (storage) {
-    case DType::f32:
-      return 4;
-    case DType::q8_0:
-      return 16;
-    case DType::q4_0:
-      return 32;
-    default:
-      return 8;
-  }
+  return format(storage).load_values();
 }
 
 uint32_t lanes_per_key(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
@@ -150,14 +141,14 @@ constexpr uint32_t kLaneRows = 8;  // query rows of a lanes workgroup at most
 constexpr uint32_t kLaneKeys = 8;
 
 // The 32-bit registers a lanes invocation needs, estimated: the loads of a step's `keys` keys
-// in flight (16 bytes each, and a block scale for q8_0 and q4_0), its `rows` rows' queries and
+// in flight (16 bytes each, and a block scale for the block formats), its `rows` rows' queries and
 // outputs (d / lanes and dv / lanes values each), and the step's scores. Fitted to RADV's
 // "Pre-Sched VGPRs" for Mesa 25 on RDNA3 (`flashvk pipelines --suite kernels`): about 10 above it.
 uint32_t lane_registers(const Dims& dims, const Storage& kv, uint32_t lanes, uint32_t rows,
                         uint32_t keys) {
   uint32_t ke = dims.d / lanes, ve = dims.dv / lanes;
   uint32_t loads = ke / lane_vec(kv.k) + ve / lane_vec(kv.v);
-  bool scaled = word_quad(kv.k) || word_quad(kv.v);
+  bool scaled = dtype_quantised(kv.k) || dtype_quantised(kv.v);
   return keys * loads * (scaled ? 5 : 4) + rows * (ke + ve) + keys * rows;
 }
 // The most lane_registers() a lanes tiling may take: the registers with which 8 subgroups run

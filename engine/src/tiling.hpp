@@ -7,21 +7,18 @@
 
 #include "flashvk/attention.hpp"
 #include "flashvk/context.hpp"
+#include "formats.hpp"
 #include "vk.hpp"
 
 namespace flashvk::detail {
 
-// The texels of K or V in a storage format of its own (KV_QUANT kernels): q8_0 and q4_0 as four
-// 32-bit words (sixteen quants of a block, or all 32 of a q4_0 block, in one fetch: tile.glsl's
-// kv_fetch), other formats a word a texel.
-inline bool word_quad(DType storage) {
-  return storage == DType::q8_0 || storage == DType::q4_0;
-}
+// The texels of K or V in a storage format of its own (KV_QUANT kernels): Format::texel_words
+// 32-bit words (tile.glsl's kv_fetch).
 inline VkFormat word_texel_format(DType storage) {
-  return word_quad(storage) ? VK_FORMAT_R32G32B32A32_UINT : VK_FORMAT_R32_UINT;
+  return format(storage).texel_words() == 4 ? VK_FORMAT_R32G32B32A32_UINT : VK_FORMAT_R32_UINT;
 }
 inline uint64_t word_texel_bytes(DType storage) {
-  return word_quad(storage) ? 16 : 4;
+  return 4 * format(storage).texel_words();
 }
 
 /// What the tiling depends on.

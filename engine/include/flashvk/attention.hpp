@@ -185,8 +185,8 @@ struct HostAttentionResult {
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  ///< as in AttentionResult
 };
 
-/// Q, K and V uploaded in their storage (Tensor::upload); an error names the tensor ("K: q8_0
-/// stores blocks of 32 values ...").
+/// Q, K and V uploaded in their storage (Tensor::upload); an error names the tensor ("K: ... stores
+/// blocks of 32 values ...").
 std::array<Tensor, 3> upload_qkv(Context& ctx, const HostTensor& q, const HostTensor& k,
                                  const HostTensor& v, const Storage& storage);
 
@@ -213,8 +213,9 @@ struct AttentionOutputs {
 };
 
 /// The shape of a KV cache: per sequence of the batch and KV head, `capacity` tokens of K (d
-/// values) and V (dv values, 0 = d), stored as f32, f16, or ggml's q8_0 or q4_0 (d and dv
-/// multiples of 32; appended rows are quantised on the device as they go in).
+/// values) and V (dv values, 0 = d), stored as any of dtype_list(DTypeUse::append):
+/// f32, f16, or a block format (d and dv multiples of 32; appended rows are quantised on the
+/// device as they go in).
 struct KvCacheShape {
   uint32_t batch = 1, kv_heads = 1, capacity = 0, d = 0, dv = 0;
   DType dtype = DType::f16;
@@ -228,7 +229,7 @@ class KvCache {
   /// Device buffers of its own, uninitialised.
   KvCache(Context& ctx, const KvCacheShape& shape);
   /// A cache over the application's tensors (e.g. Tensor::view of its own buffers): K [B, Hkv,
-  /// capacity, d] and V [B, Hkv, capacity, dv], dense, alike in dtype (f32, f16, q8_0, q4_0).
+  /// capacity, d] and V [B, Hkv, capacity, dv], dense, alike in dtype (dtypes(DTypeUse::append)).
   KvCache(Tensor keys, Tensor values);
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&&) noexcept = default;
@@ -256,7 +257,7 @@ class AttentionRecording {
                      const AttentionParams& params = {}, const AttentionOutputs& outputs = {});
   /// A decode step (or prefill chunk) over `cache`, recorded once and resubmitted: each time it
   /// runs it first writes k_new [B, Hkv, n, d] and v_new [B, Hkv, n, dv] (the cache's dtype;
-  /// f32 or f16 for a q8_0 or q4_0 cache, quantised per block of 32 as they go in, after
+  /// f32 or f16 for a cache of a block format, quantised per block of 32 as they go in, after
   /// RoPE) into the cache's rows [p, p + n), where p is the last set_position(), rotating K there
   /// (RoPE at positions p.., when params.rope is set), then attends Q [B, H, n, d] (rotated at
   /// the same positions) over the cache's first p + n tokens; query i sits on token p + i.

@@ -11,16 +11,29 @@ namespace flashvk {
 
 class Context;
 
-/// Storage types. Q is f32 or f16 (O and LSE are always f32); K and V may also be bf16
-/// or ggml's block formats q8_0 (32 values: fp16 scale d, int8 q; x = d q) and q4_0 (32 values:
-/// fp16 d, 4-bit q; x = d (q - 8)), quantised on upload and dequantised by the kernels as they
-/// load a tile. ggml's values and quants, not its byte layout (a block_q8_0 puts d before its
-/// 32 quants): on the device a block tensor keeps all its quants first (q8_0: one byte a
-/// value; q4_0: 16 bytes a block, byte j holding values j and j + 16 in its low and high
-/// nibble, as ggml's qs), then all its fp16 scales, one a block of 32 along the last dimension,
-/// which must be a multiple of 32. The numbering is the shaders' (common.glsl FMT_*).
+/// Storage types. Q is f32 or f16 (O and LSE are always f32); K and V may also be bf16 or one of
+/// ggml's block formats: 32 values a block, each a quant q times the block's fp16 scale d (q8_0:
+/// int8 q, x = d q; q4_0: 4-bit q, x = d (q - 8)), quantised on upload as ggml's
+/// quantize_row_*_ref do and dequantised by the kernels as they load a tile. ggml's values and
+/// quants, not its byte layout (a ggml block puts d before its quants): on the device a block
+/// tensor keeps all its quants first, block after block as ggml's qs (a 4-bit block's byte j
+/// holding values j and j + 16 in its low and high nibble), then all its fp16 scales, one a block
+/// of 32 along the last dimension, which must be a multiple of 32. Every format is a row of one
+/// table (engine/src/formats.cpp) with its twin for the kernels (shaders/formats.glsl), which
+/// numbers them alike.
 enum class DType { f32, f16, bf16, q8_0, q4_0 };
 const char* dtype_name(DType dtype);
+/// What a list of dtypes is for: any storage (K and V), Q's, or a KV cache appended to on the
+/// device (KvCache).
+enum class DTypeUse { storage, query, append };
+/// The dtypes for `use`, in DType's order.
+std::vector<DType> dtypes(DTypeUse use = DTypeUse::storage);
+/// Their names as a list for messages and help: "f32, f16, bf16, q8_0 or q4_0".
+std::string dtype_list(DTypeUse use = DTypeUse::storage);
+/// Every dtype's name and a few words on it, "; " between them, for help texts.
+std::string dtype_help();
+/// Whether `dtype` stores quantised blocks (quantised on upload and on append).
+bool dtype_quantised(DType dtype);
 /// Storage of Q, K and V, for the calls that upload host tensors: Q in f32 or f16, K and V in
 /// any DType. One DType stores all three alike.
 struct Storage {
@@ -33,18 +46,18 @@ struct Storage {
 };
 /// Parses a dtype_name ("q8_0"); throws Error naming the valid ones otherwise.
 DType parse_dtype(const std::string& name);
-/// Values one block of a dtype holds along the last dimension: 32 for q8_0 and q4_0, else 1.
+/// Values one block of a dtype holds along the last dimension: 32 for the block formats, else 1.
 uint32_t dtype_block(DType dtype);
 /// Throws Error unless a tensor of `shape` divides into `dtype`'s blocks along its last dimension.
 void check_blocks(const std::vector<int64_t>& shape, DType dtype);
 /// Bytes that `numel` values take in `dtype` storage (a whole number of blocks).
 uint64_t storage_bytes(DType dtype, int64_t numel);
 /// Bytes a Tensor of `numel` values in `dtype` takes in its buffer (Tensor::bytes()):
-/// storage_bytes() rounded up to whole 32-bit words, and for q8_0 and q4_0 to 16 bytes (the
+/// storage_bytes() rounded up to whole 32-bit words, and for the block formats to 16 bytes (the
 /// kernels read those blocks as 16-byte texels).
 uint64_t buffer_bytes(DType dtype, int64_t numel);
 /// `values` in `dtype` storage, as uploaded: rounded to nearest even (f16, bf16), or quantised
-/// per block of 32 as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref do.
+/// per block of 32 as ggml's quantize_row_*_ref do.
 std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype);
 std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel);
 
@@ -89,7 +102,7 @@ class Tensor {
   /// A view of the application's `buffer` from byte `offset`: no copy, and nothing is owned, so
   /// the buffer must outlive the view and any recording that uses it. `offset` must be a
   /// multiple of the device's minStorageBufferOffsetAlignment (DeviceInfo), and the buffer must
-  /// hold bytes() from there, buffer_bytes(dtype, numel): q8_0 and q4_0 padded to whole 16
+  /// hold bytes() from there, buffer_bytes(dtype, numel): the block formats padded to whole 16
   /// bytes (the engine cannot see a VkBuffer's size; the validation layers can). `usage`: the flags
   /// the buffer was created with, at least STORAGE_BUFFER. Without UNIFORM_TEXEL_BUFFER, or at an
   /// offset that is not a multiple of minTexelBufferOffsetAlignment, K and V are read through
@@ -112,8 +125,8 @@ class Tensor {
   /// O may be such views (K and V alike), LSE may not; download() reads one, write() refuses it
   /// (write the whole cache). The tensor it views must outlive it.
   Tensor prefix(int64_t n) const;
-  /// Encodes `host` in `dtype` storage (encode()); q8_0 and q4_0 need a last dimension that is
-  /// a multiple of 32.
+  /// Encodes `host` in `dtype` storage (encode()); the block formats need a last dimension
+  /// that is a multiple of their block (dtype_block).
   static Tensor upload(Context& ctx, const HostTensor& host, DType dtype);
   /// Encodes `host` (of this tensor's shape) into this tensor's storage and waits for the copy.
   void write(const HostTensor& host);

@@ -23,7 +23,7 @@ PipelineChoice rows_pipeline(DType x, DType dst) {
   spec.workgroup = 64;  // rope.comp: a pair (or a block) an invocation, 64 a workgroup
   spec.k_format = static_cast<uint32_t>(dst);  // QUANT_OUT's OUT_FORMAT
   // Into a block format, one invocation a block of 32 values; else one a pair.
-  bool quantise = dst == DType::q8_0 || dst == DType::q4_0;
+  bool quantise = dtype_quantised(dst);
   return {{.program = "rope", .q = x, .quant = quantise}, spec};
 }
 
@@ -69,7 +69,7 @@ void plan_rows(Plan& plan, const Tensor& x, const Tensor& dst, uint32_t flags, V
   b[1] = binding(dst);
   if (flags & kRowsRotate) b[2] = angles;
   // Into a block format, one invocation a block of 32 values; else one a pair.
-  bool quantise = dst.dtype() == DType::q8_0 || dst.dtype() == DType::q4_0;
+  bool quantise = dtype_quantised(dst.dtype());
   RopePush push{static_cast<uint32_t>(numel(shape) / dim),
                 seq_len,
                 dim,

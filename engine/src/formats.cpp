@@ -1,0 +1,216 @@
+// The storage formats (formats.hpp): one row of kFormats each, and every host question about a
+// format answered from it: names, sizes, encoding on upload and decoding.
+#include "formats.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "flashvk/error.hpp"
+
+namespace flashvk::detail {
+
+namespace {
+
+// ggml's quantize_row_q8_0_ref, one block of 32 values: d = max|x| / 127, q = round(x / d).
+uint16_t quantise_q8_0(const float* x, uint8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 32; ++j)
+    q[j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+  return float_to_half(d);
+}
+float dequantise_q8_0(const uint8_t* q, float d, uint32_t j) {
+  return d * static_cast<float>(static_cast<int8_t>(q[j]));
+}
+
+// ggml's quantize_row_q4_0_ref: d = (the value of largest magnitude, with its sign) / -8, and
+// 4-bit q = x / d + 8; byte j holds values j and j + 16 in its low and high nibble.
+uint16_t quantise_q4_0(const float* x, uint8_t* q) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  auto nibble = [&](float v) {
+    return static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(v * id + 8.5f))));
+  };
+  for (int j = 0; j < 16; ++j) q[j] = static_cast<uint8_t>(nibble(x[j]) | nibble(x[j + 16]) << 4);
+  return float_to_half(d);
+}
+float dequantise_q4_0(const uint8_t* q, float d, uint32_t j) {
+  return d * static_cast<float>((j < 16 ? q[j] & 15 : q[j - 16] >> 4) - 8);
+}
+
+// In DType's order (checked below against shaders/formats.glsl's IDs).
+constexpr Format kFormats[] = {
+    {DType::f32, "f32", 1, 32, true, true, "32-bit floats", nullptr, nullptr},
+    {DType::f16, "f16", 1, 16, true, true, "IEEE half precision", nullptr, nullptr},
+    {DType::bf16, "bf16", 1, 16, false, false, "bfloat16", nullptr, nullptr},
+    {DType::q8_0, "q8_0", 32, 8, false, true, "ggml's blocks of 32 int8 with an fp16 scale",
+     quantise_q8_0, dequantise_q8_0},
+    {DType::q4_0, "q4_0", 32, 4, false, true, "ggml's blocks of 32 4-bit values with an fp16 scale",
+     quantise_q4_0, dequantise_q4_0},
+};
+
+#define FORMAT_ID(NAME, type, id)                                                   \
+  static_assert(kFormats[static_cast<int>(DType::type)].dtype == DType::type &&     \
+                    static_cast<int>(DType::type) == int(id),                         \
+                "shaders/formats.glsl: " #NAME " is not DType::" #type "'s number");
+#include "../../shaders/formats.glsl"
+#undef FORMAT_ID
+
+uint16_t float_to_bf16(float value) {
+  uint32_t x = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) return static_cast<uint16_t>((x >> 16) | 0x40u);  // stays a NaN
+  x += 0x7fffu + ((x >> 16) & 1u);                                         // nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+bool for_use(const Format& f, DTypeUse use) {
+  return use == DTypeUse::storage || (use == DTypeUse::query ? f.query : f.appendable);
+}
+
+}  // namespace
+
+const Format& format(DType dtype) {
+  auto i = static_cast<size_t>(dtype);
+  if (i >= std::size(kFormats)) throw Error("unknown DType " + std::to_string(i));
+  return kFormats[i];
+}
+
+}  // namespace flashvk::detail
+
+namespace flashvk {
+
+using detail::format;
+
+const char* dtype_name(DType dtype) {
+  return format(dtype).name;
+}
+
+std::vector<DType> dtypes(DTypeUse use) {
+  std::vector<DType> out;
+  for (const detail::Format& f : detail::kFormats)
+    if (detail::for_use(f, use)) out.push_back(f.dtype);
+  return out;
+}
+
+std::string dtype_list(DTypeUse use) {
+  std::vector<DType> list = dtypes(use);
+  std::string s;
+  for (size_t i = 0; i < list.size(); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == list.size() ? " or " : ", ") + dtype_name(list[i]);
+  return s;
+}
+
+std::string dtype_help() {
+  std::string s;
+  for (const detail::Format& f : detail::kFormats)
+    s += std::string(s.empty() ? "" : "; ") + f.name + ": " + f.about;
+  return s;
+}
+
+DType parse_dtype(const std::string& name) {
+  for (const detail::Format& f : detail::kFormats)
+    if (name == f.name) return f.dtype;
+  throw Error("unknown dtype '" + name + "'; expected one of " + dtype_list());
+}
+
+uint32_t dtype_block(DType dtype) {
+  return format(dtype).block;
+}
+
+bool dtype_quantised(DType dtype) {
+  return format(dtype).blocked();
+}
+
+uint64_t storage_bytes(DType dtype, int64_t numel) {
+  const detail::Format& f = format(dtype);
+  uint64_t n = static_cast<uint64_t>(numel);
+  return n * f.bits / 8 + (f.blocked() ? n / f.block * 2 : 0);  // and the blocks' fp16 scales
+}
+
+uint64_t buffer_bytes(DType dtype, int64_t numel) {
+  uint64_t align = format(dtype).buffer_align();
+  return (storage_bytes(dtype, numel) + align - 1) / align * align;
+}
+
+namespace {
+void put16(std::vector<uint8_t>& bytes, uint64_t at, uint16_t x) {
+  std::memcpy(bytes.data() + at, &x, 2);
+}
+uint16_t get16(const std::vector<uint8_t>& bytes, uint64_t at) {
+  uint16_t x;
+  std::memcpy(&x, bytes.data() + at, 2);
+  return x;
+}
+}  // namespace
+
+std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
+  const detail::Format& f = format(dtype);
+  int64_t n = static_cast<int64_t>(values.size());
+  if (n % f.block)
+    throw Error(std::string(f.name) + " stores blocks of " + std::to_string(f.block) +
+                " values; " + std::to_string(n) + " values are not a whole number of blocks");
+  std::vector<uint8_t> bytes(storage_bytes(dtype, n));
+  if (dtype == DType::f32) {
+    if (n) std::memcpy(bytes.data(), values.data(), bytes.size());
+  } else if (!f.blocked()) {  // the 16-bit formats
+    for (int64_t i = 0; i < n; ++i)
+      put16(bytes, 2 * uint64_t(i),
+            dtype == DType::f16 ? float_to_half(values[i]) : detail::float_to_bf16(values[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(values[i]))
+        throw Error(std::string(f.name) + " quantises finite values only; value " +
+                    std::to_string(i) + " is " + std::to_string(values[i]));
+    uint64_t quant_bytes = f.quant_bytes(), blocks = uint64_t(n) / f.block;
+    uint64_t scales = blocks * quant_bytes;  // the scales follow every block's quants
+    for (uint64_t b = 0; b < blocks; ++b)
+      put16(bytes, scales + 2 * b, f.quantise(values.data() + b * f.block, bytes.data() + b * quant_bytes));
+  }
+  return bytes;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel) {
+  const detail::Format& f = format(dtype);
+  if (bytes.size() != storage_bytes(dtype, numel) || numel % f.block)
+    throw Error("decode: " + std::to_string(bytes.size()) + " bytes do not hold " +
+                std::to_string(numel) + " values of " + f.name);
+  std::vector<float> values(static_cast<size_t>(numel));
+  if (dtype == DType::f32) {
+    if (numel) std::memcpy(values.data(), bytes.data(), bytes.size());
+  } else if (!f.blocked()) {  // the 16-bit formats
+    for (int64_t i = 0; i < numel; ++i) {
+      uint16_t x = get16(bytes, 2 * uint64_t(i));
+      values[i] = dtype == DType::f16 ? half_to_float(x) : std::bit_cast<float>(uint32_t(x) << 16);
+    }
+  } else {
+    uint64_t quant_bytes = f.quant_bytes(), scales = uint64_t(numel) / f.block * quant_bytes;
+    for (int64_t i = 0; i < numel; ++i) {
+      uint64_t b = uint64_t(i) / f.block;
+      float d = half_to_float(get16(bytes, scales + 2 * b));
+      values[i] = f.dequantise(bytes.data() + b * quant_bytes, d, uint32_t(i % f.block));
+    }
+  }
+  return values;
+}
+
+void check_blocks(const std::vector<int64_t>& shape, DType dtype) {
+  const detail::Format& f = format(dtype);
+  if (f.blocked() && (shape.empty() || shape.back() % f.block))
+    throw Error(std::string(f.name) + " stores blocks of " + std::to_string(f.block) +
+                " values along the last dimension; shape " + shape_string(shape) + " has " +
+                (shape.empty() ? std::string("none") : std::to_string(shape.back())));
+}
+
+HostTensor stored_values(const HostTensor& x, DType dtype) {
+  if (dtype == DType::f32) return x;
+  check_blocks(x.shape, dtype);
+  return HostTensor(x.shape, decode(encode(x.data, dtype), dtype, x.numel()));
+}
+
+}  // namespace flashvk

@@ -1,0 +1,45 @@
+#pragma once
+// The storage formats' table, the one place the host learns what a format is (its twin for the
+// kernels is shaders/formats.glsl): sizes, names, how a tensor lays it out, its quantiser and
+// decoder. No Vulkan here, so the .npy reader and its fuzz target can use it alone.
+#include <cstdint>
+
+#include "flashvk/tensor.hpp"
+
+namespace flashvk::detail {
+
+struct Format {
+  DType dtype;
+  const char* name;
+  /// Values a block holds along the last dimension: 1 for an element format.
+  uint32_t block;
+  /// Bits a value takes: a whole element, or a block format's quant (shaders: fmt_bits).
+  uint32_t bits;
+  /// Q may be stored so (the kernels read Q as ELEM: f32 or f16).
+  bool query;
+  /// A KV cache of this format can be appended to on the device (rope.comp: the rows in Q's
+  /// dtype copied, or quantised into a block format).
+  bool appendable;
+  /// One line for help texts.
+  const char* about;
+  /// Block formats: quantises one block of `block` values into its quants (block * bits / 8
+  /// bytes) and returns its fp16 scale's bits; dequantises quant j of a block.
+  uint16_t (*quantise)(const float* x, uint8_t* quants);
+  float (*dequantise)(const uint8_t* quants, float scale, uint32_t j);
+
+  bool blocked() const { return block > 1; }
+  /// Bytes of a block's quants.
+  uint32_t quant_bytes() const { return block * bits / 8; }
+  /// Values in one 16-byte load (lanes; shaders: fmt_load_values).
+  uint32_t load_values() const { return 128 / bits; }
+  /// 32-bit words of one texel of K or V in this format (register tiles' KV_QUANT builds): the
+  /// block formats' sixteen values of a block in four words, else one word.
+  uint32_t texel_words() const { return blocked() ? 4 : 1; }
+  /// Bytes a tensor's buffer rounds its values to: whole texels.
+  uint32_t buffer_align() const { return 4 * texel_words(); }
+};
+
+/// The format of `dtype`, from the table.
+const Format& format(DType dtype);
+
+}  // namespace flashvk::detail
