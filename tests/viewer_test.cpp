@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "lessons.hpp"
 #include "npy.hpp"
@@ -379,6 +380,63 @@ TEST_F(LessonTest, PointsOfInterestAreInsideThePlottedWindow) {
   viewer::KeyWindow moved = viewer::key_window(1000, 500, 600.0f, ui);
   EXPECT_EQ(moved.lo, 480);
   EXPECT_EQ(moved.hi, 520);
+}
+
+// The viewer traces only the row it shows, as a call of that row alone (row_call): for every
+// preset whose row can be cut out, and a causal GQA input with a window, its trace is the whole
+// call's, key by key, with FA2, FLASH-D and splitkv (given the whole call's chunks).
+TEST_F(LessonTest, TheRowAloneTracesAsTheWholeCall) {
+  std::vector<viewer::Inputs> cases;
+  for (const std::string& preset : kPresets) cases.push_back(viewer::make_preset(preset, FLASHVK_ASSETS));
+  viewer::Inputs gqa;
+  gqa.name = "gqa";
+  gqa.q = random_tensor({2, 4, 37, 16}, 1);
+  gqa.k = random_tensor({2, 2, 53, 16}, 2);
+  gqa.v = random_tensor({2, 2, 53, 8}, 3);
+  gqa.params.mods.causal = true;
+  gqa.params.mods.window_left = 20;
+  gqa.params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  gqa.params.mods.key_mask.assign(2 * 53, 1);
+  gqa.params.mods.key_mask[53 + 30] = 0;
+  cases.push_back(gqa);
+  int cut = 0;
+  for (const viewer::Inputs& in : cases) {
+    Dims d = check_shapes(in.q.shape, in.k.shape, in.v.shape);
+    uint32_t b = d.batch - 1, h = d.heads - 1, row = std::min(in.row, d.nq - 1);
+    if (in.name == "gqa") row = 30;
+    std::optional<viewer::RowCall> one = viewer::row_call(in, b, h, row);
+    if (!one) {
+      EXPECT_TRUE(in.params.mods.user_functions()) << in.name;
+      continue;
+    }
+    ++cut;
+    for (Variant v : {Variant::flash2, Variant::flashd, Variant::splitkv}) {
+      AttentionParams whole = in.params, alone = one->params;
+      whole.variant = alone.variant = v;
+      Trace want = trace(context(), in.q, in.k, in.v, whole, b, h, row, in.storage);
+      if (v == Variant::splitkv) alone.hints.splits = uint32_t(want.splits.size());
+      Trace got = trace(context(), one->q, one->k, one->v, alone, 0, 0, 0, in.storage);
+      std::string at = in.name + " " + variant_name(v);
+      ASSERT_EQ(got.steps.size(), want.steps.size()) << at;
+      EXPECT_EQ(got.tile_size, want.tile_size) << at;
+      // Before the row's first key its LSE is the sink's where the whole call's workgroup read
+      // those keys for other rows, and unwritten where the row alone skips them: not compared.
+      size_t first = 0;
+      while (first < want.steps.size() && std::isinf(want.steps.s[first])) ++first;
+      for (size_t i = 0; i < want.steps.size(); ++i) {
+        auto same = [](float x, float y) { return x == y || (std::isnan(x) && std::isnan(y)); };
+        EXPECT_TRUE(same(got.steps.s[i], want.steps.s[i])) << at << " key " << i;
+        EXPECT_TRUE(same(got.steps.w[i], want.steps.w[i])) << at << " key " << i;
+        if (i >= first) {
+          EXPECT_TRUE(same(got.steps.lse[i], want.steps.lse[i])) << at << " key " << i;
+        }
+        for (size_t c = 0; c < want.steps.o[i].size(); ++c)
+          EXPECT_TRUE(same(got.steps.o[i][c], want.steps.o[i][c])) << at << " key " << i;
+      }
+      EXPECT_EQ(got.out, want.out) << at;
+    }
+  }
+  EXPECT_GE(cut, int(kPresets.size()));
 }
 
 // The variants' colours stay apart for the common colour-vision deficiencies: simulated with

@@ -287,18 +287,21 @@ std::vector<double> as_double(const std::vector<float>& v) {
   return {v.begin(), v.end()};
 }
 
-void retrace(Model& model, UiState& ui) {
-  model.retrace();
-  ui.status = model.last_error;
-}
-
-void load(Model& model, UiState& ui, Inputs in) {
+// Asks for `r` on the worker thread; what is shown stays until it is done (Model::poll).
+void request(Model& model, UiState& ui, Request r) {
   try {
-    model.load(std::move(in));
-    ui.status = model.last_error;
+    model.submit(std::move(r));
   } catch (const Error& e) {
     ui.status = e.what();
   }
+}
+
+void load(Model& model, UiState& ui, Inputs in) {
+  Request r;
+  r.inputs = std::move(in);
+  r.selected = model.wanted().selected;
+  r.fresh = true;
+  request(model, ui, std::move(r));
 }
 
 // The lesson of what is shown, made again when the inputs or the row change; a preset about
@@ -309,7 +312,8 @@ void refresh_lesson(const Model& model, UiState& ui) {
       "/" + std::to_string(model.row) + "/" + std::to_string(model.steps()) + "/" +
       std::to_string(int(model.inputs().storage.q)) +
       std::to_string(int(model.inputs().storage.k)) +
-      std::to_string(model.inputs().params.mods.causal) + std::to_string(model.traces().size());
+      std::to_string(model.inputs().params.mods.causal) + std::to_string(model.traces().size()) +
+      "/" + std::to_string(model.generation());
   if (of == ui.lesson_of) return;
   bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
   ui.lesson = lesson_for(model);
@@ -445,7 +449,7 @@ void controls_other_inputs(Model& model, UiState& ui) {
     tip("A float32 .npy the functions read as flex_table[] (ids, biases). Empty: as it is.");
     if (ImGui::Button("Apply")) {
       try {
-        Inputs in = model.inputs();
+        Inputs in = model.wanted().inputs;
         Modifiers& m = in.params.mods;
         auto read = [](const char* path) {
           std::ifstream file(path, std::ios::binary);
@@ -476,20 +480,23 @@ void controls_selection(Model& model, UiState& ui) {
   ImGui::Text("Variants");
   help_marker(
       "Each selected variant is traced on the GPU for the chosen row and stepped in lockstep.");
+  // The controls show what was asked for last; a change while it is traced waits its turn.
+  Request want = model.wanted();
+  std::vector<Variant>& selected = want.selected;
   bool changed = false;
   bool first = true;
   for (Variant v : all_variants()) {
-    bool on = std::find(model.selected.begin(), model.selected.end(), v) != model.selected.end();
+    bool on = std::find(selected.begin(), selected.end(), v) != selected.end();
     if (!first) flow(ImGui::GetFrameHeight() + 8 + ImGui::CalcTextSize(variant_name(v)).x);
     first = false;
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(variant_color(v)));
     if (ImGui::Checkbox(variant_name(v), &on)) {
       changed = true;
       if (on)
-        model.selected.push_back(v);
+        selected.push_back(v);
       else
-        model.selected.erase(std::remove(model.selected.begin(), model.selected.end(), v),
-                             model.selected.end());
+        selected.erase(std::remove(selected.begin(), selected.end(), v),
+                             selected.end());
     }
     ImGui::PopStyleColor();
     tip(variant_info(v).about);
@@ -498,37 +505,36 @@ void controls_selection(Model& model, UiState& ui) {
   tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
       "fp32, in the weight plot (red): it underflows where the kernels' form does not.");
   const Dims& d = model.dims();
-  int b = int(model.batch), h = int(model.head), r = int(model.row);
-  if (ImGui::SliderInt("batch", &b, 0, int(d.batch) - 1)) model.batch = uint32_t(b), changed = true;
+  int b = int(want.batch), h = int(want.head), r = int(want.row);
+  if (ImGui::SliderInt("batch", &b, 0, int(d.batch) - 1)) want.batch = uint32_t(b), changed = true;
   tip("Which batch entry to trace.");
-  if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) model.head = uint32_t(h), changed = true;
+  if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) want.head = uint32_t(h), changed = true;
   tip("Which query head to trace (and the heatmap's head).");
-  if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) model.row = uint32_t(r), changed = true;
+  if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) want.row = uint32_t(r), changed = true;
   tip("The query row whose keys the steps walk through.");
-  bool causal = model.inputs().params.mods.causal;
-  if (ImGui::Checkbox("causal", &causal))
-    model.mutable_inputs().params.mods.causal = causal, changed = true;
+  bool causal = want.inputs.params.mods.causal;
+  if (ImGui::Checkbox("causal", &causal)) want.inputs.params.mods.causal = causal, changed = true;
   tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
   ImGui::SameLine();
-  const Storage& st = model.inputs().storage;
+  const Storage st = want.inputs.storage;
   if (ImGui::RadioButton("fp32", st.k == DType::f32))
-    model.mutable_inputs().storage = DType::f32, changed = true;
+    want.inputs.storage = DType::f32, changed = true;
   tip("Q, K and V stored as fp32.");
   ImGui::SameLine();
   if (ImGui::RadioButton("fp16", st.k == DType::f16))
-    model.mutable_inputs().storage = DType::f16, changed = true;
+    want.inputs.storage = DType::f16, changed = true;
   tip("Q, K and V stored as fp16 (the state stays fp32); the float64 reference sees the same "
       "rounded inputs, and the Output panel says what the rounding costs.");
   if (d.d % 32 == 0 && d.dv % 32 == 0) {  // ggml's blocks of 32 along the head dimension
     ImGui::SameLine();
     if (ImGui::RadioButton("q4_0 K,V", st.k == DType::q4_0))
-      model.mutable_inputs().storage = Storage(DType::f32, DType::q4_0, DType::q4_0),
+      want.inputs.storage = Storage(DType::f32, DType::q4_0, DType::q4_0),
       changed = true;
     tip("K and V stored as ggml's q4_0: 32 values share an fp16 scale d, each value one of 16 "
         "levels d (q - 8). The float64 reference sees the dequantised values; the Output panel "
         "says how far they move the output.");
   }
-  if (changed) retrace(model, ui);
+  if (changed) request(model, ui, std::move(want));
 }
 
 void controls_stepping(Model& model, UiState& ui, double dt) {
@@ -656,8 +662,20 @@ void legend(const Model& model, const UiState& ui) {
   tip("Lines that agree lie on top of each other. Hover a plot for its values at a key.");
 }
 
+// While the worker traces: what, how far, and that the plots still show what was traced before.
+void progress_line(const Model& model) {
+  float fraction = 0;
+  std::string what = model.progress(&fraction);
+  if (what.empty()) return;
+  ImGui::ProgressBar(fraction, ImVec2(ImGui::GetFontSize() * 8, 0), "");
+  ImGui::SameLine();
+  colored_wrapped(kCursor, "Tracing %s. Shown until then: row %u of head %u.", what.c_str(),
+                  model.row, model.head);
+}
+
 void draw_plots(Model& model, UiState& ui) {
   int n = model.steps();
+  progress_line(model);
   legend(model, ui);
   // The whole row, its shown window boxed and the cursor marked: where the plots are.
   ImVec2 avail = ImGui::GetContentRegionAvail();
@@ -1032,8 +1050,17 @@ const std::vector<std::string>& layout_overflows() {
   return g_overflows;
 }
 
+void open_at_step(Model& model, int step) {
+  if (step >= 0) model.cursor = std::clamp(step, 0, std::max(0, model.steps() - 1));
+}
+
 void draw_ui(Model& model, UiState& ui, double dt) {
   g_overflows.clear();
+  try {
+    if (model.poll()) ui.status = model.last_error;
+  } catch (const Error& e) {
+    ui.status = e.what();
+  }
   refresh_lesson(model, ui);
   model.literal_flashd_shown = ui.literal_flashd;
   ImVec2 size = ImGui::GetIO().DisplaySize;

@@ -40,6 +40,10 @@ struct UiState {
   KeyWindow shown;  // the keys the plots showed in the last frame; the heatmap shows the same
 };
 
+/// Seconds between frames while the worker traces and nothing plays: the progress line moves
+/// and input is answered, and the trace keeps most of the CPU (lavapipe draws on it too).
+constexpr double kBusyFrame = 1.0 / 15.0;
+
 /// Pixels a key needs before the plots show a window around the cursor instead of the whole row.
 constexpr float kKeyPixels = 3.0f;
 /// The drawing width of a step plot in a display `width` pixels wide (draw_ui's layout).
@@ -54,6 +58,10 @@ uint32_t variant_color(Variant v);  // ImGui's ImU32: 0xAABBGGRR
 
 /// Panel names in export order (index 0 is the whole window).
 const char* const* panel_names(int* count);
+
+/// Puts the cursor on `step` (--step; clamped to the row), or leaves it on the row's last
+/// visible key for -1: as the viewer opens, in a window and headless alike.
+void open_at_step(Model& model, int step);
 
 /// Draws every panel for this frame. `dt` advances playback.
 void draw_ui(Model& model, UiState& ui, double dt);

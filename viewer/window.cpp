@@ -118,7 +118,7 @@ bool display_available() {
 }
 
 int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants,
-               const std::string& screenshot) {
+               int step, const std::string& screenshot) {
   if (!glfwInit())
     throw Error("GLFW could not start (no display?); use --headless --screenshot FILE");
   glfwWindowHint(GLFW_CLIENT_API, GLFW_NO_API);
@@ -131,6 +131,7 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   Model model(ctx);
   model.selected = variants;
   model.load(std::move(inputs));
+  open_at_step(model, step);
   VkSurfaceKHR surface;
   check(glfwCreateWindowSurface(dev.instance, window, nullptr, &surface),
         "glfwCreateWindowSurface");
