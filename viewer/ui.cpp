@@ -4,6 +4,7 @@
 #include <imgui_internal.h>  // the windows' extents, to check that their content fits
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -20,6 +21,7 @@ namespace {
 const char* kPanels[] = {"Whole window", "Controls", "Plots", "Heatmap", "Derivation", "Output"};
 std::map<int, ImVec4> g_panel_rects;
 std::vector<std::string> g_overflows;
+std::array<ImRect, 5> g_step_buttons;  // |< < Play > >| as drawn in the last frame
 
 }  // namespace
 
@@ -96,6 +98,14 @@ void wrap_lines(const char* text) {
     } else {
       line = next;
     }
+    // A word wider than the line (a long path) is cut where the line ends, not left to run out.
+    while (line.size() > 1 && ImGui::CalcTextSize(line.c_str()).x > width) {
+      size_t fit = line.size() - 1;
+      while (fit > 1 && ImGui::CalcTextSize(line.c_str(), line.c_str() + fit).x > width) --fit;
+      if (fit <= indent.size()) break;  // not even the indentation fits: leave it
+      ImGui::TextUnformatted(line.c_str(), line.c_str() + fit);
+      line = indent + line.substr(fit);
+    }
     at = space == std::string::npos ? s.size() : space;
   }
   ImGui::TextUnformatted(line.c_str());
@@ -167,6 +177,30 @@ std::string number(double v) {
   return buf;
 }
 
+}  // namespace
+
+YRange y_range(const std::vector<const std::vector<double>*>& series, KeyWindow win, bool log_y,
+               double hline) {
+  auto tr = [&](double v) { return log_y ? (v > 0 ? std::log10(v) : NAN) : v; };
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto* y : series) {
+    int from = win.hi > win.lo ? std::max(0, win.lo) : 0;
+    int to = win.hi > win.lo ? std::min(int(y->size()), win.hi) : int(y->size());
+    for (int i = from; i < to; ++i) {
+      double v = tr((*y)[size_t(i)]);
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+  }
+  if (std::isfinite(hline) && std::isfinite(tr(hline)))
+    lo = std::min(lo, tr(hline)), hi = std::max(hi, tr(hline));
+  if (!(lo <= hi)) lo = 0, hi = 1;
+  if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+  if (log_y) return {std::pow(10.0, lo), std::pow(10.0, hi)};
+  return {lo, hi};
+}
+
+namespace {
+
 struct Series {
   std::string label;
   ImU32 color;
@@ -190,13 +224,10 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
   dl->AddRectFilled(p0, p1, IM_COL32(25, 27, 33, 255));
   dl->AddRect(p0, p1, IM_COL32(80, 80, 90, 255));
   auto tr = [&](double v) { return log_y ? (v > 0 ? std::log10(v) : NAN) : v; };
-  double lo = INFINITY, hi = -INFINITY;
-  for (const auto& s : series)
-    for (double v : s.y)
-      if (std::isfinite(tr(v))) lo = std::min(lo, tr(v)), hi = std::max(hi, tr(v));
-  if (std::isfinite(hline)) lo = std::min(lo, tr(hline)), hi = std::max(hi, tr(hline));
-  if (!(lo <= hi)) lo = 0, hi = 1;
-  if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+  std::vector<const std::vector<double>*> ys;
+  for (const auto& s : series) ys.push_back(&s.y);
+  YRange yr = y_range(ys, win, log_y, hline);
+  double lo = log_y ? std::log10(yr.lo) : yr.lo, hi = log_y ? std::log10(yr.hi) : yr.hi;
   float pad = 18.0f;
   float x0 = p0.x + 4, x1 = p1.x - 4, y0 = p0.y + pad, y1 = p1.y - 4;
   const int span = win.hi - win.lo;
@@ -264,10 +295,23 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
       ui->view_span = span;
       ui->view_lo = win.lo - int(std::lround(io.MouseDelta.x / per_key));
     }
-    if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(0)) ui->view_span = 0;
+    if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(0)) show_whole_row(*ui, steps);
   }
   axis_label(hi, y0);  // over the lines and the cursor, on their own dark box
-  axis_label(lo, y1 - ImGui::GetFontSize());
+  axis_label(lo, y1 - 2 * ImGui::GetFontSize());
+  // The x axis: the first and last key shown, at the bottom corners.
+  auto key_number = [&](int key, bool right) {
+    std::string text = std::to_string(key);
+    ImVec2 ts = ImGui::CalcTextSize(text.c_str());
+    ImVec2 at(right ? x1 - ts.x - 2 : x0 + 2, y1 - ts.y);
+    dl->AddRectFilled(ImVec2(at.x - 2, at.y), ImVec2(at.x + ts.x + 2, at.y + ts.y),
+                      IM_COL32(25, 27, 33, 255));
+    dl->AddText(at, IM_COL32(170, 170, 180, 255), text.c_str());
+  };
+  if (span > 0) {
+    key_number(win.lo, false);
+    if (span > 1) key_number(win.hi - 1, true);
+  }
   if (ImGui::IsItemHovered() && steps > 0) {
     int i = std::clamp(win.lo + int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) *
                                                 float(std::max(0, span - 1)))),
@@ -537,7 +581,7 @@ void controls_selection(Model& model, UiState& ui) {
   if (changed) request(model, ui, std::move(want));
 }
 
-void controls_stepping(Model& model, UiState& ui, double dt) {
+void controls_stepping(Model& model, UiState& ui) {
   ImGui::Separator();
   int last = std::max(0, model.steps() - 1);
   ImGui::SliderInt("step", &model.cursor, 0, last);
@@ -552,24 +596,20 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
                  {">", "One key on.", std::min(last, model.cursor + 1)},
                  {">|", "To the last key.", last}};
   for (const auto& b : buttons) {
-    if (&b != buttons) flow(button_width(b.label));
-    if (ImGui::Button(b.label)) {
-      if (b.to < 0)
+    bool play = b.to < 0;  // as wide as "Pause" either way, so that > and >| stay put
+    float w = play ? button_width("Pause") : button_width(b.label);
+    if (&b != buttons) flow(w);
+    if (ImGui::Button(b.label, ImVec2(play ? w : 0.0f, 0.0f))) {
+      if (play)
         ui.playing = !ui.playing;
       else
         model.cursor = b.to;
     }
+    g_step_buttons[size_t(&b - buttons)] = {ImGui::GetItemRectMin(), ImGui::GetItemRectMax()};
     tip(b.about);
   }
   ImGui::SliderFloat("steps/s", &ui.speed, 1.0f, 500.0f, "%.0f", ImGuiSliderFlags_Logarithmic);
-  tip("Playback speed.");
-  if (ui.playing) {
-    ui.play_clock += dt * ui.speed;
-    int advance = int(ui.play_clock);
-    ui.play_clock -= advance;
-    model.cursor = std::min(last, model.cursor + advance);
-    if (model.cursor == last) ui.playing = false;
-  }
+  tip("Playback speed. Keys: left and right arrows step, space plays and pauses.");
   ImGui::Text("Run to the next:");
   struct JumpButton {
     const char* label;
@@ -624,7 +664,7 @@ void controls_export(Model& model, UiState& ui) {
   tip("What Save PNG saves.");
 }
 
-void draw_controls(Model& model, UiState& ui, double dt) {
+void draw_controls(Model& model, UiState& ui) {
   ImGui::PushItemWidth(ImGui::GetContentRegionAvail().x * 0.6f);
   ImGui::Text("flashvk viewer");
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
@@ -634,8 +674,9 @@ void draw_controls(Model& model, UiState& ui, double dt) {
   const Dims& d = model.dims();
   wrapped("B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d,
           d.dv);
+  // The step buttons above the lesson, whose note changes length from step to step.
+  controls_stepping(model, ui);
   controls_lesson(model, ui);
-  controls_stepping(model, ui, dt);
   if (!ui.status.empty()) colored_wrapped(IM_COL32(255, 140, 120, 255), "%s", ui.status.c_str());
   controls_selection(model, ui);
   ImGui::Separator();
@@ -750,8 +791,10 @@ void draw_plots(Model& model, UiState& ui) {
   plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)"
        : model.raw_scores().empty()  ? "scores s"
                                      : "scores s (orange: before softcap)",
-       "The scaled scores s = scale * q.k of the row; gaps are masked keys. With fp16 inputs the "
-       "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
+       std::isfinite(fp16_exp_limit)
+           ? "The scaled scores s = scale * q.k of the row; gaps are masked keys. The inputs are "
+             "stored as fp16: the red line is ln 65504 = 11.09, above which e^s overflows fp16."
+           : "The scaled scores s = scale * q.k of the row; gaps are masked keys.",
        s_series, n, model.cursor, false, size, {}, fp16_exp_limit, "key", win, &ui);
   ImGui::SameLine();
   plot("running max m (flashd: L)",
@@ -764,15 +807,20 @@ void draw_plots(Model& model, UiState& ui) {
        l_series, n, model.cursor, ui.log_l, size, {}, NAN, "key", win, &ui);
   if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
-  plot(has_sink ? "weight w (tan: the sink's share)" : "weight w of the new key",
+  plot(has_sink ? (ui.log_w ? "weight w (log; tan: sink's share)" : "weight w (tan: the sink's share)")
+       : ui.log_w ? "weight w of the new key (log)"
+                  : "weight w of the new key",
        has_sink ? "The weight the newest key gets in the normalised output, per variant, with the "
                   "float64 weights in white. Tan: the attention sink's share of the "
                   "denominator, e^(sink - L) with L the running log-sum-exp; it starts at 1 (the "
-                  "sink is the state's start) and falls as keys add to the denominator."
+                  "sink is the state's start) and falls as keys add to the denominator. Click to "
+                  "switch between linear and log scale."
                 : "The weight the newest key gets in the normalised output, per variant, with "
                   "the float64 weights in white. FLASH-D's w is this quantity; for the others it "
-                  "is e^(s-m)/l.",
-       w_series, n, model.cursor, false, size, {}, NAN, "key", win, &ui);
+                  "is e^(s-m)/l. Click to switch between linear and log scale (on the log "
+                  "scale a weight of exactly 0 is a ring on the floor).",
+       w_series, n, model.cursor, ui.log_w, size, {}, NAN, "key", win, &ui);
+  if (ImGui::IsItemClicked()) ui.log_w = !ui.log_w;
   plot("error vs float64 (log)",
        "Per step, the largest difference between the GPU's state and the same variant's "
        "float64 recurrence; the red line is the error limit; a ring on the floor: exactly 0.",
@@ -792,9 +840,10 @@ void draw_heatmap(Model& model, UiState& ui) {
   ImGui::TextDisabled("(?)");
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
-      "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk, mask).%s%s",
-      br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "",
+      "Tiles of %u keys (the kernels'), drawn in blocks of %u query rows; yellow box: the "
+      "current tile, yellow line: the row; grey: masked keys; shaded: tiles the kernels skip "
+      "(causal limit, window, chunk, mask).%s%s",
+      bc, br, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "",
       ui.shown.hi - ui.shown.lo < int(d.nk) && ui.shown.hi > ui.shown.lo
           ? " Keys as the plots show them."
           : "");
@@ -813,7 +862,8 @@ void draw_heatmap(Model& model, UiState& ui) {
   uint32_t nkw = khi - klo;
   // Square cells, as large as fit; a map of few rows gets rows at least 24 px tall.
   float cell = std::min(avail.x / float(nkw), avail.y / float(d.nq));
-  float cw = cell, ch = std::max(cell, 24.0f / float(d.nq));
+  // Rows up to 3 times as tall as wide fill a panel that square cells would leave half empty.
+  float cw = cell, ch = std::max({cell, 24.0f / float(d.nq), std::min(avail.y / float(d.nq), 3 * cell)});
   ImVec2 extent(cw * float(nkw), std::min(avail.y, ch * float(d.nq)));
   ImGui::InvisibleButton("heatmap", extent);
   int cols = std::min<int>(int(nkw), int(extent.x)), rows = std::min<int>(int(d.nq), int(extent.y));
@@ -1050,6 +1100,36 @@ const std::vector<std::string>& layout_overflows() {
   return g_overflows;
 }
 
+void step_keys(Model& model, UiState& ui, bool left, bool right, bool space) {
+  int last = std::max(0, model.steps() - 1);
+  if (left || right) ui.playing = false;
+  if (left) model.cursor = std::max(0, model.cursor - 1);
+  if (right) model.cursor = std::min(last, model.cursor + 1);
+  if (space) ui.playing = !ui.playing && model.cursor < last;
+}
+
+void advance_playback(Model& model, UiState& ui, double dt) {
+  if (!ui.playing) return;
+  int last = std::max(0, model.steps() - 1);
+  ui.play_clock += dt * ui.speed;
+  int advance = int(ui.play_clock);
+  ui.play_clock -= advance;
+  model.cursor = std::min(last, model.cursor + advance);
+  if (model.cursor == last) ui.playing = false;
+}
+
+bool step_button_rect(int index, float rect[4]) {
+  if (index < 0 || index >= int(g_step_buttons.size())) return false;
+  const ImRect& r = g_step_buttons[size_t(index)];
+  rect[0] = r.Min.x, rect[1] = r.Min.y, rect[2] = r.GetWidth(), rect[3] = r.GetHeight();
+  return r.GetWidth() > 0;
+}
+
+void show_whole_row(UiState& ui, int steps) {
+  ui.view_lo = 0;
+  ui.view_span = steps;
+}
+
 void open_at_step(Model& model, int step) {
   if (step >= 0) model.cursor = std::clamp(step, 0, std::max(0, model.steps() - 1));
 }
@@ -1063,13 +1143,19 @@ void draw_ui(Model& model, UiState& ui, double dt) {
   }
   refresh_lesson(model, ui);
   model.literal_flashd_shown = ui.literal_flashd;
+  const ImGuiIO& io = ImGui::GetIO();
+  if (!io.WantTextInput)  // not while a text field has the keyboard
+    step_keys(model, ui, ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_LeftArrow)),
+              ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_RightArrow)),
+              ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Space), false));
+  advance_playback(model, ui, dt);  // before any panel: the slider and the legend agree
   ImVec2 size = ImGui::GetIO().DisplaySize;
   // 360 | plots | 470 at 1600 wide; the side panels narrow to 300 and 376 at 1280.
   float left = std::clamp(size.x * 0.225f, 300.0f, 420.0f);
   float right = std::clamp(size.x * 0.29375f, 376.0f, 560.0f);
   if (size.x < 1280) left = size.x * 300 / 1280, right = size.x * 376 / 1280;  // scaled down
   float mid = size.x - left - right, top = size.y * 0.62f;
-  if (begin_panel(1, 0, 0, left, size.y)) draw_controls(model, ui, dt);
+  if (begin_panel(1, 0, 0, left, size.y)) draw_controls(model, ui);
   end_panel(1);
   if (begin_panel(2, left, 0, mid, top)) draw_plots(model, ui);
   end_panel(2);
