@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+
+#include <imgui.h>
 
 #include "lessons.hpp"
 #include "npy.hpp"
@@ -379,6 +382,190 @@ TEST_F(LessonTest, PointsOfInterestAreInsideThePlottedWindow) {
   viewer::KeyWindow moved = viewer::key_window(1000, 500, 600.0f, ui);
   EXPECT_EQ(moved.lo, 480);
   EXPECT_EQ(moved.hi, 520);
+}
+
+// The viewer traces only the row it shows, as a call of that row alone (row_call): for every
+// preset whose row can be cut out, and a causal GQA input with a window, its trace is the whole
+// call's, key by key, with FA2, FLASH-D and splitkv (given the whole call's chunks).
+TEST_F(LessonTest, TheRowAloneTracesAsTheWholeCall) {
+  std::vector<viewer::Inputs> cases;
+  for (const std::string& preset : kPresets) cases.push_back(viewer::make_preset(preset, FLASHVK_ASSETS));
+  viewer::Inputs gqa;
+  gqa.name = "gqa";
+  gqa.q = random_tensor({2, 4, 37, 16}, 1);
+  gqa.k = random_tensor({2, 2, 53, 16}, 2);
+  gqa.v = random_tensor({2, 2, 53, 8}, 3);
+  gqa.params.mods.causal = true;
+  gqa.params.mods.window_left = 20;
+  gqa.params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  gqa.params.mods.key_mask.assign(2 * 53, 1);
+  gqa.params.mods.key_mask[53 + 30] = 0;
+  cases.push_back(gqa);
+  int cut = 0;
+  for (const viewer::Inputs& in : cases) {
+    Dims d = check_shapes(in.q.shape, in.k.shape, in.v.shape);
+    uint32_t b = d.batch - 1, h = d.heads - 1, row = std::min(in.row, d.nq - 1);
+    if (in.name == "gqa") row = 30;
+    std::optional<viewer::RowCall> one = viewer::row_call(in, b, h, row);
+    if (!one) {
+      EXPECT_TRUE(in.params.mods.user_functions()) << in.name;
+      continue;
+    }
+    ++cut;
+    for (Variant v : {Variant::flash2, Variant::flashd, Variant::splitkv}) {
+      AttentionParams whole = in.params, alone = one->params;
+      whole.variant = alone.variant = v;
+      Trace want = trace(context(), in.q, in.k, in.v, whole, b, h, row, in.storage);
+      if (v == Variant::splitkv) alone.hints.splits = uint32_t(want.splits.size());
+      Trace got = trace(context(), one->q, one->k, one->v, alone, 0, 0, 0, in.storage);
+      std::string at = in.name + " " + variant_name(v);
+      ASSERT_EQ(got.steps.size(), want.steps.size()) << at;
+      EXPECT_EQ(got.tile_size, want.tile_size) << at;
+      // Before the row's first key its LSE is the sink's where the whole call's workgroup read
+      // those keys for other rows, and unwritten where the row alone skips them: not compared.
+      size_t first = 0;
+      while (first < want.steps.size() && std::isinf(want.steps.s[first])) ++first;
+      for (size_t i = 0; i < want.steps.size(); ++i) {
+        auto same = [](float x, float y) { return x == y || (std::isnan(x) && std::isnan(y)); };
+        EXPECT_TRUE(same(got.steps.s[i], want.steps.s[i])) << at << " key " << i;
+        EXPECT_TRUE(same(got.steps.w[i], want.steps.w[i])) << at << " key " << i;
+        if (i >= first) {
+          EXPECT_TRUE(same(got.steps.lse[i], want.steps.lse[i])) << at << " key " << i;
+        }
+        for (size_t c = 0; c < want.steps.o[i].size(); ++c)
+          EXPECT_TRUE(same(got.steps.o[i][c], want.steps.o[i][c])) << at << " key " << i;
+      }
+      EXPECT_EQ(got.out, want.out) << at;
+    }
+  }
+  EXPECT_GE(cut, int(kPresets.size()));
+}
+
+// The controls, drawn in-process by ImGui (no device needed to lay them out): |< < Play > >|
+// stay where they are whatever the lesson's note says at the cursor, playing or not.
+TEST_F(LessonTest, StepButtonsStayPutAcrossLessonNotes) {
+  viewer::Model model(context());
+  model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
+  viewer::Lesson lesson = viewer::lesson_for(model);
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;
+  unsigned char* pixels = nullptr;
+  int w = 0, h = 0;
+  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+  for (auto [width, height] : {std::pair{1280.0f, 720.0f}, std::pair{1920.0f, 1080.0f}}) {
+    io.DisplaySize = ImVec2(width, height);
+    viewer::UiState ui;
+    std::vector<int> steps = {5};  // a step with no note, then each point's
+    for (const auto& p : lesson.points) steps.push_back(p.step);
+    std::array<std::array<float, 4>, 5> first{};
+    for (size_t k = 0; k <= steps.size(); ++k) {
+      model.cursor = k < steps.size() ? steps[k] : 5;
+      ui.playing = k == steps.size();  // and "Pause" in Play's place
+      for (int frame = 0; frame < 2; ++frame) {
+        io.DeltaTime = 1.0f / 60.0f;
+        ImGui::NewFrame();
+        viewer::draw_ui(model, ui, 0.0);
+        ImGui::Render();
+      }
+      for (int b = 0; b < 5; ++b) {
+        float rect[4];
+        ASSERT_TRUE(viewer::step_button_rect(b, rect)) << b;
+        if (k == 0) {
+          std::copy(rect, rect + 4, first[size_t(b)].begin());
+          continue;
+        }
+        for (int c = 0; c < 4; ++c)
+          EXPECT_EQ(rect[c], first[size_t(b)][size_t(c)])
+              << "button " << b << " at step " << model.cursor << ", " << width;
+      }
+    }
+  }
+  ImGui::DestroyContext();
+}
+
+// The keyboard: arrows step one key and stop playback, space plays and pauses (not past the end).
+TEST_F(LessonTest, ArrowsStepAndSpacePlays) {
+  viewer::Model model(context());
+  model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
+  viewer::UiState ui;
+  model.cursor = 10;
+  viewer::step_keys(model, ui, false, true, false);
+  EXPECT_EQ(model.cursor, 11);
+  viewer::step_keys(model, ui, true, false, false);
+  viewer::step_keys(model, ui, true, false, false);
+  EXPECT_EQ(model.cursor, 9);
+  viewer::step_keys(model, ui, false, false, true);
+  EXPECT_TRUE(ui.playing);
+  viewer::advance_playback(model, ui, 0.5);  // 20 steps/s
+  EXPECT_EQ(model.cursor, 19);
+  viewer::step_keys(model, ui, false, true, false);
+  EXPECT_FALSE(ui.playing);
+  EXPECT_EQ(model.cursor, 20);
+  model.cursor = 0;
+  viewer::step_keys(model, ui, true, false, false);
+  EXPECT_EQ(model.cursor, 0);
+  model.cursor = model.steps() - 1;
+  viewer::step_keys(model, ui, false, true, true);
+  EXPECT_EQ(model.cursor, model.steps() - 1);
+  EXPECT_FALSE(ui.playing) << "nothing to play after the last key";
+}
+
+// A double click shows the whole row, however long, until the next zoom; a zoomed plot's y axis
+// spans the values of the keys it shows, not the row's.
+TEST(Viewer, DoubleClickShowsTheWholeRowAndZoomedPlotsRescale) {
+  viewer::UiState ui;
+  ui.view_span = 40, ui.view_lo = 100, ui.view_cursor = 120;
+  viewer::show_whole_row(ui, 16384);
+  for (int cursor : {0, 9000, 16383}) {
+    viewer::KeyWindow w = viewer::key_window(16384, cursor, 400.0f, ui);
+    EXPECT_EQ(w.lo, 0);
+    EXPECT_EQ(w.hi, 16384);
+  }
+  std::vector<double> falling;  // falling-rising's scores: 0 to -1987.5, then -2000 up to 14.5
+  for (int j = 0; j < 160; ++j) falling.push_back(-12.5 * j);
+  for (int j = 0; j < 80; ++j) falling.push_back(-2000.0 + 25.5 * j);
+  viewer::YRange all = viewer::y_range({&falling}, {}, false);
+  EXPECT_EQ(all.lo, -2000.0);
+  EXPECT_EQ(all.hi, 14.5);
+  viewer::YRange zoom = viewer::y_range({&falling}, {200, 240}, false);
+  EXPECT_EQ(zoom.lo, -2000.0 + 25.5 * 40);
+  EXPECT_EQ(zoom.hi, -2000.0 + 25.5 * 79);
+  std::vector<double> w = {1.0, 0.5, 0.0, 1e-27, 2e-27, 0.0};  // a log axis: the positive ones
+  viewer::YRange tiny = viewer::y_range({&w}, {2, 6}, true);
+  EXPECT_DOUBLE_EQ(tiny.lo, 1e-27);
+  EXPECT_DOUBLE_EQ(tiny.hi, 2e-27);
+}
+
+// --step places the cursor in a window as headless (open_at_step), clamped to the row.
+TEST_F(LessonTest, StepOpensWhereAsked) {
+  viewer::Model model(context());
+  model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
+  EXPECT_EQ(model.cursor, 239);
+  viewer::open_at_step(model, 0);
+  EXPECT_EQ(model.cursor, 0);
+  viewer::open_at_step(model, 100000);
+  EXPECT_EQ(model.cursor, 239);
+}
+
+// A change of row is traced on the worker while frames are drawn: --then-row reports it and the
+// summary then describes the new row (the time is printed, not judged).
+TEST(Viewer, ThenRowTracesTheNewRowWhileFramesGoOn) {
+  std::string out;
+  screenshot("--preset sample --variant flash2,flashd --then-row 7", &out);
+  int from = -1, to = -1, frames = -1;
+  double secs = -1;
+  size_t at = out.find("row change: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "row change: row %d to %d in %lf s, %d frames", &from,
+                        &to, &secs, &frames),
+            4)
+      << out;
+  EXPECT_EQ(from, 20);
+  EXPECT_EQ(to, 7);
+  EXPECT_GE(frames, 1);
+  EXPECT_NE(out.find("row 7 of head 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("open: "), std::string::npos) << out;
 }
 
 // The variants' colours stay apart for the common colour-vision deficiencies: simulated with

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "args.hpp"
 #include "npy.hpp"
@@ -31,7 +32,7 @@ options:
   --q Q.npy --k K.npy --v V.npy   load inputs instead of a preset
   --variant A,B,...   variants to step together (default flash1,flash2,flashd)
   --row R             query row to trace (default: the preset's)
-  --step N            step cursor: the state after key N (default: the last key)
+  --step N            step cursor: the state after key N (default: the row's last visible key)
   --causal            causal mask (over a preset's inputs or the files')
   --score-mod FILE --mask-mod FILE --mod-table FILE
                       your own score_mod / mask_mod in GLSL and their flex_table (as for
@@ -44,6 +45,8 @@ options:
                       button does, and print each frame's time (median, slowest); the PNG is
                       the last frame
   --speed S           playback speed in steps per second, 1 to 500 (default 20, as the slider)
+  --then-row R        headless: after the first frame ask for query row R as the slider does,
+                      drawing frames while the worker traces it, and print how long it took
   --assets DIR        folder with sample/ (default: assets next to the build, or ./assets)
   --device N          Vulkan device index
 
@@ -70,7 +73,7 @@ struct Options {
   Inputs inputs;
   UiState ui;
   std::vector<Variant> variants = {Variant::flash1, Variant::flash2, Variant::flashd};
-  int step = -1, device = -1, play = 0;
+  int step = -1, device = -1, play = 0, then_row = -1;
   bool headless = false;
   std::string window_screenshot;  // --screenshot without --headless: save the window, then exit
   std::string screenshot = "viewer.png";
@@ -80,7 +83,7 @@ struct Options {
 Options parse(const std::vector<std::string>& argv) {
   cli::Args args(argv,
                  {"preset", "q", "k", "v", "variant", "row", "step", "screenshot", "size", "assets",
-                  "device", "play", "speed", "score-mod", "mask-mod", "mod-table"},
+                  "device", "play", "speed", "then-row", "score-mod", "mask-mod", "mod-table"},
                  {"headless", "causal"});
   Options o;
   o.ui.assets = args.text("assets", FLASHVK_ASSETS);
@@ -100,6 +103,7 @@ Options parse(const std::vector<std::string>& argv) {
     o.ui.speed = float(speed);
   }
   if (o.play && !o.headless) throw cli::UsageError{"--play is for --headless"};
+  if (args.has("then-row") && !o.headless) throw cli::UsageError{"--then-row is for --headless"};
   if (args.has("variant")) o.variants = parse_variants(args.text("variant"));
   if (args.has("size")) {
     unsigned w = 0, h = 0;
@@ -135,6 +139,7 @@ Options parse(const std::vector<std::string>& argv) {
     auto row = args.integer("row", 0, 0, int64_t(d.nq) - 1);
     o.inputs.row = uint32_t(row);
   }
+  if (args.has("then-row")) o.then_row = int(args.integer("then-row", 0, 0, int64_t(d.nq) - 1));
   return o;
 }
 
@@ -145,8 +150,15 @@ struct Playback {
   double median_ms = 0, slowest_ms = 0;
 };
 
+// Headless timings: from the inputs read to the first frame; --then-row's change of row.
+struct Timings {
+  double open_s = 0;
+  int row_from = -1, row_to = -1, row_frames = 0;
+  double row_s = 0;
+};
+
 void print_summary(const Model& model, const std::string& path, KeyWindow plots, double frame_ms,
-                   const Playback& play) {
+                   const Playback& play, const Timings& times) {
   const Dims& d = model.dims();
   std::printf("flashvk-viewer: %s on %s\n", model.inputs().name.c_str(),
               model.context().device().name.c_str());
@@ -183,6 +195,10 @@ void print_summary(const Model& model, const std::string& path, KeyWindow plots,
   // What the step plots show, as the interactive viewer would with the cursor on this step.
   std::printf("  plots: keys %d-%d of %d\n", plots.lo, plots.hi - 1, model.steps());
   std::printf("  frame: %.1f ms to draw and render (the last of 3)\n", frame_ms);
+  std::printf("  open: %.2f s from the inputs read to the first frame\n", times.open_s);
+  if (times.row_to >= 0)
+    std::printf("  row change: row %d to %d in %.2f s, %d frames drawn meanwhile\n", times.row_from,
+                times.row_to, times.row_s, times.row_frames);
   if (play.frames)
     std::printf(
         "  play: %d frames at %.0f steps/s, keys %d to %d: %.1f ms a frame (median), %.1f ms "
@@ -196,12 +212,13 @@ void print_summary(const Model& model, const std::string& path, KeyWindow plots,
 }
 
 int run_headless(Options& o) {
+  auto opened = std::chrono::steady_clock::now();
   Device dev({}, false, o.device);
   Context ctx = Context::adopt(dev.external());  // the engine runs on the viewer's own device
   Model model(ctx);
   model.selected = o.variants;
   model.load(std::move(o.inputs));
-  if (o.step >= 0) model.cursor = std::min(o.step, model.steps() - 1);
+  open_at_step(model, o.step);
   Offscreen target(dev, o.width, o.height, VK_FORMAT_R8G8B8A8_UNORM);
   ImGui::CreateContext();
   ImGuiIO& io = ImGui::GetIO();
@@ -225,6 +242,25 @@ int run_headless(Options& o) {
   };
   for (int i = 0; i < 3; ++i)  // auto-sized widgets settle after a frame or two
     frame_ms = frame(0.0, i == 2);
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  Timings timing;
+  timing.open_s = since(opened);
+  if (o.then_row >= 0) {  // as the row slider: the worker traces, the frames go on meanwhile
+    timing.row_from = int(model.row), timing.row_to = o.then_row;
+    auto asked = std::chrono::steady_clock::now();
+    Request r = model.wanted();
+    r.row = uint32_t(o.then_row);
+    model.submit(std::move(r));
+    while (model.busy()) {  // drawn as the window draws while busy (kBusyFrame apart)
+      frame(0.0, false);
+      ++timing.row_frames;
+      std::this_thread::sleep_for(std::chrono::duration<double>(kBusyFrame));
+    }
+    timing.row_s = since(asked);
+    for (int i = 0; i < 2; ++i) frame(0.0, i == 1);
+  }
   Playback play;
   if (o.play) {  // as the Play button: the cursor moves speed / 60 keys a frame
     play.frames = o.play, play.from = model.cursor, play.speed = o.ui.speed;
@@ -239,7 +275,7 @@ int run_headless(Options& o) {
   write_png(o.screenshot, pixels, o.width, o.height);
   print_summary(model, o.screenshot,
                 key_window(model.steps(), model.cursor, plot_pixels(float(o.width)), o.ui),
-                frame_ms, play);
+                frame_ms, play, timing);
   ImGui_ImplVulkan_Shutdown();
   ImGui::DestroyContext();
   return 0;
@@ -256,7 +292,7 @@ int run(int argc, char** argv) {
     o.headless = true;
   }
   if (o.headless) return run_headless(o);
-  return run_window(o.device, std::move(o.inputs), o.ui, o.variants, o.window_screenshot);
+  return run_window(o.device, std::move(o.inputs), o.ui, o.variants, o.step, o.window_screenshot);
 }
 
 }  // namespace

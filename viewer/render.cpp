@@ -47,11 +47,13 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
   const VkQueueFlags want = VK_QUEUE_GRAPHICS_BIT | VK_QUEUE_COMPUTE_BIT;
   while (family < count && (families[family].queueFlags & want) != want) ++family;
   if (family == count) throw Error("the device has no queue for both graphics and compute");
-  float priority = 1.0f;
+  // The engine traces on a worker thread while the window draws: it gets a queue of its own, the
+  // family's second, or where there is one queue (lavapipe) a second device's.
+  const float priorities[2] = {1.0f, 1.0f};
   VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
   qi.queueFamilyIndex = family;
-  qi.queueCount = 1;
-  qi.pQueuePriorities = &priority;
+  qi.queueCount = std::min(2u, families[family].queueCount);
+  qi.pQueuePriorities = priorities;
   // The engine's fp16 storage path needs this feature on the device we lend it.
   VkPhysicalDevice16BitStorageFeatures f16{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
@@ -65,6 +67,14 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
   di.ppEnabledExtensionNames = &swapchain_ext;
   check(vkCreateDevice(physical, &di, nullptr, &device), "vkCreateDevice");
   vkGetDeviceQueue(device, family, 0, &queue);
+  engine_device = device;
+  if (qi.queueCount == 2) {
+    vkGetDeviceQueue(device, family, 1, &engine_queue);
+  } else {
+    di.enabledExtensionCount = 0;
+    check(vkCreateDevice(physical, &di, nullptr, &engine_device), "vkCreateDevice (the engine's)");
+    vkGetDeviceQueue(engine_device, family, 0, &engine_queue);
+  }
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pi.queueFamilyIndex = family;
@@ -79,6 +89,10 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
 }
 
 Device::~Device() {
+  if (engine_device && engine_device != device) {
+    vkDeviceWaitIdle(engine_device);
+    vkDestroyDevice(engine_device, nullptr);
+  }
   if (device) {
     vkDeviceWaitIdle(device);
     vkDestroyDescriptorPool(device, imgui_pool, nullptr);

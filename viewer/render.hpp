@@ -15,8 +15,12 @@ struct Device {
   VkInstance instance = VK_NULL_HANDLE;
   VkPhysicalDevice physical = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
-  VkQueue queue = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;  ///< the window's and the PNGs'
   uint32_t family = 0;
+  /// What the engine gets (external()): a second queue of `device`, or where the family has one
+  /// queue a second device, so that traces on a worker thread never share the window's queue.
+  VkDevice engine_device = VK_NULL_HANDLE;
+  VkQueue engine_queue = VK_NULL_HANDLE;
   VkCommandPool pool = VK_NULL_HANDLE;
   VkDescriptorPool imgui_pool = VK_NULL_HANDLE;
 
@@ -26,7 +30,9 @@ struct Device {
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
-  ExternalDevice external() const { return {instance, physical, device, queue, family, true}; }
+  ExternalDevice external() const {
+    return {instance, physical, engine_device, engine_queue, family, true};
+  }
   /// Records with `fill`, submits on the shared queue and waits.
   void submit(const std::function<void(VkCommandBuffer)>& fill) const;
 };

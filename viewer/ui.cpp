@@ -4,6 +4,7 @@
 #include <imgui_internal.h>  // the windows' extents, to check that their content fits
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -20,6 +21,7 @@ namespace {
 const char* kPanels[] = {"Whole window", "Controls", "Plots", "Heatmap", "Derivation", "Output"};
 std::map<int, ImVec4> g_panel_rects;
 std::vector<std::string> g_overflows;
+std::array<ImRect, 5> g_step_buttons;  // |< < Play > >| as drawn in the last frame
 
 }  // namespace
 
@@ -96,6 +98,14 @@ void wrap_lines(const char* text) {
     } else {
       line = next;
     }
+    // A word wider than the line (a long path) is cut where the line ends, not left to run out.
+    while (line.size() > 1 && ImGui::CalcTextSize(line.c_str()).x > width) {
+      size_t fit = line.size() - 1;
+      while (fit > 1 && ImGui::CalcTextSize(line.c_str(), line.c_str() + fit).x > width) --fit;
+      if (fit <= indent.size()) break;  // not even the indentation fits: leave it
+      ImGui::TextUnformatted(line.c_str(), line.c_str() + fit);
+      line = indent + line.substr(fit);
+    }
     at = space == std::string::npos ? s.size() : space;
   }
   ImGui::TextUnformatted(line.c_str());
@@ -167,6 +177,30 @@ std::string number(double v) {
   return buf;
 }
 
+}  // namespace
+
+YRange y_range(const std::vector<const std::vector<double>*>& series, KeyWindow win, bool log_y,
+               double hline) {
+  auto tr = [&](double v) { return log_y ? (v > 0 ? std::log10(v) : NAN) : v; };
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto* y : series) {
+    int from = win.hi > win.lo ? std::max(0, win.lo) : 0;
+    int to = win.hi > win.lo ? std::min(int(y->size()), win.hi) : int(y->size());
+    for (int i = from; i < to; ++i) {
+      double v = tr((*y)[size_t(i)]);
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+  }
+  if (std::isfinite(hline) && std::isfinite(tr(hline)))
+    lo = std::min(lo, tr(hline)), hi = std::max(hi, tr(hline));
+  if (!(lo <= hi)) lo = 0, hi = 1;
+  if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+  if (log_y) return {std::pow(10.0, lo), std::pow(10.0, hi)};
+  return {lo, hi};
+}
+
+namespace {
+
 struct Series {
   std::string label;
   ImU32 color;
@@ -190,13 +224,10 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
   dl->AddRectFilled(p0, p1, IM_COL32(25, 27, 33, 255));
   dl->AddRect(p0, p1, IM_COL32(80, 80, 90, 255));
   auto tr = [&](double v) { return log_y ? (v > 0 ? std::log10(v) : NAN) : v; };
-  double lo = INFINITY, hi = -INFINITY;
-  for (const auto& s : series)
-    for (double v : s.y)
-      if (std::isfinite(tr(v))) lo = std::min(lo, tr(v)), hi = std::max(hi, tr(v));
-  if (std::isfinite(hline)) lo = std::min(lo, tr(hline)), hi = std::max(hi, tr(hline));
-  if (!(lo <= hi)) lo = 0, hi = 1;
-  if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+  std::vector<const std::vector<double>*> ys;
+  for (const auto& s : series) ys.push_back(&s.y);
+  YRange yr = y_range(ys, win, log_y, hline);
+  double lo = log_y ? std::log10(yr.lo) : yr.lo, hi = log_y ? std::log10(yr.hi) : yr.hi;
   float pad = 18.0f;
   float x0 = p0.x + 4, x1 = p1.x - 4, y0 = p0.y + pad, y1 = p1.y - 4;
   const int span = win.hi - win.lo;
@@ -264,10 +295,23 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
       ui->view_span = span;
       ui->view_lo = win.lo - int(std::lround(io.MouseDelta.x / per_key));
     }
-    if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(0)) ui->view_span = 0;
+    if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(0)) show_whole_row(*ui, steps);
   }
   axis_label(hi, y0);  // over the lines and the cursor, on their own dark box
-  axis_label(lo, y1 - ImGui::GetFontSize());
+  axis_label(lo, y1 - 2 * ImGui::GetFontSize());
+  // The x axis: the first and last key shown, at the bottom corners.
+  auto key_number = [&](int key, bool right) {
+    std::string text = std::to_string(key);
+    ImVec2 ts = ImGui::CalcTextSize(text.c_str());
+    ImVec2 at(right ? x1 - ts.x - 2 : x0 + 2, y1 - ts.y);
+    dl->AddRectFilled(ImVec2(at.x - 2, at.y), ImVec2(at.x + ts.x + 2, at.y + ts.y),
+                      IM_COL32(25, 27, 33, 255));
+    dl->AddText(at, IM_COL32(170, 170, 180, 255), text.c_str());
+  };
+  if (span > 0) {
+    key_number(win.lo, false);
+    if (span > 1) key_number(win.hi - 1, true);
+  }
   if (ImGui::IsItemHovered() && steps > 0) {
     int i = std::clamp(win.lo + int(std::lround((ImGui::GetIO().MousePos.x - x0) / (x1 - x0) *
                                                 float(std::max(0, span - 1)))),
@@ -287,18 +331,21 @@ std::vector<double> as_double(const std::vector<float>& v) {
   return {v.begin(), v.end()};
 }
 
-void retrace(Model& model, UiState& ui) {
-  model.retrace();
-  ui.status = model.last_error;
-}
-
-void load(Model& model, UiState& ui, Inputs in) {
+// Asks for `r` on the worker thread; what is shown stays until it is done (Model::poll).
+void request(Model& model, UiState& ui, Request r) {
   try {
-    model.load(std::move(in));
-    ui.status = model.last_error;
+    model.submit(std::move(r));
   } catch (const Error& e) {
     ui.status = e.what();
   }
+}
+
+void load(Model& model, UiState& ui, Inputs in) {
+  Request r;
+  r.inputs = std::move(in);
+  r.selected = model.wanted().selected;
+  r.fresh = true;
+  request(model, ui, std::move(r));
 }
 
 // The lesson of what is shown, made again when the inputs or the row change; a preset about
@@ -309,7 +356,8 @@ void refresh_lesson(const Model& model, UiState& ui) {
       "/" + std::to_string(model.row) + "/" + std::to_string(model.steps()) + "/" +
       std::to_string(int(model.inputs().storage.q)) +
       std::to_string(int(model.inputs().storage.k)) +
-      std::to_string(model.inputs().params.mods.causal) + std::to_string(model.traces().size());
+      std::to_string(model.inputs().params.mods.causal) + std::to_string(model.traces().size()) +
+      "/" + std::to_string(model.generation());
   if (of == ui.lesson_of) return;
   bool new_inputs = ui.lesson_of.rfind(model.inputs().name + "/", 0) != 0;
   ui.lesson = lesson_for(model);
@@ -445,7 +493,7 @@ void controls_other_inputs(Model& model, UiState& ui) {
     tip("A float32 .npy the functions read as flex_table[] (ids, biases). Empty: as it is.");
     if (ImGui::Button("Apply")) {
       try {
-        Inputs in = model.inputs();
+        Inputs in = model.wanted().inputs;
         Modifiers& m = in.params.mods;
         auto read = [](const char* path) {
           std::ifstream file(path, std::ios::binary);
@@ -476,20 +524,23 @@ void controls_selection(Model& model, UiState& ui) {
   ImGui::Text("Variants");
   help_marker(
       "Each selected variant is traced on the GPU for the chosen row and stepped in lockstep.");
+  // The controls show what was asked for last; a change while it is traced waits its turn.
+  Request want = model.wanted();
+  std::vector<Variant>& selected = want.selected;
   bool changed = false;
   bool first = true;
   for (Variant v : all_variants()) {
-    bool on = std::find(model.selected.begin(), model.selected.end(), v) != model.selected.end();
+    bool on = std::find(selected.begin(), selected.end(), v) != selected.end();
     if (!first) flow(ImGui::GetFrameHeight() + 8 + ImGui::CalcTextSize(variant_name(v)).x);
     first = false;
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(variant_color(v)));
     if (ImGui::Checkbox(variant_name(v), &on)) {
       changed = true;
       if (on)
-        model.selected.push_back(v);
+        selected.push_back(v);
       else
-        model.selected.erase(std::remove(model.selected.begin(), model.selected.end(), v),
-                             model.selected.end());
+        selected.erase(std::remove(selected.begin(), selected.end(), v),
+                             selected.end());
     }
     ImGui::PopStyleColor();
     tip(variant_info(v).about);
@@ -498,40 +549,39 @@ void controls_selection(Model& model, UiState& ui) {
   tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
       "fp32, in the weight plot (red): it underflows where the kernels' form does not.");
   const Dims& d = model.dims();
-  int b = int(model.batch), h = int(model.head), r = int(model.row);
-  if (ImGui::SliderInt("batch", &b, 0, int(d.batch) - 1)) model.batch = uint32_t(b), changed = true;
+  int b = int(want.batch), h = int(want.head), r = int(want.row);
+  if (ImGui::SliderInt("batch", &b, 0, int(d.batch) - 1)) want.batch = uint32_t(b), changed = true;
   tip("Which batch entry to trace.");
-  if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) model.head = uint32_t(h), changed = true;
+  if (ImGui::SliderInt("head", &h, 0, int(d.heads) - 1)) want.head = uint32_t(h), changed = true;
   tip("Which query head to trace (and the heatmap's head).");
-  if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) model.row = uint32_t(r), changed = true;
+  if (ImGui::SliderInt("query row", &r, 0, int(d.nq) - 1)) want.row = uint32_t(r), changed = true;
   tip("The query row whose keys the steps walk through.");
-  bool causal = model.inputs().params.mods.causal;
-  if (ImGui::Checkbox("causal", &causal))
-    model.mutable_inputs().params.mods.causal = causal, changed = true;
+  bool causal = want.inputs.params.mods.causal;
+  if (ImGui::Checkbox("causal", &causal)) want.inputs.params.mods.causal = causal, changed = true;
   tip("Bottom-right causal mask: query i sees keys j <= i + Nk - Nq.");
   ImGui::SameLine();
-  const Storage& st = model.inputs().storage;
+  const Storage st = want.inputs.storage;
   if (ImGui::RadioButton("fp32", st.k == DType::f32))
-    model.mutable_inputs().storage = DType::f32, changed = true;
+    want.inputs.storage = DType::f32, changed = true;
   tip("Q, K and V stored as fp32.");
   ImGui::SameLine();
   if (ImGui::RadioButton("fp16", st.k == DType::f16))
-    model.mutable_inputs().storage = DType::f16, changed = true;
+    want.inputs.storage = DType::f16, changed = true;
   tip("Q, K and V stored as fp16 (the state stays fp32); the float64 reference sees the same "
       "rounded inputs, and the Output panel says what the rounding costs.");
   if (d.d % 32 == 0 && d.dv % 32 == 0) {  // ggml's blocks of 32 along the head dimension
     ImGui::SameLine();
     if (ImGui::RadioButton("q4_0 K,V", st.k == DType::q4_0))
-      model.mutable_inputs().storage = Storage(DType::f32, DType::q4_0, DType::q4_0),
+      want.inputs.storage = Storage(DType::f32, DType::q4_0, DType::q4_0),
       changed = true;
     tip("K and V stored as ggml's q4_0: 32 values share an fp16 scale d, each value one of 16 "
         "levels d (q - 8). The float64 reference sees the dequantised values; the Output panel "
         "says how far they move the output.");
   }
-  if (changed) retrace(model, ui);
+  if (changed) request(model, ui, std::move(want));
 }
 
-void controls_stepping(Model& model, UiState& ui, double dt) {
+void controls_stepping(Model& model, UiState& ui) {
   ImGui::Separator();
   int last = std::max(0, model.steps() - 1);
   ImGui::SliderInt("step", &model.cursor, 0, last);
@@ -546,24 +596,20 @@ void controls_stepping(Model& model, UiState& ui, double dt) {
                  {">", "One key on.", std::min(last, model.cursor + 1)},
                  {">|", "To the last key.", last}};
   for (const auto& b : buttons) {
-    if (&b != buttons) flow(button_width(b.label));
-    if (ImGui::Button(b.label)) {
-      if (b.to < 0)
+    bool play = b.to < 0;  // as wide as "Pause" either way, so that > and >| stay put
+    float w = play ? button_width("Pause") : button_width(b.label);
+    if (&b != buttons) flow(w);
+    if (ImGui::Button(b.label, ImVec2(play ? w : 0.0f, 0.0f))) {
+      if (play)
         ui.playing = !ui.playing;
       else
         model.cursor = b.to;
     }
+    g_step_buttons[size_t(&b - buttons)] = {ImGui::GetItemRectMin(), ImGui::GetItemRectMax()};
     tip(b.about);
   }
   ImGui::SliderFloat("steps/s", &ui.speed, 1.0f, 500.0f, "%.0f", ImGuiSliderFlags_Logarithmic);
-  tip("Playback speed.");
-  if (ui.playing) {
-    ui.play_clock += dt * ui.speed;
-    int advance = int(ui.play_clock);
-    ui.play_clock -= advance;
-    model.cursor = std::min(last, model.cursor + advance);
-    if (model.cursor == last) ui.playing = false;
-  }
+  tip("Playback speed. Keys: left and right arrows step, space plays and pauses.");
   ImGui::Text("Run to the next:");
   struct JumpButton {
     const char* label;
@@ -618,7 +664,7 @@ void controls_export(Model& model, UiState& ui) {
   tip("What Save PNG saves.");
 }
 
-void draw_controls(Model& model, UiState& ui, double dt) {
+void draw_controls(Model& model, UiState& ui) {
   ImGui::PushItemWidth(ImGui::GetContentRegionAvail().x * 0.6f);
   ImGui::Text("flashvk viewer");
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
@@ -628,8 +674,9 @@ void draw_controls(Model& model, UiState& ui, double dt) {
   const Dims& d = model.dims();
   wrapped("B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u", d.batch, d.heads, d.kv_heads, d.nq, d.nk, d.d,
           d.dv);
+  // The step buttons above the lesson, whose note changes length from step to step.
+  controls_stepping(model, ui);
   controls_lesson(model, ui);
-  controls_stepping(model, ui, dt);
   if (!ui.status.empty()) colored_wrapped(IM_COL32(255, 140, 120, 255), "%s", ui.status.c_str());
   controls_selection(model, ui);
   ImGui::Separator();
@@ -656,8 +703,20 @@ void legend(const Model& model, const UiState& ui) {
   tip("Lines that agree lie on top of each other. Hover a plot for its values at a key.");
 }
 
+// While the worker traces: what, how far, and that the plots still show what was traced before.
+void progress_line(const Model& model) {
+  float fraction = 0;
+  std::string what = model.progress(&fraction);
+  if (what.empty()) return;
+  ImGui::ProgressBar(fraction, ImVec2(ImGui::GetFontSize() * 8, 0), "");
+  ImGui::SameLine();
+  colored_wrapped(kCursor, "Tracing %s. Shown until then: row %u of head %u.", what.c_str(),
+                  model.row, model.head);
+}
+
 void draw_plots(Model& model, UiState& ui) {
   int n = model.steps();
+  progress_line(model);
   legend(model, ui);
   // The whole row, its shown window boxed and the cursor marked: where the plots are.
   ImVec2 avail = ImGui::GetContentRegionAvail();
@@ -732,8 +791,10 @@ void draw_plots(Model& model, UiState& ui) {
   plot(std::isfinite(fp16_exp_limit) ? "scores s (red: fp16 e^s limit)"
        : model.raw_scores().empty()  ? "scores s"
                                      : "scores s (orange: before softcap)",
-       "The scaled scores s = scale * q.k of the row; gaps are masked keys. With fp16 inputs the "
-       "red line is ln 65504 = 11.09, above which e^s overflows fp16.",
+       std::isfinite(fp16_exp_limit)
+           ? "The scaled scores s = scale * q.k of the row; gaps are masked keys. The inputs are "
+             "stored as fp16: the red line is ln 65504 = 11.09, above which e^s overflows fp16."
+           : "The scaled scores s = scale * q.k of the row; gaps are masked keys.",
        s_series, n, model.cursor, false, size, {}, fp16_exp_limit, "key", win, &ui);
   ImGui::SameLine();
   plot("running max m (flashd: L)",
@@ -746,15 +807,20 @@ void draw_plots(Model& model, UiState& ui) {
        l_series, n, model.cursor, ui.log_l, size, {}, NAN, "key", win, &ui);
   if (ImGui::IsItemClicked()) ui.log_l = !ui.log_l;
   ImGui::SameLine();
-  plot(has_sink ? "weight w (tan: the sink's share)" : "weight w of the new key",
+  plot(has_sink ? (ui.log_w ? "weight w (log; tan: sink's share)" : "weight w (tan: the sink's share)")
+       : ui.log_w ? "weight w of the new key (log)"
+                  : "weight w of the new key",
        has_sink ? "The weight the newest key gets in the normalised output, per variant, with the "
                   "float64 weights in white. Tan: the attention sink's share of the "
                   "denominator, e^(sink - L) with L the running log-sum-exp; it starts at 1 (the "
-                  "sink is the state's start) and falls as keys add to the denominator."
+                  "sink is the state's start) and falls as keys add to the denominator. Click to "
+                  "switch between linear and log scale."
                 : "The weight the newest key gets in the normalised output, per variant, with "
                   "the float64 weights in white. FLASH-D's w is this quantity; for the others it "
-                  "is e^(s-m)/l.",
-       w_series, n, model.cursor, false, size, {}, NAN, "key", win, &ui);
+                  "is e^(s-m)/l. Click to switch between linear and log scale (on the log "
+                  "scale a weight of exactly 0 is a ring on the floor).",
+       w_series, n, model.cursor, ui.log_w, size, {}, NAN, "key", win, &ui);
+  if (ImGui::IsItemClicked()) ui.log_w = !ui.log_w;
   plot("error vs float64 (log)",
        "Per step, the largest difference between the GPU's state and the same variant's "
        "float64 recurrence; the red line is the error limit; a ring on the floor: exactly 0.",
@@ -774,9 +840,10 @@ void draw_heatmap(Model& model, UiState& ui) {
   ImGui::TextDisabled("(?)");
   tip("Rows are queries, columns keys. Click a tile to move the step cursor to its last key.");
   wrapped(
-      "Tiles of %u x %u; yellow box: the current tile, yellow line: the row; grey: "
-      "masked keys; shaded: tiles the kernels skip (causal limit, window, chunk, mask).%s%s",
-      br, bc, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "",
+      "Tiles of %u keys (the kernels'), drawn in blocks of %u query rows; yellow box: the "
+      "current tile, yellow line: the row; grey: masked keys; shaded: tiles the kernels skip "
+      "(causal limit, window, chunk, mask).%s%s",
+      bc, br, d.nq == 1 ? " One query: the map is a single row, drawn 24 px tall." : "",
       ui.shown.hi - ui.shown.lo < int(d.nk) && ui.shown.hi > ui.shown.lo
           ? " Keys as the plots show them."
           : "");
@@ -795,7 +862,8 @@ void draw_heatmap(Model& model, UiState& ui) {
   uint32_t nkw = khi - klo;
   // Square cells, as large as fit; a map of few rows gets rows at least 24 px tall.
   float cell = std::min(avail.x / float(nkw), avail.y / float(d.nq));
-  float cw = cell, ch = std::max(cell, 24.0f / float(d.nq));
+  // Rows up to 3 times as tall as wide fill a panel that square cells would leave half empty.
+  float cw = cell, ch = std::max({cell, 24.0f / float(d.nq), std::min(avail.y / float(d.nq), 3 * cell)});
   ImVec2 extent(cw * float(nkw), std::min(avail.y, ch * float(d.nq)));
   ImGui::InvisibleButton("heatmap", extent);
   int cols = std::min<int>(int(nkw), int(extent.x)), rows = std::min<int>(int(d.nq), int(extent.y));
@@ -1032,17 +1100,62 @@ const std::vector<std::string>& layout_overflows() {
   return g_overflows;
 }
 
+void step_keys(Model& model, UiState& ui, bool left, bool right, bool space) {
+  int last = std::max(0, model.steps() - 1);
+  if (left || right) ui.playing = false;
+  if (left) model.cursor = std::max(0, model.cursor - 1);
+  if (right) model.cursor = std::min(last, model.cursor + 1);
+  if (space) ui.playing = !ui.playing && model.cursor < last;
+}
+
+void advance_playback(Model& model, UiState& ui, double dt) {
+  if (!ui.playing) return;
+  int last = std::max(0, model.steps() - 1);
+  ui.play_clock += dt * ui.speed;
+  int advance = int(ui.play_clock);
+  ui.play_clock -= advance;
+  model.cursor = std::min(last, model.cursor + advance);
+  if (model.cursor == last) ui.playing = false;
+}
+
+bool step_button_rect(int index, float rect[4]) {
+  if (index < 0 || index >= int(g_step_buttons.size())) return false;
+  const ImRect& r = g_step_buttons[size_t(index)];
+  rect[0] = r.Min.x, rect[1] = r.Min.y, rect[2] = r.GetWidth(), rect[3] = r.GetHeight();
+  return r.GetWidth() > 0;
+}
+
+void show_whole_row(UiState& ui, int steps) {
+  ui.view_lo = 0;
+  ui.view_span = steps;
+}
+
+void open_at_step(Model& model, int step) {
+  if (step >= 0) model.cursor = std::clamp(step, 0, std::max(0, model.steps() - 1));
+}
+
 void draw_ui(Model& model, UiState& ui, double dt) {
   g_overflows.clear();
+  try {
+    if (model.poll()) ui.status = model.last_error;
+  } catch (const Error& e) {
+    ui.status = e.what();
+  }
   refresh_lesson(model, ui);
   model.literal_flashd_shown = ui.literal_flashd;
+  const ImGuiIO& io = ImGui::GetIO();
+  if (!io.WantTextInput)  // not while a text field has the keyboard
+    step_keys(model, ui, ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_LeftArrow)),
+              ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_RightArrow)),
+              ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Space), false));
+  advance_playback(model, ui, dt);  // before any panel: the slider and the legend agree
   ImVec2 size = ImGui::GetIO().DisplaySize;
   // 360 | plots | 470 at 1600 wide; the side panels narrow to 300 and 376 at 1280.
   float left = std::clamp(size.x * 0.225f, 300.0f, 420.0f);
   float right = std::clamp(size.x * 0.29375f, 376.0f, 560.0f);
   if (size.x < 1280) left = size.x * 300 / 1280, right = size.x * 376 / 1280;  // scaled down
   float mid = size.x - left - right, top = size.y * 0.62f;
-  if (begin_panel(1, 0, 0, left, size.y)) draw_controls(model, ui, dt);
+  if (begin_panel(1, 0, 0, left, size.y)) draw_controls(model, ui);
   end_panel(1);
   if (begin_panel(2, left, 0, mid, top)) draw_plots(model, ui);
   end_panel(2);

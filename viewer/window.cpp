@@ -118,7 +118,7 @@ bool display_available() {
 }
 
 int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>& variants,
-               const std::string& screenshot) {
+               int step, const std::string& screenshot) {
   if (!glfwInit())
     throw Error("GLFW could not start (no display?); use --headless --screenshot FILE");
   glfwWindowHint(GLFW_CLIENT_API, GLFW_NO_API);
@@ -131,6 +131,7 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   Model model(ctx);
   model.selected = variants;
   model.load(std::move(inputs));
+  open_at_step(model, step);
   VkSurfaceKHR surface;
   check(glfwCreateWindowSurface(dev.instance, window, nullptr, &surface),
         "glfwCreateWindowSurface");
@@ -144,12 +145,26 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   ImGui_ImplGlfw_InitForVulkan(window, true);
   init_imgui_vulkan(dev, sc.wd.RenderPass, sc.wd.ImageCount);
   auto last = std::chrono::steady_clock::now();
-  int frames = 0;
+  int frames = 0, settle = 3;
   if (!screenshot.empty()) std::snprintf(ui.png_path, sizeof ui.png_path, "%s", screenshot.c_str());
   while (!glfwWindowShouldClose(window)) {
     if (!screenshot.empty() && ++frames == 4) ui.png_requested = true;  // layout has settled
     if (!screenshot.empty() && frames == 6) break;
-    glfwPollEvents();
+    // Idle (nothing plays, nothing is traced): wait for input, so that an idle window costs
+    // no CPU; a few frames after each event let ImGui settle (hover, double clicks).
+    if (ui.playing || !screenshot.empty()) {
+      glfwPollEvents();
+    } else if (model.busy()) {
+      glfwWaitEventsTimeout(kBusyFrame);  // the progress line moves; input is still answered
+    } else if (settle > 0) {
+      --settle;
+      glfwPollEvents();
+    } else {
+      auto waited = std::chrono::steady_clock::now();
+      glfwWaitEventsTimeout(1.0);
+      bool event = std::chrono::steady_clock::now() - waited < std::chrono::milliseconds(990);
+      settle = event ? 3 : 0;
+    }
     if (sc.rebuild) {
       glfwGetFramebufferSize(window, &w, &h);
       if (w > 0 && h > 0) {
