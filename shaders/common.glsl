@@ -26,15 +26,6 @@
 #include "spec_constants.glsl"
 // What each storage format of K and V is, and how its values decode (FMT_*, kv_value).
 #include "formats.glsl"
-// Keys per chunk: the recurrence runs over a shared-memory tile one key at a time, with the
-// head-dim loops unrolled (unrolling more keys multiplies llvmpipe's compile time for little
-// gain). Register tiles (tile.glsl) take a whole tile, one key per subgroup lane, as a chunk.
-#if defined(BLOCK_TILE)
-const uint CH = BC / LANES;  // the keys of a tile each invocation of a row group scores
-#elif !defined(REG_TILE)
-const uint CH = 1u;
-#endif
-
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
 // K and V as 16-byte vectors in their storage formats (formats.glsl: FMT_LOAD_VALUES values a
