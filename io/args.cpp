@@ -321,14 +321,14 @@ std::string params_text(const AttentionParams& p) {
 }
 
 TileLayout parse_layout(const std::string& text) {
-  if (text == "auto") return TileLayout::automatic;
-  if (text == "shared") return TileLayout::shared;
-  if (text == "registers") return TileLayout::registers;
-  if (text == "coopmat") return TileLayout::cooperative_matrix;
-  if (text == "lanes") return TileLayout::lanes;
-  if (text == "blocks") return TileLayout::blocks;
-  throw UsageError{"--layout must be auto, shared, registers, coopmat, lanes or blocks, got '" +
-                   text + "'"};
+  std::vector<TileLayout> all = all_tile_layouts();
+  for (TileLayout layout : all)
+    if (text == tile_layout_info(layout).option) return layout;
+  std::string options;
+  for (size_t i = 0; i < all.size(); ++i)
+    options += std::string(i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") +
+               tile_layout_info(all[i]).option;
+  throw UsageError{"--layout must be " + options + ", got '" + text + "'"};
 }
 
 }  // namespace flashvk::cli

@@ -56,22 +56,30 @@ const char* variant_name(Variant variant) {
   return "unknown";
 }
 
+const TileLayoutInfo& tile_layout_info(TileLayout layout) {
+  auto i = static_cast<size_t>(layout);
+  if (i >= std::size(detail::kLayouts)) throw Error("unknown tile layout " + std::to_string(i));
+  return detail::kLayouts[i].info;
+}
+
 const char* tile_layout_name(TileLayout layout) {
-  switch (layout) {
-    case TileLayout::automatic:
-      return "automatic";
-    case TileLayout::shared:
-      return "shared";
-    case TileLayout::registers:
-      return "registers";
-    case TileLayout::cooperative_matrix:
-      return "cooperative_matrix";
-    case TileLayout::lanes:
-      return "lanes";
-    case TileLayout::blocks:
-      return "blocks";
+  auto i = static_cast<size_t>(layout);
+  return i < std::size(detail::kLayouts) ? detail::kLayouts[i].info.name : "unknown";
+}
+
+std::vector<TileLayout> all_tile_layouts() {
+  std::vector<TileLayout> out;
+  for (const detail::LayoutRow& row : detail::kLayouts) out.push_back(row.info.layout);
+  return out;
+}
+
+TileLayout parse_tile_layout(const std::string& text) {
+  std::string options;
+  for (const detail::LayoutRow& row : detail::kLayouts) {
+    if (text == row.info.name || text == row.info.option) return row.info.layout;
+    options += std::string(options.empty() ? "" : ", ") + row.info.option;
   }
-  return "unknown";
+  throw Error("unknown tile layout '" + text + "'; expected one of " + options);
 }
 
 Variant parse_variant(const std::string& name) {

@@ -371,14 +371,13 @@ void Plan::add_barrier() {
 
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.bc - 1) / spec.bc;
-  bool whole_tiles = spec.layout == TileLayout::registers || spec.layout == TileLayout::lanes ||
-                     spec.layout == TileLayout::blocks;
+  bool whole_tiles = layout_row(spec.layout).whole_tiles;
   uint64_t chunks = whole_tiles ? 0 : spec.bc;  // shared tiles: a key a chunk
   uint64_t passes = variant_info(params.variant).passes;
   uint64_t iterations = passes * tiles * (1 + chunks) + 64;  // tile and chunk loops, set-up
   // With the tile bitmap, next_seen_tile's loop: once a tile walked, once a word of 32 skipped
   // (lanes test each tile's bit instead).
-  if (push.mask_tiles && spec.layout != TileLayout::lanes)
+  if (push.mask_tiles && !layout_row(spec.layout).tests_each_tile)
     iterations += passes * (tiles + tiles / 32 + 2);
   return iterations;
 }

@@ -15,6 +15,7 @@
 #include "flashvk/attention.hpp"
 #include "flashvk/context.hpp"
 #include "flashvk/error.hpp"
+#include "layouts.hpp"
 
 namespace flashvk::detail {
 
@@ -123,20 +124,7 @@ struct Spec {
   /// Query rows one workgroup covers: one an invocation (shared tiles), ROWS an invocation
   /// (register tiles), ROWS a row group of LANES invocations (blocks), ROWS (lanes: all of a KV
   /// head's), or 16 a subgroup of 32 (cooperative matrices).
-  uint32_t block() const {
-    switch (layout) {
-      case TileLayout::cooperative_matrix:
-        return workgroup / 2;
-      case TileLayout::lanes:
-        return rows;
-      case TileLayout::blocks:
-        return workgroup / lanes * rows;
-      case TileLayout::registers:
-        return workgroup * rows;
-      default:
-        return workgroup;
-    }
-  }
+  uint32_t block() const { return layout_row(layout).workgroup_rows(workgroup, rows, lanes); }
   bool operator<(const Spec& o) const {
     return std::tie(layout, kv_quant, block_shuffle, block_f16) <
                std::tie(o.layout, o.kv_quant, o.block_shuffle, o.block_f16) ||

@@ -32,7 +32,22 @@ enum class RopeLayout { none, interleaved, half };
 /// with subgroup shuffles where the device has them and through shared memory where not; d and
 /// dv multiples of 4. `automatic` picks it on GPUs where cooperative matrices do not run.
 enum class TileLayout { automatic, shared, registers, cooperative_matrix, lanes, blocks };
+/// What the engine knows of a tile layout, kept in one table (engine/src/layouts.hpp) that the
+/// planner, the kernel builds, the CLI and the docs read.
+struct TileLayoutInfo {
+  TileLayout layout;
+  const char* name;    ///< tile_layout_name(): "cooperative_matrix"
+  const char* option;  ///< the CLI's --layout: "coopmat"
+  const char* about;   ///< one line on what it does
+  const char* files;   ///< its kernel's shader file (shaders/)
+};
+const TileLayoutInfo& tile_layout_info(TileLayout layout);
 const char* tile_layout_name(TileLayout layout);
+/// Every layout, `automatic` first, in TileLayout's order.
+std::vector<TileLayout> all_tile_layouts();
+/// Parses a name or a CLI option ("cooperative_matrix" or "coopmat"); throws Error naming the
+/// options otherwise.
+TileLayout parse_tile_layout(const std::string& text);
 
 /// What the engine knows of a variant, kept in one table (attention.cpp) that the planner, the
 /// traces, the CLI and the viewer all read.
