@@ -21,9 +21,7 @@ Context& make_shared_context(int which) {
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<Context>& ctx = shared_context(which);
   if (!ctx) {
-    const char* env = std::getenv("FLASHVK_VALIDATION");
-    ContextOptions options;
-    options.validation = !(env && std::string(env) == "0");
+    ContextOptions options = test_options();
     if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
     ctx = std::make_unique<Context>(Context::create(options));
   }
@@ -44,6 +42,13 @@ class SharedContextEnvironment : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new SharedContextEnvironment);
 
 }  // namespace
+
+ContextOptions test_options() {
+  const char* env = std::getenv("FLASHVK_VALIDATION");
+  ContextOptions options;
+  options.validation = !(env && std::string(env) == "0");
+  return options;
+}
 
 Context& context() {
   return make_shared_context(0);

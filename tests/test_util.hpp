@@ -17,7 +17,11 @@
 
 namespace flashvk::test {
 
-/// The context every test shares (validation layers on unless FLASHVK_VALIDATION=0).
+/// The options every test's context starts from: the validation layers on unless
+/// FLASHVK_VALIDATION=0 (a machine without them). Tests that make contexts of their own start
+/// from these and add what they need.
+ContextOptions test_options();
+/// The context every test shares (test_options()).
 Context& context();
 /// The same device with Vulkan's guaranteed minimum limits for compute
 /// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
