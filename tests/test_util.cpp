@@ -140,8 +140,8 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
   return out;
 }
 
-std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
-  const DeviceInfo& info = context().device();
+std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32_t d,
+                                       uint32_t dv) {
   std::vector<TileLayout> l = {TileLayout::automatic};
   if (!variant_info(v).fused) return l;
   l.push_back(TileLayout::shared);
@@ -154,6 +154,10 @@ std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
       d <= 128 && dv <= 128)
     l.push_back(TileLayout::cooperative_matrix);
   return l;
+}
+
+std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
+  return device_layouts(context().device(), v, d, dv);
 }
 
 void expect_keys_never_read(const HostTensor& q, HostTensor k, HostTensor v, AttentionParams params,
