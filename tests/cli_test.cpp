@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <optional>
 #include <set>
 
+#include "bench_cases.hpp"
 #include "npy.hpp"
 #include "pipelines.hpp"
 #include "test_util.hpp"
@@ -418,6 +421,20 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   std::string tiles =
       std::string("  ") + layout + " " + std::to_string(rows) + "x" + std::to_string(keys) + "\n";
   EXPECT_NE(o.output.find(tiles), std::string::npos) << tiles << o.output;
+  // The time column is the JSON's median in us or ms; into a pipe there is no progress line.
+  EXPECT_NE(o.output.find(" " + cli::time_text(row.at("ms").get<double>()) + " "),
+            std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.output.find("round 1"), std::string::npos) << o.output;
+}
+
+// Short times read in microseconds to 10 ns, long ones in milliseconds to 1 us.
+TEST(BenchTable, TimesKeepTheirDigits) {
+  EXPECT_EQ(cli::time_text(0.04512), "45.12 us");
+  EXPECT_EQ(cli::time_text(0.054), "54.00 us");
+  EXPECT_EQ(cli::time_text(0.99999), "999.99 us");
+  EXPECT_EQ(cli::time_text(2.41), "2.410 ms");
+  EXPECT_EQ(cli::time_text(52184.02), "52184.020 ms");
 }
 
 // --decode-loop: a cache of 48 tokens filled one a step; no Vulkan object after the first step,
