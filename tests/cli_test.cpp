@@ -28,8 +28,15 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
+// The binary: the build's, or $FLASHVK_CLI where the tests run from another folder (a GPU
+// machine's copy: scripts/gpu_check.sh).
+std::string cli_binary() {
+  const char* moved = std::getenv("FLASHVK_CLI");
+  return moved && *moved ? moved : FLASHVK_CLI;
+}
+
 Outcome run_cli(const std::string& args) {
-  std::string command = std::string(FLASHVK_CLI) + " " + args + " 2>&1";
+  std::string command = cli_binary() + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   Outcome o;
   char buf[4096];
