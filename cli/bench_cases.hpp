@@ -108,7 +108,9 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
 std::string mask_text(const Case& c);
 void print_header(const Options& o);
 void print_row(const Row& r, const Options& o);
-/// Progress on stderr: one line per run, rewritten in place on a terminal.
+/// The table's time: "45.12 us" below a millisecond, "2.410 ms" from one up.
+std::string time_text(double ms);
+/// Progress on stderr, on a terminal only: one line, rewritten in place at each run.
 void progress(size_t done, size_t total, const Case& c, Variant v, int round, double elapsed_s);
 /// docs/formats.md's bench JSON.
 std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>& rows);

@@ -3,6 +3,8 @@
 // command buffer of our own that is submitted every step after set_position(). Measures the
 // host's time per step (set_position + vkQueueSubmit), the GPU's (timestamps around the
 // recording), and the Vulkan objects and device memory the engine creates after the first step.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -179,7 +181,7 @@ int run_decode_loop(const Args& args) {
     gpu_ms.push_back(frame.wait());
     host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     if (n == 0) after_first = engine_stats();
-    if (clock::now() - last_report > std::chrono::seconds(2)) {
+    if (isatty(2) && clock::now() - last_report > std::chrono::seconds(2)) {  // progress
       last_report = clock::now();
       std::fprintf(stderr, "  step %lld of %lld, %.0f s\n", (long long)n + 1, (long long)tokens,
                    std::chrono::duration<double>(last_report - start).count());

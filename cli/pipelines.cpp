@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -33,8 +34,9 @@ const char* kPipelinesHelp = R"(usage: flashvk pipelines [options]
 Lists every pipeline the engine builds for the calls `flashvk bench` would time with the same
 options (one shape, or a suite), without running any: the shader, the tile layout and sizes,
 the specialization constants, and what the driver compiled (VK_KHR_pipeline_executable_
-properties: registers, spills, scratch, shared memory, occupancy, instructions, by the driver's
-own names). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
+properties: registers, spills, scratch, shared memory, occupancy, instructions, code size, read
+from each driver's own names for them, RADV's, AMD's or NVIDIA's; '-' where the driver gives
+none; every statistic by its own name in the JSON). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
 instructions (v_fma*, v_pk_fma*, v_dot2*) among the VALU instructions of the kernel's largest
 loop. A pipeline that several calls build is listed once. With --score-mod or --mask-mod the
 kernels have the functions compiled in (their shaders' names end in +flex), after mask_mod's
@@ -106,22 +108,58 @@ Json statistic_value(const PipelineStatistic& s) {
   return std::visit([](auto v) { return Json(v); }, s.value);
 }
 
-// The statistics the table shows, by RADV's names; other drivers' are in the JSON.
-struct Column {
-  const char* title;
-  const char* statistic;
-  int width;
-};
-const Column kColumns[] = {{"VGPRs", "VGPRs", 5},
-                           {"SGPRs", "SGPRs", 5},
-                           {"spill V", "Spilled VGPRs", 7},
-                           {"spill S", "Spilled SGPRs", 7},
-                           {"scratch", "Scratch size", 7},
-                           {"LDS", "LDS size", 6},
-                           {"waves", "Subgroups per SIMD", 5},
-                           {"instrs", "Instructions", 6}};
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool holds(const std::string& name, const std::vector<const char*>& words) {
+  for (const char* w : words)
+    if (name.find(w) != std::string::npos) return true;
+  return false;
+}
 
 }  // namespace
+
+const std::vector<StatisticColumn>& statistic_columns() {
+  // Names: RADV (Mesa), AMDVLK / AMD's Windows driver (numUsedVgprs ...), NVIDIA's driver
+  // (Register Count, Binary Size). Words are lower case.
+  static const std::vector<StatisticColumn> columns = {
+      {"registers", "regs", 5, {"VGPRs", "numUsedVgprs", "Register Count", "Registers"},
+       {"register", "vgpr"}, {"spill", "scalar", "sgpr", "avail", "max", "limit"}},
+      {"scalar_registers", "SGPRs", 5, {"SGPRs", "numUsedSgprs"}, {}, {}},
+      {"spilled_registers", "spill V", 7, {"Spilled VGPRs"}, {"spill"}, {"sgpr", "scalar"}},
+      {"spilled_scalar_registers", "spill S", 7, {"Spilled SGPRs"}, {}, {}},
+      {"scratch_bytes", "scratch", 7, {"Scratch size", "scratchMemUsageInBytes"},
+       {"scratch", "local memory"}, {}},
+      {"shared_bytes", "LDS", 6, {"LDS size", "ldsUsageSizeInBytes", "Shared Memory Size"},
+       {"shared memory"}, {"avail", "max", "limit"}},
+      {"subgroups_per_simd", "waves", 5, {"Subgroups per SIMD"}, {}, {}},
+      {"instructions", "instrs", 6, {"Instructions", "Instruction Count"}, {}, {}},
+      {"binary_bytes", "bytes", 6, {"Code size", "Binary Size"}, {}, {}},
+  };
+  return columns;
+}
+
+std::vector<std::optional<double>> column_values(const std::vector<PipelineStatistic>& stats) {
+  std::vector<std::optional<double>> values;
+  for (const StatisticColumn& col : statistic_columns()) {
+    std::optional<double> value;
+    for (const PipelineStatistic& s : stats)
+      for (const char* name : col.names)
+        if (!value && lower(s.name) == lower(name)) value = s.number();
+    if (!value && !col.words.empty()) {
+      int matches = 0;
+      for (const PipelineStatistic& s : stats) {
+        std::string name = lower(s.name);
+        if (holds(name, col.words) && !holds(name, col.unless)) ++matches, value = s.number();
+      }
+      if (matches != 1) value.reset();  // none, or ambiguous
+    }
+    values.push_back(value);
+  }
+  return values;
+}
 
 IsaMix isa_mix(const std::string& assembly) {
   // ACO's assembly: an instruction a line ("  v_fma_f32 v1, v2, v3, v4 ; d2..."), blocks
@@ -262,7 +300,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
         "shaders and constants only\n");
   std::printf("\n%3s %-34s %-20s", "#", "shader", "tiles");
   if (statistics) {
-    for (const Column& col : kColumns) std::printf(" %*s", col.width, col.title);
+    for (const StatisticColumn& col : statistic_columns())
+      std::printf(" %*s", col.width, col.title);
     std::printf(" %9s", "loop FMA");
   }
   std::printf("\n");
@@ -304,13 +343,17 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     if (executables.size() > 1) x["executables"] = executables;
     if (!p.executables.empty()) {
       const PipelineExecutable& e = p.executables[0];
-      for (const Column& col : kColumns) {
-        const PipelineStatistic* s = e.statistic(col.statistic);
-        if (s)
-          std::printf(" %*.0f", col.width, s->number());
+      std::vector<std::optional<double>> values = column_values(e.statistics);
+      Json summary = Json::object();
+      for (size_t c = 0; c < values.size(); ++c) {
+        const StatisticColumn& col = statistic_columns()[c];
+        summary[col.key] = values[c] ? Json(*values[c]) : Json(nullptr);
+        if (values[c])
+          std::printf(" %*.0f", col.width, *values[c]);
         else
           std::printf(" %*s", col.width, "-");
       }
+      x["summary"] = summary;
       std::string assembly = e.representation("Assembly");
       if (!assembly.empty()) {
         IsaMix mix = isa_mix(assembly);

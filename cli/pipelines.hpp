@@ -1,7 +1,10 @@
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "flashvk/pipelines.hpp"
 
 namespace flashvk::cli {
 
@@ -15,5 +18,21 @@ struct IsaMix {
   uint64_t valu = 0, fma = 0, loop_valu = 0, loop_fma = 0;
 };
 IsaMix isa_mix(const std::string& assembly);
+
+/// A column of the report's table (and a key of its JSON's "summary"): one quantity, which
+/// each driver names its own way. `names` are the names drivers are known to give it (RADV,
+/// AMD's own driver, NVIDIA's), compared without case; `words`, where no name matches, a
+/// statistic whose name holds one of them (without case) and none of `unless`, provided exactly
+/// one statistic does: anything less certain leaves the column empty rather than wrong.
+struct StatisticColumn {
+  const char* key;    ///< the JSON summary's key
+  const char* title;  ///< the table's heading
+  int width;
+  std::vector<const char*> names, words, unless;
+};
+/// The report's columns, in the table's order.
+const std::vector<StatisticColumn>& statistic_columns();
+/// Each column's value among a pipeline's statistics (nullopt: the driver does not give it).
+std::vector<std::optional<double>> column_values(const std::vector<PipelineStatistic>& stats);
 
 }  // namespace flashvk::cli

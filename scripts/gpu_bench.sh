@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The GPU measurements docs/performance.md still lacks, most wanted first, for a session that is
 # lent a GPU for a while: every step's table goes to OUT/log.txt as it finishes, so a lease that
-# ends early keeps what ran. Six files in all (the device tool brings back at most 8):
+# ends early keeps what ran. Files:
 #   log.txt             every table, each under the command that printed it, and its exit status
+#   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
+#   decode_warm.json    flushed before each run, and back to back (--warm-cache)
+#   prefill_f16.json    fp16 prefill, N=4096, d=64 and 128
+#   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
+#                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 (the matrix path's modifier costs, and
 #                       its skip of hidden tiles: the sparse-mask row)
 #   decode_kv.json      decoding over 65536 keys with K and V in f16, q8_0 and q4_0 (vs_base)
@@ -10,13 +15,22 @@
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
 #   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
-# Usage: scripts/gpu_bench.sh [OUT]   (OUT defaults to out/gpu; $FLASHVK names the binary,
-# default build/flashvk; $STEP_TIMEOUT the seconds one step may take, default 600).
+# Usage: scripts/gpu_bench.sh [--tiny] [OUT]   (OUT defaults to out/gpu). --tiny: small shapes
+# and none of the fixed suites, a dry run of the script on any device (lavapipe) in a minute.
+# Environment: $FLASHVK the binary (default build/flashvk); $STEP_TIMEOUT the seconds one step
+# may take (default 600); $BUDGET the seconds the whole script may take (default: no limit):
+# a step gets what is left, and steps are skipped, said so in the log, once less than 10 s is.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+tiny=0
+if [[ "${1:-}" == "--tiny" ]]; then
+  tiny=1
+  shift
+fi
 out="${1:-$root/out/gpu}"
 bin="${FLASHVK:-$root/build/flashvk}"
 limit="${STEP_TIMEOUT:-600}"
+budget="${BUDGET:-0}"
 if [[ ! -x "$bin" ]]; then
   echo "gpu_bench: no flashvk binary at $bin (build it, or set FLASHVK)" >&2
   exit 1
@@ -27,45 +41,126 @@ log="$out/log.txt"
 echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u)" >>"$log"
 
 failed=0
-step() {
-  echo "== flashvk $*" | tee -a "$log"
-  local start=$SECONDS status
-  timeout "$limit" "$bin" "$@" >>"$log" 2>&1
+skipped=0
+# Seconds a step may take now: the step limit, within what is left of the budget (0: none left).
+step_limit() {
+  local left
+  if [[ "$budget" -le 0 ]]; then
+    echo "$limit"
+    return
+  fi
+  left=$((budget - SECONDS))
+  if ((left < 10)); then
+    echo 0
+  elif ((left < limit)); then
+    echo "$left"
+  else
+    echo "$limit"
+  fi
+}
+# Runs a command under the step's time limit, its output into the log.
+run_step() {
+  local title="$1" t start status
+  shift
+  t=$(step_limit)
+  if [[ "$t" -eq 0 ]]; then
+    echo "== skipped (out of time): $title" | tee -a "$log"
+    skipped=$((skipped + 1))
+    return
+  fi
+  echo "== $title" | tee -a "$log"
+  start=$SECONDS
+  timeout "$t" "$@" >>"$log" 2>&1
   status=$?
   [[ $status -ne 0 ]] && failed=$((failed + 1))
   echo "== exit $status after $((SECONDS - start)) s" | tee -a "$log"
 }
+step() { run_step "flashvk $*" "$bin" "$@"; }
 
-decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --dtype f16 --repeat 9)
+if ((tiny)); then
+  decode=(--nq 1 --heads 4 --kv-heads 2 --d 64 --repeat 3)
+  decode_keys=(256 1024)
+  prefill=(--variant flash2 --heads 2 --nq 128 --repeat 3)
+  prefill_d=(64)
+  shape=(--nq 64 --d 16 --repeat 2)  # for the modifiers suite
+  peak=()                            # llvmpipe's calibrations take longer than the runs
+else
+  decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --repeat 9)
+  decode_keys=(4096 16384 65536)
+  prefill=(--variant flash2 --heads 8 --nq 4096 --repeat 9)
+  prefill_d=(64 128)
+  shape=()
+  peak=(--peak)
+fi
+longest=${decode_keys[${#decode_keys[@]}-1]}
+
 step devices
-# Issue #36: decoding (one dispatch a step since 3588e7f) against ggml's 15 and 45 us at 4096
-# and 16384 keys and 70% of the bandwidth at 16384 and 65536 keys.
-step bench --variant splitkv --nk 4096 "${decode[@]}" --peak --check  # and its error
-for nk in 16384 65536; do
-  step bench --variant splitkv --nk "$nk" "${decode[@]}" --peak
+# Issue #44: decoding against ggml's 15 and 43 us at 4096 and 16384 keys (warm, back to back),
+# 80% of the read bandwidth at 65536 keys; cold (caches flushed) and warm, each shape's rows into
+# one JSON, for sdpa_bench.py to time PyTorch on the same shapes.
+json_files=()
+for cache in cold warm; do
+  rows=()
+  for nk in "${decode_keys[@]}"; do
+    flags=(--variant splitkv --nk "$nk" "${decode[@]}" --dtype f16 "${peak[@]}"
+      --json "$out/decode_${cache}_$nk.json")
+    [[ $cache == warm ]] && flags+=(--warm-cache)
+    [[ $cache == cold && $nk == "${decode_keys[0]}" ]] && flags+=(--check)  # and its error
+    step bench "${flags[@]}"
+    rows+=("$out/decode_${cache}_$nk.json")
+  done
+  # The shapes' rows in one file (decode_cold.json, decode_warm.json).
+  if command -v python3 >/dev/null; then
+    python3 - "$out/decode_$cache.json" "${rows[@]}" <<'EOF' && rm -f "${rows[@]}"
+import json, sys
+docs = [json.load(open(p)) for p in sys.argv[2:]]
+docs[0]["results"] = [r for d in docs for r in d["results"]]
+json.dump(docs[0], open(sys.argv[1], "w"), indent=1)
+EOF
+    json_files+=("$out/decode_$cache.json")
+  fi
 done
+for d in "${prefill_d[@]}"; do
+  step bench "${prefill[@]}" --d "$d" --dtype f16 "${peak[@]}" --json "$out/prefill_f16_$d.json"
+  json_files+=("$out/prefill_f16_$d.json")
+done
+# Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
+if command -v python3 >/dev/null; then
+  present=()
+  for f in "${json_files[@]}"; do [[ -s "$f" ]] && present+=("$f"); done
+  if ((${#present[@]})); then
+    run_step "sdpa_bench.py (PyTorch SDPA on the same shapes; flashvk's time over theirs)" \
+      python3 "$root/scripts/sdpa_bench.py" "${present[@]}" --json "$out/sdpa.json"
+  fi
+else
+  echo "== sdpa_bench: skipped: no python3" | tee -a "$log"
+fi
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
-# q8_0 decoding against fp16 at 65536 keys (target <= 0.7x fp16's time).
-step bench --suite modifiers --dtype f16 --json "$out/modifiers_f16.json"
-step bench --variant splitkv --nk 65536 "${decode[@]}" --kv-dtype f16,q8_0,q4_0 \
+# q8_0 decoding against fp16 at the longest length (targets: q8_0 <= 0.7x, q4_0 <= 0.5x fp16).
+step bench --suite modifiers --dtype f16 "${shape[@]}" --json "$out/modifiers_f16.json"
+step bench --variant splitkv --nk "$longest" "${decode[@]}" --dtype f16 --kv-dtype f16,q8_0,q4_0 \
   --json "$out/decode_kv.json"
 # Issue #34: a document mask written as a mask_mod, 8 documents of 512 at N=4096 (causal within
 # each) on one head, against causal N=512 over 8 heads, the same visible pairs (target >= 70% of
 # its throughput); ALiBi as a score_mod is in the modifiers suites (target <= 10% over ALiBi).
-printf '%s\n' 'bool mask_mod(int b, int h, int q_idx, int kv_idx) {' \
-  '  int q_pos = q_idx + FLEX_NK - FLEX_NQ;' \
-  '  return kv_idx <= q_pos && kv_idx / 512 == q_pos / 512;' '}' >"$out/documents512.glsl"
-step bench --variant flash2,flashd --heads 1 --nq 4096 --mask-mod "$out/documents512.glsl" --repeat 9
-step bench --variant flash2,flashd --heads 8 --nq 512 --causal --repeat 9
-# Issue #20: register blocks against the FMA peak (target >= 30% at N=4096), fp32 and fp16
-# arithmetic, d=64 and 128.
-for d in 64 128; do
-  step bench --variant flash2 --nq 4096 --d "$d" --layout blocks --peak --repeat 5
-  step bench --variant flash2 --nq 4096 --d "$d" --layout blocks --peak --repeat 5 --fp16-arithmetic
-done
-step bench --suite modifiers --json "$out/modifiers_f32.json"
-step bench --suite standard --peak --json "$out/suite.json"
-# What the driver compiled (NVIDIA's driver has VK_KHR_pipeline_executable_properties).
-step pipelines --suite kernels --json "$out/pipelines.json"
-echo "gpu_bench: $failed step(s) failed; tables in $log" | tee -a "$log"
+if ((!tiny)); then
+  printf '%s\n' 'bool mask_mod(int b, int h, int q_idx, int kv_idx) {' \
+    '  int q_pos = q_idx + FLEX_NK - FLEX_NQ;' \
+    '  return kv_idx <= q_pos && kv_idx / 512 == q_pos / 512;' '}' >"$out/documents512.glsl"
+  step bench --variant flash2,flashd --heads 1 --nq 4096 --mask-mod "$out/documents512.glsl" \
+    --repeat 9
+  step bench --variant flash2,flashd --heads 8 --nq 512 --causal --repeat 9
+  # Issue #20: register blocks against the FMA peak (target >= 30% at N=4096), fp32 and fp16
+  # arithmetic, d=64 and 128.
+  for d in 64 128; do
+    step bench --variant flash2 --nq 4096 --d "$d" --layout blocks --peak --repeat 5
+    step bench --variant flash2 --nq 4096 --d "$d" --layout blocks --peak --repeat 5 \
+      --fp16-arithmetic
+  done
+  step bench --suite modifiers --json "$out/modifiers_f32.json"
+  step bench --suite standard --peak --json "$out/suite.json"
+  # What the driver compiled (NVIDIA's driver has VK_KHR_pipeline_executable_properties).
+  step pipelines --suite kernels --json "$out/pipelines.json"
+fi
+echo "gpu_bench: $failed step(s) failed, $skipped skipped for time; tables in $log" | tee -a "$log"
 exit $((failed > 0))

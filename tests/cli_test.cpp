@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <optional>
 #include <set>
 
+#include "bench_cases.hpp"
 #include "npy.hpp"
 #include "pipelines.hpp"
 #include "test_util.hpp"
@@ -25,8 +28,15 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
+// The binary: the build's, or $FLASHVK_CLI where the tests run from another folder (a GPU
+// machine's copy: scripts/gpu_check.sh).
+std::string cli_binary() {
+  const char* moved = std::getenv("FLASHVK_CLI");
+  return moved && *moved ? moved : FLASHVK_CLI;
+}
+
 Outcome run_cli(const std::string& args) {
-  std::string command = std::string(FLASHVK_CLI) + " " + args + " 2>&1";
+  std::string command = cli_binary() + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   Outcome o;
   char buf[4096];
@@ -418,6 +428,20 @@ TEST_F(CliTest, BenchPrintsATableAndJson) {
   std::string tiles =
       std::string("  ") + layout + " " + std::to_string(rows) + "x" + std::to_string(keys) + "\n";
   EXPECT_NE(o.output.find(tiles), std::string::npos) << tiles << o.output;
+  // The time column is the JSON's median in us or ms; into a pipe there is no progress line.
+  EXPECT_NE(o.output.find(" " + cli::time_text(row.at("ms").get<double>()) + " "),
+            std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.output.find("round 1"), std::string::npos) << o.output;
+}
+
+// Short times read in microseconds to 10 ns, long ones in milliseconds to 1 us.
+TEST(BenchTable, TimesKeepTheirDigits) {
+  EXPECT_EQ(cli::time_text(0.04512), "45.12 us");
+  EXPECT_EQ(cli::time_text(0.054), "54.00 us");
+  EXPECT_EQ(cli::time_text(0.99999), "999.99 us");
+  EXPECT_EQ(cli::time_text(2.41), "2.410 ms");
+  EXPECT_EQ(cli::time_text(52184.02), "52184.020 ms");
 }
 
 // --decode-loop: a cache of 48 tokens filled one a step; no Vulkan object after the first step,
@@ -932,6 +956,71 @@ BB2:
   EXPECT_EQ(mix.fma, 4u);
   EXPECT_EQ(mix.loop_valu, 4u);
   EXPECT_EQ(mix.loop_fma, 3u);
+}
+
+// The report's columns from each driver's own names: RADV's, AMD's own driver's and NVIDIA's
+// (as yuzu and RenderDoc show them), a name in another case, and a column whose only candidates
+// are ambiguous or missing stays empty, never a wrong number.
+TEST(StatisticColumns, ReadEachDriversNames) {
+  auto stats = [](std::vector<std::pair<const char*, double>> list) {
+    std::vector<PipelineStatistic> out;
+    for (auto [name, value] : list) out.push_back({name, "", uint64_t(value)});
+    return out;
+  };
+  auto columns = [](const std::vector<PipelineStatistic>& s) {
+    std::map<std::string, double> by_key;
+    std::vector<std::optional<double>> values = cli::column_values(s);
+    for (size_t i = 0; i < values.size(); ++i)
+      if (values[i]) by_key[cli::statistic_columns()[i].key] = *values[i];
+    return by_key;
+  };
+  using Map = std::map<std::string, double>;
+  Map radv = columns(stats({{"Driver pipeline hash", 77},
+                            {"Code size", 25532},
+                            {"LDS size", 27136},
+                            {"Scratch size", 0},
+                            {"Subgroups per SIMD", 4},
+                            {"Instructions", 4857},
+                            {"Pre-Sched SGPRs", 90},
+                            {"Pre-Sched VGPRs", 240},
+                            {"Spilled SGPRs", 0},
+                            {"Spilled VGPRs", 3},
+                            {"SGPRs", 128},
+                            {"VGPRs", 256}}));
+  EXPECT_EQ(radv, (Map{{"registers", 256},
+                       {"scalar_registers", 128},
+                       {"spilled_registers", 3},
+                       {"spilled_scalar_registers", 0},
+                       {"scratch_bytes", 0},
+                       {"shared_bytes", 27136},
+                       {"subgroups_per_simd", 4},
+                       {"instructions", 4857},
+                       {"binary_bytes", 25532}}));
+  Map amdvlk = columns(stats({{"numUsedVgprs", 96},
+                              {"numUsedSgprs", 40},
+                              {"numAvailableVgprs", 256},
+                              {"ldsUsageSizeInBytes", 8192},
+                              {"scratchMemUsageInBytes", 16}}));
+  EXPECT_EQ(amdvlk, (Map{{"registers", 96},
+                         {"scalar_registers", 40},
+                         {"scratch_bytes", 16},
+                         {"shared_bytes", 8192}}));
+  Map nvidia = columns(stats({{"Register Count", 168},
+                              {"Binary Size", 41216},
+                              {"Shared Memory Size", 49152},
+                              {"Local Memory Size", 0}}));
+  EXPECT_EQ(nvidia, (Map{{"registers", 168},
+                         {"scratch_bytes", 0},
+                         {"shared_bytes", 49152},
+                         {"binary_bytes", 41216}}));
+  // By meaning, in any case: one statistic a column; two that could be it, or none, leave it out.
+  Map other = columns(stats({{"REGISTERS USED", 64},
+                             {"Max Registers", 255},
+                             {"Spill Stores", 8},
+                             {"Spill Loads", 8},
+                             {"Shared memory (bytes)", 1024}}));
+  EXPECT_EQ(other, (Map{{"registers", 64}, {"shared_bytes", 1024}}));
+  EXPECT_TRUE(columns({}).empty());
 }
 
 }  // namespace

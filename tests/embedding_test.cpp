@@ -242,7 +242,9 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
       std::vector<float> out(numel(places[3].shape)), lse(numel(places[4].shape));
       std::memcpy(out.data(), app.bytes + places[3].offset, out.size() * 4);
       std::memcpy(lse.data(), app.bytes + places[4].offset, lse.size() * 4);
-      EXPECT_LE(max_error(out, ref.out), tolerance(qs, ks, vs, params)) << what;
+      EXPECT_LE(max_error(out, ref.out),
+                tolerance(qs, ks, vs, params) + weight_rounding(rec.tile_layout(), vs))
+          << what;
       EXPECT_LE(max_lse_error(lse, ref.lse), 1e-5) << what;
       EXPECT_EQ(rec.out().download().data, out) << what;
       EXPECT_EQ(t[1].download().data, ks.data) << what;
@@ -254,8 +256,8 @@ TEST_F(ViewTest, AttentionReadsAndWritesViewsAtOffsetsInTheAppsBuffer) {
 
 // What a view cannot do is refused by name: no buffer, a buffer kernels cannot bind, an offset
 // off the device's alignment, copies the buffer's usage does not allow, outputs of the wrong
-// shape or type. K and V in a buffer without texel usage run in shared tiles, and register
-// tiles asked for are refused.
+// shape or type. K and V in a buffer without texel usage are refused register tiles when asked
+// for them, and never given them by `automatic` (which a CPU driver otherwise picks).
 TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
   Context& ctx = context();
   const DeviceInfo& info = ctx.device();
@@ -311,7 +313,7 @@ TEST_F(ViewTest, WhatAViewCannotDoIsRefusedByName) {
             TileLayout::registers);
   params.hints.tile_layout = TileLayout::automatic;
   AttentionRecording rec(ctx, tq, tk, tk, params, {&half_out, nullptr});
-  EXPECT_EQ(rec.tile_layout(), TileLayout::shared);
+  EXPECT_NE(rec.tile_layout(), TileLayout::registers);
   EXPECT_EQ(rec.out().buffer(), half_out.buffer());
   submit_frame(h.device, h.queue, h.queue_family, [&](VkCommandBuffer cmd) { rec.record(cmd); });
   reference::Result ref = reference::direct(q, k, k, params);

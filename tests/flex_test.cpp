@@ -247,9 +247,7 @@ TEST(FlexPipelines, TheReportListsWhatThePlanBuildsWithTheFunctions) {
     // What a plan builds: attention() on a context of its own, by build name and constants.
     std::set<std::pair<std::string, std::vector<uint32_t>>> ran, listed;
     {
-      ContextOptions options;
-      options.validation = true;
-      Context ctx = Context::create(options);
+      Context ctx = Context::create(test_options());
       flex::enable(ctx);
       HostTensor q = random_tensor({1, 4, 40, 16}, 1), k = random_tensor({1, 2, 90, 16}, 2);
       attention(ctx, q, k, k, params);
@@ -260,9 +258,8 @@ TEST(FlexPipelines, TheReportListsWhatThePlanBuildsWithTheFunctions) {
       }
       EXPECT_TRUE(ctx.take_validation_messages().empty());
     }
-    ContextOptions options;
+    ContextOptions options = test_options();
     options.compile_only = true;
-    options.validation = true;
     Context ctx = Context::create(options);
     flex::enable(ctx);
     PipelineCall call;

@@ -235,12 +235,13 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
           {TileLayout::automatic});
 #endif
 
-  // fp16 (on devices with matrix units also the cooperative-matrix kernel), and q8_0 K and
-  // q4_0 V under fp16 Q.
+  // fp16 (on devices with matrix units also the cooperative-matrix kernel, for the variants that
+  // have one), and q8_0 K and q4_0 V under fp16 Q.
   if (!info.fp16_storage) return;
   params.mods.causal = true;
   std::vector<TileLayout> f16_layouts = {TileLayout::automatic};
-  if (info.cooperative_matrix) f16_layouts.push_back(TileLayout::cooperative_matrix);
+  for (TileLayout layout : device_layouts(variant, d, dv))  // online has no matrix kernel
+    if (layout == TileLayout::cooperative_matrix) f16_layouts.push_back(layout);
   check("f16", q3, params, Storage{DType::f16}, f16_layouts);
   std::vector<TileLayout> quant_layouts = {TileLayout::automatic, TileLayout::shared};
   if (variant == Variant::splitkv && info.subgroup_shuffle)

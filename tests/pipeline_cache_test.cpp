@@ -20,8 +20,7 @@ std::vector<char> read_file(const std::string& path) {
 
 // Runs one attention call on a fresh context that uses `path` as its pipeline cache.
 std::vector<float> run_with_cache(const std::string& path) {
-  ContextOptions options;
-  options.validation = true;
+  ContextOptions options = test_options();
   options.pipeline_cache_path = path;
   Context ctx = Context::create(options);
   HostTensor q = random_tensor({1, 2, 20, 16}, 5), k = random_tensor({1, 2, 30, 16}, 6);

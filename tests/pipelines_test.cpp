@@ -15,9 +15,8 @@ namespace flashvk::test {
 namespace {
 
 Context compile_only() {
-  ContextOptions options;
+  ContextOptions options = test_options();
   options.compile_only = true;
-  options.validation = true;
   return Context::create(options);
 }
 
@@ -59,7 +58,7 @@ TEST_P(PipelineReport, ListsExactlyWhatTheCallBuilds) {
   // What a plan builds: attention() on a context of its own, which starts with no pipeline.
   Built ran;
   {
-    Context ctx = Context::create({-1, true, {}});
+    Context ctx = Context::create(test_options());
     HostTensor q = random_tensor({1, c.heads, c.nq, c.d}, 1),
                k = random_tensor({1, c.kv_heads, c.nk, c.d}, 2),
                v = random_tensor({1, c.kv_heads, c.nk, c.d}, 3);

@@ -88,8 +88,7 @@ namespace {
 class SmallDeviceTest : public ::testing::Test {
  protected:
   static Context make(LimitOverrides limits) {
-    ContextOptions options;
-    options.validation = true;
+    ContextOptions options = test_options();
     options.limits = limits;
     return Context::create(options);
   }
@@ -179,7 +178,7 @@ TEST_F(VulkanTest, OutOfDeviceMemoryNamesTheCallAndTheContextRecovers) {
 TEST(DeviceLoss, NamesTheCallAndTheContextIsDestructible) {
   HostTensor q = random_tensor({1, 2, 10, 16}, 90);
   {
-    Context ctx = Context::create({-1, true, {}});
+    Context ctx = Context::create(test_options());
     testing::inject_failure("vkQueueSubmit", VK_ERROR_DEVICE_LOST);
     try {
       attention(ctx, q, q, q);

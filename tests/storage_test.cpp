@@ -4,6 +4,7 @@
 // comparison isolates the kernels from the storage's rounding.
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "test_util.hpp"
 
@@ -231,6 +232,16 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
   // One key a step and two rows a workgroup: llvmpipe takes seconds to build each of these
   // unrolled pipelines (minutes under sanitizers).
   params.hints.block_keys = 1;
+  struct Run {
+    Case c;
+    Storage storage;
+    HostTensor q, k, v;
+    AttentionParams params;
+    HostAttentionResult gpu;
+    std::vector<std::string> messages;
+    std::string error;
+  };
+  std::vector<Run> runs;
   for (Case c : {Case{4, 2, 1, 150, 64, 96}, Case{2, 2, 2, 77, 128, 32}}) {
     HostTensor q = random_tensor({1, c.heads, c.nq, c.d}, 71 + c.d),
                k = random_tensor({1, c.kv_heads, c.nk, c.d}, 72 + c.d),
@@ -240,16 +251,34 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
     for (const Storage& storage : storages) {
       if (storage.q == DType::f16 && !context().device().fp16_storage) continue;
       if (c.d == 128 && storage.k != DType::q4_0) continue;  // q4_0 K: a row of 128 in 4 loads
-      HostTensor qs = stored_values(q, storage.q), ks = stored_values(k, storage.k),
-                 vs = stored_values(v, storage.v);
-      reference::Result ref = reference::direct(qs, ks, vs, params);
-      HostAttentionResult gpu = attention(context(), q, k, v, params, storage);
-      std::string what =
-          storage_name(storage) + " d=" + std::to_string(c.d) + " dv=" + std::to_string(c.dv);
-      EXPECT_EQ(gpu.tile_layout, TileLayout::lanes) << what;
-      EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(qs, ks, vs, params)) << what;
-      EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
+      runs.push_back({c, storage, q, k, v, params, {}, {}, {}});
     }
+  }
+  // Each call on a context of its own, all at once: building the six pipelines is most of this
+  // test's time (about 5 s each in NVIDIA's compiler), and a context builds one at a time.
+  std::vector<std::thread> threads;
+  for (Run& r : runs)
+    threads.emplace_back([&r] {
+      try {
+        Context ctx = Context::create(test_options());
+        r.gpu = attention(ctx, r.q, r.k, r.v, r.params, r.storage);
+        r.messages = ctx.take_validation_messages();
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const Run& r : runs) {
+    std::string what = storage_name(r.storage) + " d=" + std::to_string(r.c.d) +
+                       " dv=" + std::to_string(r.c.dv);
+    ASSERT_EQ(r.error, "") << what;
+    for (const std::string& m : r.messages) ADD_FAILURE() << what << ": " << m;
+    HostTensor qs = stored_values(r.q, r.storage.q), ks = stored_values(r.k, r.storage.k),
+               vs = stored_values(r.v, r.storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, r.params);
+    EXPECT_EQ(r.gpu.tile_layout, TileLayout::lanes) << what;
+    EXPECT_LE(max_error(r.gpu.out.data, ref.out), tolerance(qs, ks, vs, r.params)) << what;
+    EXPECT_LE(max_lse_error(r.gpu.lse.data, ref.lse), 1e-5) << what;
   }
   params.mods.key_mask.clear();
   HostTensor q = random_tensor({1, 1, 1, 20}, 80), k = random_tensor({1, 1, 9, 20}, 81);

@@ -21,9 +21,7 @@ Context& make_shared_context(int which) {
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<Context>& ctx = shared_context(which);
   if (!ctx) {
-    const char* env = std::getenv("FLASHVK_VALIDATION");
-    ContextOptions options;
-    options.validation = !(env && std::string(env) == "0");
+    ContextOptions options = test_options();
     if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
     ctx = std::make_unique<Context>(Context::create(options));
   }
@@ -44,6 +42,13 @@ class SharedContextEnvironment : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new SharedContextEnvironment);
 
 }  // namespace
+
+ContextOptions test_options() {
+  const char* env = std::getenv("FLASHVK_VALIDATION");
+  ContextOptions options;
+  options.validation = !(env && std::string(env) == "0");
+  return options;
+}
 
 Context& context() {
   return make_shared_context(0);
@@ -135,8 +140,8 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
   return out;
 }
 
-std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
-  const DeviceInfo& info = context().device();
+std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32_t d,
+                                       uint32_t dv) {
   std::vector<TileLayout> l = {TileLayout::automatic};
   if (!variant_info(v).fused) return l;
   l.push_back(TileLayout::shared);
@@ -149,6 +154,10 @@ std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
       d <= 128 && dv <= 128)
     l.push_back(TileLayout::cooperative_matrix);
   return l;
+}
+
+std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv) {
+  return device_layouts(context().device(), v, d, dv);
 }
 
 void expect_keys_never_read(const HostTensor& q, HostTensor k, HostTensor v, AttentionParams params,

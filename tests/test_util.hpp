@@ -17,7 +17,11 @@
 
 namespace flashvk::test {
 
-/// The context every test shares (validation layers on unless FLASHVK_VALIDATION=0).
+/// The options every test's context starts from: the validation layers on unless
+/// FLASHVK_VALIDATION=0 (a machine without them). Tests that make contexts of their own start
+/// from these and add what they need.
+ContextOptions test_options();
+/// The context every test shares (test_options()).
 Context& context();
 /// The same device with Vulkan's guaranteed minimum limits for compute
 /// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
@@ -85,9 +89,12 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
 }
 
-/// Every layout this device can run for the variant at head dims d and dv: the default, shared
+/// Every layout a device runs for the variant at head dims d and dv: the default, shared
 /// tiles, register tiles where they run, register blocks, lanes for splitkv, and cooperative
-/// matrices (fp16 only: callers skip them for fp32).
+/// matrices for the variants that have them (fp16 only: callers skip them for fp32). The tests
+/// ask for layouts by name from this list only; TilingTest checks it against made-up devices.
+std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32_t d, uint32_t dv);
+/// The same for the shared context's device.
 std::vector<TileLayout> device_layouts(Variant v, uint32_t d, uint32_t dv);
 
 /// `params` in every layout the device runs (cooperative matrices in fp16, where NaN stays NaN;

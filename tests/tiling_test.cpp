@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "test_util.hpp"
 #include "tiling.hpp"
 
 namespace flashvk {
@@ -260,6 +261,50 @@ TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
               }
             }
   EXPECT_GT(checked, 1000);
+}
+
+// The layouts the tests ask for by name (test_util's device_layouts: PagedTest, the extremes
+// tests) are ones the device runs for that variant: asked for, each is given, never refused. On a
+// device with matrix units PagedTest asked for cooperative_matrix for online too, which has no
+// matrix kernel and is refused (issue 44, on an H200); this is that mistake caught on any
+// machine. `automatic` picks the matrix units only for the variants that have them, in fp16 (the
+// tiling is the same for paged K and V).
+TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
+  std::vector<TileLayout> h100_online = test::device_layouts(kH100, Variant::online, 32, 32),
+                          h100_flash2 = test::device_layouts(kH100, Variant::flash2, 32, 32);
+  auto has = [](const std::vector<TileLayout>& l, TileLayout x) {
+    return std::find(l.begin(), l.end(), x) != l.end();
+  };
+  EXPECT_FALSE(has(h100_online, TileLayout::cooperative_matrix));
+  EXPECT_TRUE(has(h100_flash2, TileLayout::cooperative_matrix));
+  int checked = 0;
+  for (const DeviceInfo* info : {&kH100, &kPhone, &kMinimum, &kCpu})
+    for (Variant variant : all_variants())
+      for (uint32_t d : {32u, 64u})
+        for (uint32_t nq : {1u, 3u}) {  // PagedTest's decoding and its three queries
+          Dims shape = dims(4, 2, nq, 70, d, d);
+          SCOPED_TRACE(info->name + ", " + variant_name(variant) + ", d=" + std::to_string(d) +
+                       ", nq=" + std::to_string(nq));
+          for (TileLayout layout : test::device_layouts(*info, variant, d, d)) {
+            DType dtype = layout == TileLayout::cooperative_matrix ? DType::f16 : DType::f32;
+            try {
+              Spec s = tiling(*info, shape, variant, dtype, layout);
+              if (layout != TileLayout::automatic) {
+                EXPECT_EQ(s.layout, layout);
+              }
+              ++checked;
+            } catch (const Error& e) {
+              ADD_FAILURE() << tile_layout_name(layout) << " refused: " << e.what();
+            }
+          }
+          for (DType dtype : {DType::f32, DType::f16}) {  // a layout of the variant's own
+            Spec s = tiling(*info, shape, variant, dtype);
+            if (s.layout == TileLayout::cooperative_matrix) {
+              EXPECT_TRUE(variant_info(variant).matrix && dtype == DType::f16);
+            }
+          }
+        }
+  EXPECT_GT(checked, 100);
 }
 
 }  // namespace

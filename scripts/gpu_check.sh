@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The whole test suite and then gpu_bench.sh on a machine with a GPU and no build tools, from
+# binaries built elsewhere (docs/performance.md, "On a GPU": build, strip, xz and carry them),
+# within about 6 minutes on an H100 or H200. The suite runs sharded over the machine's cores
+# (GoogleTest's GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX, one process a core, FLASHVK_VALIDATION=0:
+# such machines have no validation layers). Everything goes to OUT as it happens, so a lease cut
+# short keeps what ran:
+#   OUT/system.txt               the GPU (nvidia-smi), the libraries used and `flashvk devices`
+#   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test
+#   OUT/tests.txt                each shard's exit status (and its last test, if cut off), every
+#                                failed test, the slowest tests
+#   OUT/bench/                   gpu_bench.sh's log.txt and JSON, in the time that is left
+# Usage: scripts/gpu_check.sh BIN OUT
+#   BIN holds flashvk, flashvk_tests and flashvk_cli_tests (each may be .xz), and optionally
+#   .debs of libvulkan1 and libglvnd0 for a machine without the Vulkan loader or NVIDIA's
+#   libGLdispatch (unpacked into BIN/lib and used only where the system lacks them).
+# Environment: SHARDS (processes, default the cores), TEST_TIMEOUT (seconds the suite may take,
+# default 210), BUDGET (seconds for the whole script, default 340), BENCH=0 to skip gpu_bench.sh,
+# TINY=1 for its small shapes (a dry run on lavapipe, with GTEST_FILTER naming a few tests).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [[ $# -ne 2 ]]; then
+  echo "usage: scripts/gpu_check.sh BIN OUT" >&2
+  exit 2
+fi
+bin="$(cd "$1" && pwd)"
+mkdir -p "$2"
+out="$(cd "$2" && pwd)"
+shards="${SHARDS:-$(nproc)}"
+test_timeout="${TEST_TIMEOUT:-210}"
+budget="${BUDGET:-340}"
+
+# The binaries, unpacked where they came as .xz.
+for f in "$bin"/*.xz; do
+  [[ -e "$f" ]] || continue
+  [[ -e "${f%.xz}" ]] || xz -dkc "$f" >"${f%.xz}"
+  chmod +x "${f%.xz}"
+done
+for b in flashvk flashvk_tests flashvk_cli_tests; do
+  if [[ ! -x "$bin/$b" ]]; then
+    echo "gpu_check: $bin/$b is missing (docs/performance.md, \"On a GPU\")" >&2
+    exit 1
+  fi
+done
+# The Vulkan loader and libGLdispatch from the carried .debs, where the system has none.
+lib="$bin/lib"
+for deb in "$bin"/*.deb; do
+  [[ -e "$deb" ]] || continue
+  tmp="$(mktemp -d)"
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$deb" "$tmp"
+  else
+    (cd "$tmp" && ar x "$deb" && tar xf data.tar.*)
+  fi
+  mkdir -p "$lib"
+  find "$tmp" \( -name 'libvulkan.so*' -o -name 'libGLdispatch.so*' \) -exec cp -P {} "$lib/" \;
+  rm -rf "$tmp"
+done
+if [[ -d "$lib" ]]; then
+  for so in libvulkan.so.1 libGLdispatch.so.0; do
+    if ldconfig -p 2>/dev/null | grep -q "$so"; then rm -f "$lib/$so"*; fi
+  done
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
+
+{
+  echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u)"
+  echo "$(nproc) cores, $shards shards, LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader
+  ldd "$bin/flashvk_tests" | grep -E 'vulkan|GLdispatch|not found'
+  "$bin/flashvk" devices
+} >"$out/system.txt" 2>&1
+cat "$out/system.txt"
+
+# The suite: flashvk_tests over most cores, the CLI's tests (each starts flashvk processes) over
+# a quarter, all at once.
+mkdir -p "$out/tests"
+cli_shards=$(((shards + 3) / 4))
+engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
+pids=()
+names=()
+start=$SECONDS
+launch() {
+  local binary="$1" total="$2" i
+  for ((i = 0; i < total; ++i)); do
+    GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$i timeout "$test_timeout" "$bin/$binary" \
+      >"$out/tests/$binary-$i.txt" 2>&1 &
+    pids+=($!)
+    names+=("$binary-$i")
+  done
+}
+launch flashvk_tests "$engine_shards"
+launch flashvk_cli_tests "$cli_shards"
+echo "gpu_check: ${#pids[@]} test processes, at most $test_timeout s"
+summary="$out/tests.txt"
+: >"$summary"
+failed_shards=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"
+  status=$?
+  file="$out/tests/${names[$i]}.txt"
+  passed=$(grep -c '^\[       OK \]' "$file")
+  failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$file")
+  line="${names[$i]}: exit $status, $passed passed, $failed failed"
+  if [[ $status -eq 124 ]]; then
+    line+=", cut off at $test_timeout s in $(grep '^\[ RUN      \]' "$file" | tail -1 | cut -c14-)"
+  fi
+  [[ $status -ne 0 ]] && failed_shards=$((failed_shards + 1))
+  echo "$line" | tee -a "$summary"
+done
+{
+  echo "suite: $((SECONDS - start)) s, $failed_shards of ${#pids[@]} processes failed"
+  echo "failed:"
+  grep -hE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out"/tests/*.txt | sed 's/^\[  FAILED  \] /  /'
+  echo "slowest:"
+  grep -hE '^\[ +(OK|FAILED) +\] .* \([0-9]+ ms\)$' "$out"/tests/*.txt |
+    sed -E 's/^\[ +(OK|FAILED) +\] (.*) \(([0-9]+) ms\)$/\3 \2/' | sort -rn | head -15 |
+    awk '{printf "  %8.1f s  %s\n", $1 / 1000, $2}'
+} | tee -a "$summary"
+
+# The measurements, in what is left of the budget.
+left=$((budget - SECONDS))
+if [[ "${BENCH:-1}" == 0 ]]; then
+  echo "gpu_check: gpu_bench.sh skipped (BENCH=0)"
+elif ((left < 30)); then
+  echo "gpu_check: gpu_bench.sh skipped: $left s left of $budget" | tee -a "$summary"
+else
+  tiny=()
+  [[ "${TINY:-0}" == 1 ]] && tiny=(--tiny)
+  FLASHVK="$bin/flashvk" BUDGET=$left bash "$root/scripts/gpu_bench.sh" "${tiny[@]}" "$out/bench"
+fi
+echo "gpu_check: $failed_shards test process(es) failed; $out/tests.txt, $out/bench/log.txt"
+exit $((failed_shards > 0))
