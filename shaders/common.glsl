@@ -29,7 +29,7 @@
 layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
 // K and V as 16-byte vectors in their storage formats (formats.glsl: FMT_LOAD_VALUES values a
-// vector, and the block formats' fp16 scales read from the same vectors), decoded by kv_value().
+// vector, and the block formats' heads read from the same vectors), decoded by kv_value().
 layout(std430, binding = 1) readonly buffer KBuf { uvec4 k_vec[]; };
 layout(std430, binding = 2) readonly buffer VBuf { uvec4 v_vec[]; };
 #elif defined(KV_QUANT)
@@ -131,12 +131,20 @@ uint v_count() { return pc.kv_keys * DV; }
 
 #if defined(KV_QUANT) && !defined(REG_TILE)
 float k_value(uint x) {
-  float d = kv_scaled(K_FORMAT) ? kv_scale(k_words[kv_scale_word(K_FORMAT, x, k_count())], x) : 0.0;
-  return kv_value(K_FORMAT, x, k_words[kv_word(K_FORMAT, x)], d);
+  BlockHead h = no_head();
+  if (kv_scaled(K_FORMAT)) {
+    uint w = kv_head_word(K_FORMAT, x, k_count());
+    h = fmt_head(K_FORMAT, x, k_words[w], FMT_HEAD_HALVES(K_FORMAT) > 2u ? k_words[w + 1u] : 0u);
+  }
+  return kv_value(K_FORMAT, x, k_words[kv_word(K_FORMAT, x)], h);
 }
 float v_value(uint x) {
-  float d = kv_scaled(V_FORMAT) ? kv_scale(v_words[kv_scale_word(V_FORMAT, x, v_count())], x) : 0.0;
-  return kv_value(V_FORMAT, x, v_words[kv_word(V_FORMAT, x)], d);
+  BlockHead h = no_head();
+  if (kv_scaled(V_FORMAT)) {
+    uint w = kv_head_word(V_FORMAT, x, v_count());
+    h = fmt_head(V_FORMAT, x, v_words[w], FMT_HEAD_HALVES(V_FORMAT) > 2u ? v_words[w + 1u] : 0u);
+  }
+  return kv_value(V_FORMAT, x, v_words[kv_word(V_FORMAT, x)], h);
 }
 #elif !defined(REG_TILE) && !defined(LANE_TILE)
 float k_value(uint x) { return float(k_buf[x]); }

@@ -2,15 +2,18 @@
 // that reads K or V in a format of its own (KV_QUANT builds, lanes) and rope.comp, which writes
 // the block formats, decode and encode through the functions below. The host's twin is the table
 // of formats in engine/src/formats.cpp (sizes, names, the quantisers on upload), which includes
-// the list of IDs below with FORMAT_IDS_ONLY to check that DType numbers them alike.
+// the list of IDs below to check that DType numbers them alike.
 //
-// Element formats hold a value in `fmt_bits` bits. Block formats (fmt_block() = 32) hold ggml's
-// blocks of 32 values: the tensor's quants first, a block after another, then every block's fp16
-// scale, one a block (two a 32-bit word): kv_word() finds the word holding value x, kv_scale_word()
-// the word holding its block's scale.
+// Element formats hold a value in FMT_BITS bits. Block formats hold ggml's blocks of 32 values,
+// each field as ggml's block has it, laid out as a struct of arrays: first every block's quants
+// (ggml's qs, FMT_BITS a value: q8_0's int8, or the 4-bit formats' byte j holding values j and
+// j + 16 in its low and high nibble), then every block's head of FMT_HEAD_HALVES 16-bit halves:
+// its fp16 scale d (two blocks' a word), or d and the fp16 minimum m, or d, m (0 where the format
+// has none) and the 5-bit formats' 32 fifth bits qh (bit j of value j). A value is d q + m, q its
+// quant as kv_quant() reads it.
 //
-// A new block format: its ID here and in DType, a row in formats.cpp, and its cases in
-// FMT_BLOCK, FMT_BITS, kv_word, kv_quant, fmt_vec4 and quantise_block.
+// A new block format: its ID here and in DType, its row in formats.cpp, and its cases in the
+// FMT_* macros, kv_quant and quantise_block.
 //   FORMAT_ID(GLSL name, DType name, number)
 #ifndef FORMAT_ID
 #define FORMAT_ID(NAME, dtype, id) const uint NAME = id;
@@ -28,21 +31,33 @@ FORMAT_ID(FMT_Q4_0, q4_0, 4u)
 // What a format is, as macros too, so that a kernel's specialization constants can be made from
 // them (a function call is not a constant expression).
 // Values a block holds along the last dimension (1: an element format).
-#define FMT_BLOCK(fmt) ((fmt) == FMT_Q8_0 || (fmt) == FMT_Q4_0 ? 32u : 1u)
-// Bits a value takes: a whole element, or a block format's quant.
+#define FMT_BLOCK(fmt) ((fmt) >= FMT_Q8_0 ? 32u : 1u)
+// Bits a value takes: a whole element, or a block format's quant in qs.
 #define FMT_BITS(fmt) \
   ((fmt) == FMT_F32 ? 32u : ((fmt) == FMT_F16 || (fmt) == FMT_BF16 ? 16u : ((fmt) == FMT_Q8_0 ? 8u : 4u)))
-// Values in one 16-byte load (lanes): 4 floats, 8 halves, 16 q8_0 quants (half a block) or 32 q4_0
-// quants (a whole block), so that load x / FMT_LOAD_VALUES holds value x.
+// 16-bit halves of a block's head: d; d and m; d, m and qh.
+#define FMT_HEAD_HALVES(fmt) 1u
+// Values in one 16-byte load (lanes): 4 floats, 8 halves, 16 q8_0 quants (half a block) or 32
+// 4-bit quants (a whole block), so that load x / FMT_LOAD_VALUES holds value x.
 #define FMT_LOAD_VALUES(fmt) (128u / FMT_BITS(fmt))
 // Texels of 4 values that register tiles fetch at once (one 16-byte texel of 4 words): 4 for the
-// block formats (sixteen values of a block, fetched with their block's scale), else 1.
+// block formats (sixteen values of a block, fetched with their block's head), else 1.
 #define FMT_TEXEL_GROUP(fmt) (FMT_BLOCK(fmt) > 1u ? 4u : 1u)
+// Whether a value adds its block's minimum m.
+#define FMT_AFFINE(fmt) false
 
 uint fmt_block(uint fmt) { return FMT_BLOCK(fmt); }
 uint fmt_bits(uint fmt) { return FMT_BITS(fmt); }
-// Whether values are stored as quants times their block's fp16 scale.
+// Whether values are stored as quants of blocks with a head (d, and m and qh).
 bool kv_scaled(uint fmt) { return FMT_BLOCK(fmt) > 1u; }
+
+// A block's head, decoded.
+struct BlockHead {
+  float d;  // the scale
+  float m;  // the minimum, added (0 where the format has none)
+  uint qh;  // the 5-bit formats' fifth bits
+};
+BlockHead no_head() { return BlockHead(0.0, 0.0, 0u); }
 
 // Value x (a flat element index) of a tensor of `count` values in format fmt: the 32-bit word
 // that holds it. The bits of x that kv_word() and kv_quant() look at below the block are those of
@@ -52,74 +67,97 @@ uint kv_word(uint fmt, uint x) {
   if (fmt == FMT_F32) return x;
   if (fmt == FMT_F16 || fmt == FMT_BF16) return x >> 1u;
   if (fmt == FMT_Q8_0) return x >> 2u;
-  return ((x >> 5u) * 16u + (x & 15u)) >> 2u;  // q4_0: byte j of a block holds j and j + 16
+  return ((x >> 5u) * 16u + (x & 15u)) >> 2u;  // 4-bit quants: byte j holds j and j + 16
 }
 
-// The word of value x's block scale, in a tensor of `count` values (the scales follow the quants).
-uint kv_scale_word(uint fmt, uint x, uint count) {
-  return count / (32u / fmt_bits(fmt)) + (x >> 6u);
+// The first word of value x's block head, in a tensor of `count` values (the heads follow the
+// quants); a head of 4 halves takes that word and the next.
+uint kv_head_word(uint fmt, uint x, uint count) {
+  return count / (32u / FMT_BITS(fmt)) + ((x >> 5u) * FMT_HEAD_HALVES(fmt) >> 1u);
 }
 
-// The scale of value x's block, from its scale word (two blocks' fp16 scales a word).
-float kv_scale(uint scale_word, uint x) { return unpackHalf2x16(scale_word)[(x >> 5u) & 1u]; }
+// The head of value x's block from its first word w0 and, for heads of 4 halves, the next w1.
+BlockHead fmt_head(uint fmt, uint x, uint w0, uint w1) {
+  vec2 h = unpackHalf2x16(w0);
+  if (FMT_HEAD_HALVES(fmt) == 1u) return BlockHead((x & 32u) != 0u ? h.y : h.x, 0.0, 0u);
+  return BlockHead(h.x, FMT_AFFINE(fmt) ? h.y : 0.0, FMT_HEAD_HALVES(fmt) == 4u ? w1 : 0u);
+}
 
-// Of a block format, value x before its block's scale: q, or q - 8 for q4_0. Exact, and with no
-// int-to-float conversion (GPUs convert at a fraction of their FMA rate): the quant's bits, made
-// unsigned, go into the mantissa of 2^23, which is then subtracted with the offset.
-float kv_quant(uint fmt, uint x, uint word) {
+// Of a block format, value x's quant q as a float (the value is d q + m), from the word that holds
+// it and its block's qh. Exact, and with no int-to-float conversion (GPUs convert at a fraction of
+// their FMA rate): the quant's bits, made unsigned, go into the mantissa of 2^23, which is then
+// subtracted with the offset.
+float kv_quant(uint fmt, uint x, uint word, uint qh) {
   uint shift = 8u * (x & 3u);
   if (fmt == FMT_Q8_0) return uintBitsToFloat(((word >> shift) & 0xffu) ^ 0x4b000080u) - 8388736.0;
   shift += (x & 16u) != 0u ? 4u : 0u;
-  return uintBitsToFloat(((word >> shift) & 15u) | 0x4b000000u) - 8388616.0;
+  uint nibble = (word >> shift) & 15u;
+  uint high = ((qh >> (x & 31u)) & 1u) << 4u;  // 0 but for the 5-bit formats
+  float offset = fmt == FMT_Q4_0 ? 8.0 : 0.0;
+  return uintBitsToFloat((nibble | high) | 0x4b000000u) - (8388608.0 + offset);
 }
 
-// Value x from the word that holds it (kv_word); d: its block's scale (kv_scale) for the block
-// formats, unused for the others.
-float kv_value(uint fmt, uint x, uint word, float d) {
+// Value x from the word that holds it (kv_word) and, for the block formats, its block's head.
+float kv_value(uint fmt, uint x, uint word, BlockHead h) {
   if (fmt == FMT_F32) return uintBitsToFloat(word);
   if (fmt == FMT_F16) return unpackHalf2x16(word)[x & 1u];
   if (fmt == FMT_BF16) return uintBitsToFloat((x & 1u) != 0u ? word & 0xffff0000u : word << 16u);
-  return d * kv_quant(fmt, x, word);
+  return fma(h.d, kv_quant(fmt, x, word, h.qh), h.m);
 }
 
 // Of a block format, values x .. x + 3 (x a multiple of 4) from the word that holds them
-// (kv_word(fmt, x)), times their block's scale d: the four at once, as register tiles take them.
-vec4 fmt_vec4(uint fmt, uint word, float d, uint x) {
-  if (fmt == FMT_Q8_0) return d * vec4(ivec4(int(word)) << ivec4(24, 16, 8, 0) >> 24);
-  uint shift = (x & 16u) != 0u ? 4u : 0u;  // q4_0: byte j of a block holds j and j + 16
-  return d * (vec4((uvec4(word >> shift) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
+// (kv_word(fmt, x)) and their block's head: the four at once, as register tiles take them.
+vec4 fmt_vec4(uint fmt, uint word, BlockHead h, uint x) {
+  if (fmt == FMT_Q8_0) return h.d * vec4(ivec4(int(word)) << ivec4(24, 16, 8, 0) >> 24);
+  uint shift = (x & 16u) != 0u ? 4u : 0u;  // byte j of a block holds j and j + 16
+  if (fmt == FMT_Q4_0) return h.d * (vec4((uvec4(word >> shift) >> uvec4(0u, 8u, 16u, 24u)) & 15u) - 8.0);
+  vec4 v;
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) v[e] = kv_value(fmt, x + e, word, h);
+  return v;
 }
 
 // The 32 values x of a block in format fmt, quantised as ggml's quantize_row_*_ref does: its
-// quants as words (fmt_bits(fmt) of them: q8_0 8, q4_0 4) and its scale, returned.
+// quants as words (FMT_BITS(fmt) of them: q8_0 8, the 4-bit formats 4) and its head. `precise`
+// keeps the compiler from fusing what ggml rounds step by step.
 float round_half_away(float x) { return sign(x) * floor(abs(x) + 0.5); }  // C's lroundf
 
-float quantise_block(uint fmt, float x[32], out uint words[8]) {
-  float amax = 0.0, signed_max = 0.0;
+BlockHead quantise_block(uint fmt, float x[32], out uint words[8]) {
+  precise float amax = 0.0, signed_max = 0.0, lo = x[0], hi = x[0];
   [[unroll]] for (uint j = 0u; j < 32u; ++j) {
     if (abs(x[j]) > amax) {
       amax = abs(x[j]);
       signed_max = x[j];
     }
+    lo = min(lo, x[j]);
+    hi = max(hi, x[j]);
   }
   [[unroll]] for (uint w = 0u; w < 8u; ++w) words[w] = 0u;
+  BlockHead h = no_head();
   if (fmt == FMT_Q8_0) {
-    float d = amax / 127.0;
-    float inv = d != 0.0 ? 1.0 / d : 0.0;
+    h.d = amax / 127.0;
+    precise float inv = h.d != 0.0 ? 1.0 / h.d : 0.0;
     [[unroll]] for (uint w = 0u; w < 8u; ++w)
       [[unroll]] for (uint k = 0u; k < 4u; ++k)
         words[w] |= (uint(int(round_half_away(x[4u * w + k] * inv))) & 0xffu) << (8u * k);
-    return d;
+    return h;
   }
-  float d = signed_max / -8.0;  // q4_0: byte j holds values j (low nibble) and j + 16 (high)
-  float inv = d != 0.0 ? 1.0 / d : 0.0;
+  // The others: quant q[j] of value j, 0 .. 15 (5-bit formats: 0 .. 31, the fifth bit into qh).
+  uint q[32];
+  bool affine = FMT_AFFINE(fmt);
+  float levels = 16.0;
+  h.d = affine ? (hi - lo) / (levels - 1.0) : signed_max / -(levels / 2.0);
+  h.m = affine ? lo : 0.0;
+  precise float inv = h.d != 0.0 ? 1.0 / h.d : 0.0;
+  [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+    precise float t = affine ? (x[j] - lo) * inv + 0.5 : x[j] * inv + (levels / 2.0 + 0.5);
+    q[j] = min(uint(levels) - 1u, uint(int(t)));  // C's (int8_t) cast truncates
+  }
   [[unroll]] for (uint w = 0u; w < 4u; ++w)
     [[unroll]] for (uint k = 0u; k < 4u; ++k) {
       uint j = 4u * w + k;
-      uint lo = min(15u, uint(int(x[j] * inv + 8.5)));
-      uint hi = min(15u, uint(int(x[j + 16u] * inv + 8.5)));
-      words[w] |= (lo | (hi << 4u)) << (8u * k);
+      words[w] |= ((q[j] & 15u) | ((q[j + 16u] & 15u) << 4u)) << (8u * k);
     }
-  return d;
+  [[unroll]] for (uint j = 0u; j < 32u; ++j) h.qh |= (q[j] >> 4u) << j;
+  return h;
 }
 #endif

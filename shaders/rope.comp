@@ -25,9 +25,8 @@
 layout(std430, binding = 0) readonly buffer In { ELEM x_in[]; };
 #ifdef QUANT_OUT
 // The output in the block format OUT_FORMAT (formats.glsl): all the tensor's quants first, then
-// all its fp16 scales, one a block of 32 values. Each invocation quantises one block
-// (quantise_block) and writes its quants as whole words; two blocks share a word of scales, so
-// each sets its half with atomics.
+// all its block heads. Each invocation quantises one block (quantise_block) and writes its quants
+// and head as whole words, but for heads of one half (a scale), two a word.
 #define OUT_FORMAT K_FORMAT
 #include "formats.glsl"
 layout(std430, binding = 1) buffer Out { uint out_words[]; };
@@ -98,15 +97,21 @@ void main() {
   uint out_vec = key_row((vec / pc.seq_len) * pc.out_rows, out_row);
   uint block = (out_vec * pc.dim) / 32u + blk;  // the block's index in the output tensor
   uint words[8];
-  float d = quantise_block(OUT_FORMAT, x, words);
+  BlockHead h = quantise_block(OUT_FORMAT, x, words);
   uint n = fmt_bits(OUT_FORMAT);  // words of a block's quants: 32 values of n bits
   [[unroll]] for (uint w = 0u; w < 8u; ++w)
     if (w < n) out_words[block * n + w] = words[w];
-  uint scale = kv_scale_word(OUT_FORMAT, block * 32u, pc.out_values);
+  uint head = kv_head_word(OUT_FORMAT, block * 32u, pc.out_values);
+  if (FMT_HEAD_HALVES(OUT_FORMAT) > 1u) {  // a word or two of the block's own
+    out_words[head] = packHalf2x16(vec2(h.d, h.m));
+    if (FMT_HEAD_HALVES(OUT_FORMAT) > 2u) out_words[head + 1u] = h.qh;
+    return;
+  }
+  // Two blocks share a word of scales: each sets its half with atomics.
   uint shift = 16u * (block & 1u);
-  uint half_bits = packHalf2x16(vec2(d, 0.0)) & 0xffffu;
-  atomicAnd(out_words[scale], ~(0xffffu << shift));
-  atomicOr(out_words[scale], half_bits << shift);
+  uint half_bits = packHalf2x16(vec2(h.d, 0.0)) & 0xffffu;
+  atomicAnd(out_words[head], ~(0xffffu << shift));
+  atomicOr(out_words[head], half_bits << shift);
 }
 #else
 void main() {

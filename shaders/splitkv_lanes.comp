@@ -34,20 +34,16 @@ const uint VE = DV / LANES;   // elements of a value row (and of the output) per
 const uint KB = BC;           // keys a cluster takes per step, their loads all in flight
 const uint CLUSTERS = gl_WorkGroupSize.x / LANES;
 
-// The scale of the block holding value x of K (V), for the block formats; 0 (unused) for the other
-// formats. Values are decoded by kv_value (common.glsl), from their offset i in the 16-byte load
-// (a whole number of loads from the row's start) and the load's word kv_word(fmt, i); quants by
-// kv_quant, without the scale, which multiplies a load's sum of products (K) or the weights (V)
-// once per load.
-float k_scale(uint x) {
-  if (!kv_scaled(K_FORMAT)) return 0.0;
-  uint s = kv_scale_word(K_FORMAT, x, k_count());
-  return kv_scale(k_vec[s >> 2u][s & 3u], x);
-}
-float v_scale(uint x) {
-  if (!kv_scaled(V_FORMAT)) return 0.0;
-  uint s = kv_scale_word(V_FORMAT, x, v_count());
-  return kv_scale(v_vec[s >> 2u][s & 3u], x);
+// The head of the block holding value x of K (V), for the block formats (formats.glsl); unused
+// for the others. Values are decoded by kv_value, from their offset i in the 16-byte load (a whole
+// number of loads from the row's start) and the load's word kv_word(fmt, i); quants by kv_quant,
+// without the scale d and minimum m, which a load applies once to its sum of products (K: d times
+// it, plus m times the sum of the queries) or to the weights (V: d w for each quant, plus m w).
+uint kv_vec_word(bool is_k, uint i) { return is_k ? k_vec[i >> 2u][i & 3u] : v_vec[i >> 2u][i & 3u]; }
+BlockHead kv_head(bool is_k, uint fmt, uint x) {
+  if (!kv_scaled(fmt)) return no_head();
+  uint w = kv_head_word(fmt, x, is_k ? k_count() : v_count());
+  return fmt_head(fmt, x, kv_vec_word(is_k, w), FMT_HEAD_HALVES(fmt) > 2u ? kv_vec_word(is_k, w + 1u) : 0u);
 }
 
 float q_reg[ROWS][KE];
@@ -90,34 +86,41 @@ void main() {
   for (uint j0 = begin + cluster * KB; j0 < end; j0 += CLUSTERS * KB) {
     if (!tile_seen(j0)) continue;  // hidden from every row by the additive mask: never read
     uvec4 kx[KB][KE / KVEC], vx[KB][VE / VVEC];
-    float kd[KB][KE / KVEC], vd[KB][VE / VVEC];  // the loads' block scales (block formats)
+    BlockHead kh[KB][KE / KVEC], vh[KB][VE / VVEC];  // the loads' block heads (block formats)
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       uint key = key_row(kv_base, min(j0 + c, end - 1u));  // past the end: the last key, weight 0
       [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {
         uint x = key * D + sub * KE + u * KVEC;
         kx[c][u] = k_vec[x / KVEC];
-        kd[c][u] = k_scale(x);
+        kh[c][u] = kv_head(true, K_FORMAT, x);
       }
       [[unroll]] for (uint u = 0; u < VE / VVEC; ++u) {
         uint x = key * DV + sub * VE + u * VVEC;
         vx[c][u] = v_vec[x / VVEC];
-        vd[c][u] = v_scale(x);
+        vh[c][u] = kv_head(false, V_FORMAT, x);
       }
     }
     float s[KB][ROWS];
     [[unroll]] for (uint c = 0; c < KB; ++c) {
       [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) s[c][rr] = 0.0;
       [[unroll]] for (uint u = 0; u < KE / KVEC; ++u) {
-        // A quantised load's products are summed before its block's scale, applied once.
-        float part[ROWS];
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) part[rr] = 0.0;
+        // A quantised load's products are summed before its block's scale, applied once (and its
+        // minimum, once to the sum of the queries).
+        float part[ROWS], qsum[ROWS];
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) part[rr] = qsum[rr] = 0.0;
         [[unroll]] for (uint i = 0; i < KVEC; ++i) {
           uint word = kx[c][u][kv_word(K_FORMAT, i)];
-          float k = kv_scaled(K_FORMAT) ? kv_quant(K_FORMAT, i, word) : kv_value(K_FORMAT, i, word, 0.0);
-          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) part[rr] = fma(q_reg[rr][u * KVEC + i], k, part[rr]);
+          float k = kv_scaled(K_FORMAT) ? kv_quant(K_FORMAT, i, word, kh[c][u].qh)
+                                        : kv_value(K_FORMAT, i, word, no_head());
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+            part[rr] = fma(q_reg[rr][u * KVEC + i], k, part[rr]);
+            if (FMT_AFFINE(K_FORMAT)) qsum[rr] += q_reg[rr][u * KVEC + i];
+          }
         }
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-          s[c][rr] = kv_scaled(K_FORMAT) ? fma(kd[c][u], part[rr], s[c][rr]) : s[c][rr] + part[rr];
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+          if (!kv_scaled(K_FORMAT)) s[c][rr] += part[rr];
+          else s[c][rr] = fma(kh[c][u].d, part[rr], FMT_AFFINE(K_FORMAT) ? fma(kh[c][u].m, qsum[rr], s[c][rr]) : s[c][rr]);
+        }
       }
     }
     [[unroll]] for (uint step = LANES / 2u; step > 0u; step /= 2u)
@@ -142,13 +145,19 @@ void main() {
     }
     [[unroll]] for (uint c = 0; c < KB; ++c)
       [[unroll]] for (uint u = 0; u < VE / VVEC; ++u) {
-        float w[ROWS];  // the weights, times the load's block scale for quantised V
-        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) w[rr] = kv_scaled(V_FORMAT) ? s[c][rr] * vd[c][u] : s[c][rr];
+        float w[ROWS], wm[ROWS];  // the weights, times the load's block scale (and minimum)
+        [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+          w[rr] = kv_scaled(V_FORMAT) ? s[c][rr] * vh[c][u].d : s[c][rr];
+          wm[rr] = s[c][rr] * vh[c][u].m;
+        }
         [[unroll]] for (uint i = 0; i < VVEC; ++i) {
           uint word = vx[c][u][kv_word(V_FORMAT, i)];
-          float v = kv_scaled(V_FORMAT) ? kv_quant(V_FORMAT, i, word) : kv_value(V_FORMAT, i, word, 0.0);
-          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
-            o_acc[rr][u * VVEC + i] = fma(w[rr], v, o_acc[rr][u * VVEC + i]);
+          float v = kv_scaled(V_FORMAT) ? kv_quant(V_FORMAT, i, word, vh[c][u].qh)
+                                        : kv_value(V_FORMAT, i, word, no_head());
+          [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
+            float o = fma(w[rr], v, o_acc[rr][u * VVEC + i]);
+            o_acc[rr][u * VVEC + i] = FMT_AFFINE(V_FORMAT) ? o + wm[rr] : o;
+          }
         }
       }
   }

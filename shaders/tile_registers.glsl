@@ -58,18 +58,18 @@ uint slot_texel(uint lane, uint u, uint g) { return (lane + BC * (u / g)) * g + 
 // than one key and one sum; 4 keys or 4 sums were no better).
 const uint KB = 2u, ACC = 2u;
 
-// G texels fetched at once, decoded by texel(): a block format's words w with its scale d, their
-// first value x0, or one texel x of another format.
+// G texels fetched at once, decoded by texel(): a block format's words w with its block's head h,
+// their first value x0, or one texel x of another format.
 struct Fetch {
   uvec4 w;
-  float d;
+  BlockHead h;
   uint x0;
   vec4 x;
 };
 
 // Texel g of a fetch.
 vec4 texel(Fetch f, uint fmt, uint g) {
-  if (kv_scaled(fmt)) return fmt_vec4(fmt, f.w[g], f.d, f.x0 + 4u * g);
+  if (kv_scaled(fmt)) return fmt_vec4(fmt, f.w[g], f.h, f.x0 + 4u * g);
   return f.x;
 }
 
@@ -77,12 +77,13 @@ vec4 texel(Fetch f, uint fmt, uint g) {
 // values 4t .. 4t + 4G - 1.
 Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
   Fetch f;
-  f.w = uvec4(0u), f.d = 0.0, f.x0 = 4u * t, f.x = vec4(0.0);
+  f.w = uvec4(0u), f.h = no_head(), f.x0 = 4u * t, f.x = vec4(0.0);
 #ifdef KV_QUANT
   uint x0 = 4u * t;
-  if (kv_scaled(fmt)) {  // sixteen values of a block, in one texel, and its scale
-    uint s = kv_scale_word(fmt, x0, count);
-    f.d = kv_scale(texelFetch(tex, int(s >> 2u))[s & 3u], x0);
+  if (kv_scaled(fmt)) {  // sixteen values of a block, in one texel, and its head
+    uint s = kv_head_word(fmt, x0, count);
+    uint w1 = FMT_HEAD_HALVES(fmt) > 2u ? texelFetch(tex, int((s + 1u) >> 2u))[(s + 1u) & 3u] : 0u;
+    f.h = fmt_head(fmt, x0, texelFetch(tex, int(s >> 2u))[s & 3u], w1);
     f.w = texelFetch(tex, int(kv_word(fmt, x0) >> 2u));
     return f;
   }
@@ -91,7 +92,7 @@ Fetch kv_fetch(KV_TEX tex, uint fmt, uint count, uint t) {
   uint words = fmt_bits(fmt) / 8u;
   [[unroll]] for (uint i = 0; i < 4u; ++i)
     if (i < words) w[i] = texelFetch(tex, int(kv_word(fmt, x0) + i)).x;
-  [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], 0.0);
+  [[unroll]] for (uint e = 0; e < 4u; ++e) f.x[e] = kv_value(fmt, x0 + e, w[e * words / 4u], f.h);
 #else
   f.x = texelFetch(tex, int(t));
 #endif
@@ -106,7 +107,7 @@ Fetch lane_fetch(KV_TEX tex, uint fmt, uint g, uint count, uint width, uint key,
   if ((texels + g * BC - 1u) / (g * BC) * (g * BC) == texels)
     return kv_fetch(tex, fmt, count, key * texels + t);
   Fetch f = kv_fetch(tex, fmt, count, key * texels + min(t, texels - g));
-  if (t >= texels) f.d = 0.0, f.x = vec4(0.0);
+  if (t >= texels) f.h = no_head(), f.x = vec4(0.0);
   return f;
 }
 

@@ -147,7 +147,7 @@ void expect_sequences_match(const HostTensor& q, const PagedBatch& p, const Stor
 
 // The block formats quantise finite values only: there the rows without a token hold 1000.
 HostTensor unused_rows_finite(HostTensor x, DType storage) {
-  if (storage == DType::q8_0 || storage == DType::q4_0)
+  if (dtype_quantised(storage))
     for (float& e : x.data)
       if (std::isnan(e)) e = 1000.0f;
   return x;

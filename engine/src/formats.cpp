@@ -14,45 +14,75 @@ namespace flashvk::detail {
 
 namespace {
 
-// ggml's quantize_row_q8_0_ref, one block of 32 values: d = max|x| / 127, q = round(x / d).
-uint16_t quantise_q8_0(const float* x, uint8_t* q) {
+// Each block format's quantiser, as ggml's quantize_row_*_ref quantises one block of 32 values x
+// (its quants into q as ggml's qs, its head into h: d, then m, then qh's two halves), and its
+// decoder of value j. Step by step as ggml rounds, so that a cache reads as ggml's would.
+void put_head(uint16_t* h, float d, float m, uint32_t qh, uint32_t halves) {
+  h[0] = float_to_half(d);
+  if (halves > 1) h[1] = float_to_half(m);
+  if (halves > 2) h[2] = uint16_t(qh & 0xffffu), h[3] = uint16_t(qh >> 16);
+}
+float head_d(const uint16_t* h) {
+  return half_to_float(h[0]);
+}
+// Of a 4-bit format, the nibble of value j: byte j % 16, low for j < 16, high for the rest.
+int nibble(const uint8_t* q, uint32_t j) {
+  return j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+}
+// The value of largest magnitude, with its sign (0 for a block of zeros).
+float signed_max(const float* x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  return max;
+}
+// Quants 0 .. levels - 1 of values j and j + 16 into byte j; the fifth bits into qh.
+uint32_t pack_nibbles(const int* l, uint8_t* q) {
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<uint8_t>((l[j] & 15) | (l[j + 16] & 15) << 4);
+    qh |= uint32_t((l[j] >> 4) & 1) << j | uint32_t((l[j + 16] >> 4) & 1) << (j + 16);
+  }
+  return qh;
+}
+
+// q8_0: d = max|x| / 127, q = round(x / d).
+void quantise_q8_0(const float* x, uint8_t* q, uint16_t* h) {
   float amax = 0.0f;
   for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
   float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
   for (int j = 0; j < 32; ++j)
     q[j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
-  return float_to_half(d);
+  put_head(h, d, 0, 0, 1);
 }
-float dequantise_q8_0(const uint8_t* q, float d, uint32_t j) {
-  return d * static_cast<float>(static_cast<int8_t>(q[j]));
+float dequantise_q8_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>(static_cast<int8_t>(q[j]));
 }
 
-// ggml's quantize_row_q4_0_ref: d = (the value of largest magnitude, with its sign) / -8, and
-// 4-bit q = x / d + 8; byte j holds values j and j + 16 in its low and high nibble.
-uint16_t quantise_q4_0(const float* x, uint8_t* q) {
-  float amax = 0.0f, max = 0.0f;
+// q4_0 and q5_0: d = (the value of largest magnitude, with its sign) / -(levels / 2), and
+// q = x / d + levels / 2, truncated (after + 0.5) and capped at levels - 1.
+template <int levels>
+void quantise_symmetric(const float* x, uint8_t* q, uint16_t* h) {
+  float d = signed_max(x) / float(-levels / 2), id = d != 0.0f ? 1.0f / d : 0.0f;
+  int l[32];
   for (int j = 0; j < 32; ++j)
-    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-  float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  auto nibble = [&](float v) {
-    return static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(v * id + 8.5f))));
-  };
-  for (int j = 0; j < 16; ++j) q[j] = static_cast<uint8_t>(nibble(x[j]) | nibble(x[j + 16]) << 4);
-  return float_to_half(d);
+    l[j] = std::min(levels - 1, static_cast<int>(static_cast<int8_t>(x[j] * id + (levels / 2 + 0.5f))));
+  uint32_t qh = pack_nibbles(l, q);
+  put_head(h, d, 0, qh, levels == 16 ? 1 : 4);
 }
-float dequantise_q4_0(const uint8_t* q, float d, uint32_t j) {
-  return d * static_cast<float>((j < 16 ? q[j] & 15 : q[j - 16] >> 4) - 8);
+float dequantise_q4_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>(nibble(q, j) - 8);
 }
 
 // In DType's order (checked below against shaders/formats.glsl's IDs).
 constexpr Format kFormats[] = {
-    {DType::f32, "f32", 1, 32, true, true, "32-bit floats", nullptr, nullptr},
-    {DType::f16, "f16", 1, 16, true, true, "IEEE half precision", nullptr, nullptr},
-    {DType::bf16, "bf16", 1, 16, false, false, "bfloat16", nullptr, nullptr},
-    {DType::q8_0, "q8_0", 32, 8, false, true, "ggml's blocks of 32 int8 with an fp16 scale",
-     quantise_q8_0, dequantise_q8_0},
-    {DType::q4_0, "q4_0", 32, 4, false, true, "ggml's blocks of 32 4-bit values with an fp16 scale",
-     quantise_q4_0, dequantise_q4_0},
+    {DType::f32, "f32", 1, 32, true, true, "32-bit floats", 0, nullptr, nullptr},
+    {DType::f16, "f16", 1, 16, true, true, "IEEE half precision", 0, nullptr, nullptr},
+    {DType::bf16, "bf16", 1, 16, false, false, "bfloat16", 0, nullptr, nullptr},
+    {DType::q8_0, "q8_0", 32, 8, false, true, "int8 and a scale", 1, quantise_q8_0,
+     dequantise_q8_0},
+    {DType::q4_0, "q4_0", 32, 4, false, true, "4 bits and a scale", 1, quantise_symmetric<16>,
+     dequantise_q4_0},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \
@@ -130,7 +160,7 @@ bool dtype_quantised(DType dtype) {
 uint64_t storage_bytes(DType dtype, int64_t numel) {
   const detail::Format& f = format(dtype);
   uint64_t n = static_cast<uint64_t>(numel);
-  return n * f.bits / 8 + (f.blocked() ? n / f.block * 2 : 0);  // and the blocks' fp16 scales
+  return n * f.bits / 8 + (f.blocked() ? n / f.block * 2 * f.head_halves : 0);  // and the heads
 }
 
 uint64_t buffer_bytes(DType dtype, int64_t numel) {
@@ -168,9 +198,13 @@ std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
         throw Error(std::string(f.name) + " quantises finite values only; value " +
                     std::to_string(i) + " is " + std::to_string(values[i]));
     uint64_t quant_bytes = f.quant_bytes(), blocks = uint64_t(n) / f.block;
-    uint64_t scales = blocks * quant_bytes;  // the scales follow every block's quants
-    for (uint64_t b = 0; b < blocks; ++b)
-      put16(bytes, scales + 2 * b, f.quantise(values.data() + b * f.block, bytes.data() + b * quant_bytes));
+    uint64_t heads = blocks * quant_bytes;  // the heads follow every block's quants
+    for (uint64_t b = 0; b < blocks; ++b) {
+      uint16_t head[4] = {};
+      f.quantise(values.data() + b * f.block, bytes.data() + b * quant_bytes, head);
+      for (uint32_t i = 0; i < f.head_halves; ++i)
+        put16(bytes, heads + 2 * (b * f.head_halves + i), head[i]);
+    }
   }
   return bytes;
 }
@@ -189,11 +223,13 @@ std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_
       values[i] = dtype == DType::f16 ? half_to_float(x) : std::bit_cast<float>(uint32_t(x) << 16);
     }
   } else {
-    uint64_t quant_bytes = f.quant_bytes(), scales = uint64_t(numel) / f.block * quant_bytes;
+    uint64_t quant_bytes = f.quant_bytes(), heads = uint64_t(numel) / f.block * quant_bytes;
     for (int64_t i = 0; i < numel; ++i) {
       uint64_t b = uint64_t(i) / f.block;
-      float d = half_to_float(get16(bytes, scales + 2 * b));
-      values[i] = f.dequantise(bytes.data() + b * quant_bytes, d, uint32_t(i % f.block));
+      uint16_t head[4] = {};
+      for (uint32_t k = 0; k < f.head_halves; ++k)
+        head[k] = get16(bytes, heads + 2 * (b * f.head_halves + k));
+      values[i] = f.dequantise(bytes.data() + b * quant_bytes, head, uint32_t(i % f.block));
     }
   }
   return values;

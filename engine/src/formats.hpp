@@ -22,10 +22,13 @@ struct Format {
   bool appendable;
   /// One line for help texts.
   const char* about;
+  /// Block formats: 16-bit halves of a block's head (d; d and m; d, m and qh: shaders'
+  /// FMT_HEAD_HALVES).
+  uint32_t head_halves;
   /// Block formats: quantises one block of `block` values into its quants (block * bits / 8
-  /// bytes) and returns its fp16 scale's bits; dequantises quant j of a block.
-  uint16_t (*quantise)(const float* x, uint8_t* quants);
-  float (*dequantise)(const uint8_t* quants, float scale, uint32_t j);
+  /// bytes) and its head (head_halves); dequantises value j of a block.
+  void (*quantise)(const float* x, uint8_t* quants, uint16_t* head);
+  float (*dequantise)(const uint8_t* quants, const uint16_t* head, uint32_t j);
 
   bool blocked() const { return block > 1; }
   /// Bytes of a block's quants.

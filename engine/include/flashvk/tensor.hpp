@@ -12,15 +12,18 @@ namespace flashvk {
 class Context;
 
 /// Storage types. Q is f32 or f16 (O and LSE are always f32); K and V may also be bf16 or one of
-/// ggml's block formats: 32 values a block, each a quant q times the block's fp16 scale d (q8_0:
-/// int8 q, x = d q; q4_0: 4-bit q, x = d (q - 8)), quantised on upload as ggml's
-/// quantize_row_*_ref do and dequantised by the kernels as they load a tile. ggml's values and
-/// quants, not its byte layout (a ggml block puts d before its quants): on the device a block
-/// tensor keeps all its quants first, block after block as ggml's qs (a 4-bit block's byte j
-/// holding values j and j + 16 in its low and high nibble), then all its fp16 scales, one a block
-/// of 32 along the last dimension, which must be a multiple of 32. Every format is a row of one
-/// table (engine/src/formats.cpp) with its twin for the kernels (shaders/formats.glsl), which
-/// numbers them alike.
+/// ggml's block formats of 32 values, a value x = d q + m from its quant q, its block's fp16 scale
+/// d and, where the format has one, its block's fp16 minimum m (else 0):
+///   - q8_0: int8 q
+///   - q4_0: 4-bit, x = d (q - 8)
+/// They are quantised on upload as ggml's quantize_row_*_ref do and dequantised by the kernels as
+/// they load a tile. ggml's fields bit for bit, as a struct of arrays rather than ggml's array of
+/// blocks: on the device a block tensor keeps all its quants first, block after block as ggml's
+/// qs (a 4-bit block's byte j holding values j and j + 16 in its low and high nibble), then all
+/// its block heads, one a block of 32 along the last dimension (which must be a multiple of 32):
+/// d (two blocks a word), or d and m (a word), or d, m and ggml's 32 fifth bits qh (two words).
+/// Every format is a row of one table (engine/src/formats.cpp) with its twin for the kernels
+/// (shaders/formats.glsl), which numbers them alike.
 enum class DType { f32, f16, bf16, q8_0, q4_0 };
 const char* dtype_name(DType dtype);
 /// What a list of dtypes is for: any storage (K and V), Q's, or a KV cache appended to on the
