@@ -74,6 +74,34 @@ TEST(StorageTest, Q4_0ClampsThePositiveExtremeAndKeepsZeroBlocks) {
   EXPECT_THROW(encode(bad, DType::q8_0), Error);
 }
 
+// The head of block b of `blocks`: its 16-bit halves (d, m, qh's two halves), which follow every
+// block's quants.
+std::vector<uint16_t> head_of(const std::vector<uint8_t>& bytes, uint64_t blocks, uint64_t b,
+                              uint32_t halves) {
+  std::vector<uint16_t> h(halves);
+  std::memcpy(h.data(), bytes.data() + bytes.size() - 2 * halves * (blocks - b), 2 * halves);
+  return h;
+}
+
+TEST(StorageTest, Q4_1BlocksStoreTheirMinimumAndSteps) {
+  // 1 + 0.5 k, k = j % 16: the minimum 1, the range 7.5 over 15 steps: d = 0.5 and q = k exactly.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = 1.0f + 0.5f * float((j * 7) % 16);
+  std::vector<uint8_t> bytes = encode(x, DType::q4_1);
+  ASSERT_EQ(bytes.size(), 16u + 4u);  // 16 bytes of nibbles, then d and m
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(bytes[j] & 15, (j * 7) % 16) << j;
+    EXPECT_EQ(bytes[j] >> 4, ((j + 16) * 7) % 16) << j;
+  }
+  std::vector<uint16_t> h = head_of(bytes, 1, 0, 2);
+  EXPECT_EQ(half_to_float(h[0]), 0.5f);
+  EXPECT_EQ(half_to_float(h[1]), 1.0f);
+  EXPECT_EQ(stored_values(block_of(x), DType::q4_1).data, x);
+  // A block all one value: d = 0, every value is m.
+  EXPECT_EQ(stored_values(block_of(std::vector<float>(32, -2.5f)), DType::q4_1).data,
+            std::vector<float>(32, -2.5f));
+}
+
 TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
   EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);

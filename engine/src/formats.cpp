@@ -70,8 +70,23 @@ void quantise_symmetric(const float* x, uint8_t* q, uint16_t* h) {
   uint32_t qh = pack_nibbles(l, q);
   put_head(h, d, 0, qh, levels == 16 ? 1 : 4);
 }
+// q4_1 and q5_1: d = (max - min) / (levels - 1), m = min, q = (x - m) / d rounded.
+template <int levels>
+void quantise_affine(const float* x, uint8_t* q, uint16_t* h) {
+  float lo = x[0], hi = x[0];
+  for (int j = 0; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+  float d = (hi - lo) / float(levels - 1), id = d != 0.0f ? 1.0f / d : 0.0f;
+  int l[32];
+  for (int j = 0; j < 32; ++j)
+    l[j] = std::min(levels - 1, static_cast<int>(static_cast<int8_t>((x[j] - lo) * id + 0.5f)));
+  uint32_t qh = pack_nibbles(l, q);
+  put_head(h, d, lo, qh, levels == 16 ? 2 : 4);
+}
 float dequantise_q4_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
   return head_d(h) * static_cast<float>(nibble(q, j) - 8);
+}
+float dequantise_q4_1(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>(nibble(q, j)) + half_to_float(h[1]);
 }
 
 // In DType's order (checked below against shaders/formats.glsl's IDs).
@@ -83,6 +98,8 @@ constexpr Format kFormats[] = {
      dequantise_q8_0},
     {DType::q4_0, "q4_0", 32, 4, false, true, "4 bits and a scale", 1, quantise_symmetric<16>,
      dequantise_q4_0},
+    {DType::q4_1, "q4_1", 32, 4, false, true, "4 bits, a scale and a minimum", 2,
+     quantise_affine<16>, dequantise_q4_1},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \
