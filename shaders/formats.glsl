@@ -25,6 +25,7 @@ FORMAT_ID(FMT_BF16, bf16, 2u)
 FORMAT_ID(FMT_Q8_0, q8_0, 3u)
 FORMAT_ID(FMT_Q4_0, q4_0, 4u)
 FORMAT_ID(FMT_Q4_1, q4_1, 5u)
+FORMAT_ID(FMT_Q5_0, q5_0, 6u)
 #ifdef FORMAT_IDS_IN_GLSL
 #undef FORMAT_ID
 #undef FORMAT_IDS_IN_GLSL
@@ -38,7 +39,7 @@ FORMAT_ID(FMT_Q4_1, q4_1, 5u)
   ((fmt) == FMT_F32 ? 32u : ((fmt) == FMT_F16 || (fmt) == FMT_BF16 ? 16u : ((fmt) == FMT_Q8_0 ? 8u : 4u)))
 // 16-bit halves of a block's head: d; d and m; d, m and qh.
 #define FMT_HEAD_HALVES(fmt) \
-  ((fmt) == FMT_Q4_1 ? 2u : 1u)
+  ((fmt) == FMT_Q4_1 ? 2u : ((fmt) == FMT_Q5_0 ? 4u : 1u))
 // Values in one 16-byte load (lanes): 4 floats, 8 halves, 16 q8_0 quants (half a block) or 32
 // 4-bit quants (a whole block), so that load x / FMT_LOAD_VALUES holds value x.
 #define FMT_LOAD_VALUES(fmt) (128u / FMT_BITS(fmt))
@@ -95,7 +96,7 @@ float kv_quant(uint fmt, uint x, uint word, uint qh) {
   shift += (x & 16u) != 0u ? 4u : 0u;
   uint nibble = (word >> shift) & 15u;
   uint high = ((qh >> (x & 31u)) & 1u) << 4u;  // 0 but for the 5-bit formats
-  float offset = fmt == FMT_Q4_0 ? 8.0 : 0.0;
+  float offset = fmt == FMT_Q4_0 ? 8.0 : (fmt == FMT_Q5_0 ? 16.0 : 0.0);
   return uintBitsToFloat((nibble | high) | 0x4b000000u) - (8388608.0 + offset);
 }
 
@@ -146,7 +147,7 @@ BlockHead quantise_block(uint fmt, float x[32], out uint words[8]) {
   // The others: quant q[j] of value j, 0 .. 15 (5-bit formats: 0 .. 31, the fifth bit into qh).
   uint q[32];
   bool affine = FMT_AFFINE(fmt);
-  float levels = 16.0;
+  float levels = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 16.0 : 32.0;
   h.d = affine ? (hi - lo) / (levels - 1.0) : signed_max / -(levels / 2.0);
   h.m = affine ? lo : 0.0;
   precise float inv = h.d != 0.0 ? 1.0 / h.d : 0.0;

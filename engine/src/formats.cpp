@@ -29,6 +29,11 @@ float head_d(const uint16_t* h) {
 int nibble(const uint8_t* q, uint32_t j) {
   return j < 16 ? q[j] & 15 : q[j - 16] >> 4;
 }
+// Of q5_0 and q5_1, value j's fifth bit from qh (head halves 2 and 3).
+int fifth_bit(const uint16_t* h, uint32_t j) {
+  uint32_t qh = uint32_t(h[2]) | uint32_t(h[3]) << 16;
+  return int((qh >> j) & 1u) << 4;
+}
 // The value of largest magnitude, with its sign (0 for a block of zeros).
 float signed_max(const float* x) {
   float amax = 0.0f, max = 0.0f;
@@ -88,6 +93,9 @@ float dequantise_q4_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
 float dequantise_q4_1(const uint8_t* q, const uint16_t* h, uint32_t j) {
   return head_d(h) * static_cast<float>(nibble(q, j)) + half_to_float(h[1]);
 }
+float dequantise_q5_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>((nibble(q, j) | fifth_bit(h, j)) - 16);
+}
 
 // In DType's order (checked below against shaders/formats.glsl's IDs).
 constexpr Format kFormats[] = {
@@ -100,6 +108,8 @@ constexpr Format kFormats[] = {
      dequantise_q4_0},
     {DType::q4_1, "q4_1", 32, 4, false, true, "4 bits, a scale and a minimum", 2,
      quantise_affine<16>, dequantise_q4_1},
+    {DType::q5_0, "q5_0", 32, 4, false, true, "5 bits and a scale", 4, quantise_symmetric<32>,
+     dequantise_q5_0},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \
