@@ -26,6 +26,7 @@ FORMAT_ID(FMT_Q8_0, q8_0, 3u)
 FORMAT_ID(FMT_Q4_0, q4_0, 4u)
 FORMAT_ID(FMT_Q4_1, q4_1, 5u)
 FORMAT_ID(FMT_Q5_0, q5_0, 6u)
+FORMAT_ID(FMT_Q5_1, q5_1, 7u)
 #ifdef FORMAT_IDS_IN_GLSL
 #undef FORMAT_ID
 #undef FORMAT_IDS_IN_GLSL
@@ -39,7 +40,7 @@ FORMAT_ID(FMT_Q5_0, q5_0, 6u)
   ((fmt) == FMT_F32 ? 32u : ((fmt) == FMT_F16 || (fmt) == FMT_BF16 ? 16u : ((fmt) == FMT_Q8_0 ? 8u : 4u)))
 // 16-bit halves of a block's head: d; d and m; d, m and qh.
 #define FMT_HEAD_HALVES(fmt) \
-  ((fmt) == FMT_Q4_1 ? 2u : ((fmt) == FMT_Q5_0 ? 4u : 1u))
+  ((fmt) == FMT_Q4_1 ? 2u : ((fmt) == FMT_Q5_0 || (fmt) == FMT_Q5_1 ? 4u : 1u))
 // Values in one 16-byte load (lanes): 4 floats, 8 halves, 16 q8_0 quants (half a block) or 32
 // 4-bit quants (a whole block), so that load x / FMT_LOAD_VALUES holds value x.
 #define FMT_LOAD_VALUES(fmt) (128u / FMT_BITS(fmt))
@@ -47,7 +48,7 @@ FORMAT_ID(FMT_Q5_0, q5_0, 6u)
 // block formats (sixteen values of a block, fetched with their block's head), else 1.
 #define FMT_TEXEL_GROUP(fmt) (FMT_BLOCK(fmt) > 1u ? 4u : 1u)
 // Whether a value adds its block's minimum m.
-#define FMT_AFFINE(fmt) ((fmt) == FMT_Q4_1)
+#define FMT_AFFINE(fmt) ((fmt) == FMT_Q4_1 || (fmt) == FMT_Q5_1)
 
 uint fmt_block(uint fmt) { return FMT_BLOCK(fmt); }
 uint fmt_bits(uint fmt) { return FMT_BITS(fmt); }

@@ -347,17 +347,22 @@ TEST_F(CliTest, RunStoresKAndVInTheKvDtype) {
   put_tensor("q.npy", q);
   put_tensor("k.npy", k);
   put_tensor("v.npy", v);
-  Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --kv-dtype q4_0 --causal");
-  ASSERT_EQ(o.status, 0) << o.output;
-  EXPECT_NE(o.output.find("f32/q4_0"), std::string::npos) << o.output;
   AttentionParams params;
   params.mods.causal = true;
-  HostTensor ks = stored_values(k, DType::q4_0), vs = stored_values(v, DType::q4_0);
-  reference::Result ref = reference::direct(q, ks, vs, params);
-  EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out), tolerance(q, ks, vs, params));
+  for (const char* kv : {"q4_0", "q5_1"}) {
+    Outcome o = run_cli("run " + qkv() + " --out " + path("o.npy") + " --kv-dtype " + kv +
+                        " --causal");
+    ASSERT_EQ(o.status, 0) << o.output;
+    EXPECT_NE(o.output.find(std::string("f32/") + kv), std::string::npos) << o.output;
+    HostTensor ks = stored_values(k, parse_dtype(kv)), vs = stored_values(v, parse_dtype(kv));
+    reference::Result ref = reference::direct(q, ks, vs, params);
+    EXPECT_LE(max_error(npy::read(path("o.npy"), "O").data, ref.out),
+              tolerance(q, ks, vs, params))
+        << kv;
+  }
   write_qkv({1, 2, 4, 8}, {1, 2, 6, 8}, {1, 2, 6, 8});
   expect_refused("run " + qkv() + " --kv-dtype q8_0", "blocks of 32");
-  expect_refused("run " + qkv() + " --kv-dtype q5_1", "--kv-dtype: unknown dtype 'q5_1'");
+  expect_refused("run " + qkv() + " --kv-dtype q6_k", "--kv-dtype: unknown dtype 'q6_k'");
   expect_refused("run " + qkv() + " --dtype bf16", "--dtype must be f32 or f16");
 }
 

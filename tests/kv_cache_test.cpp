@@ -182,7 +182,7 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
   AttentionRecording plain(ctx, q, whole.prefix(4), whole.prefix(4));
   expect_refused([&] { plain.set_position(0); }, "appends to a KV cache");
   expect_refused([&] { KvCache(ctx, {1, 2, 0, 16, 16, DType::f32}); }, "capacity");
-  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::bf16}); }, "f32, f16, q8_0, q4_0, q4_1 or q5_0");
+  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::bf16}); }, "f32, f16, q8_0, q4_0, q4_1, q5_0 or q5_1");
   KvCache quantised(ctx, {1, 2, 8, 32, 32, DType::q8_0});
   Tensor q32(ctx, {1, 4, 2, 32}, DType::f32), k32(ctx, {1, 2, 2, 32}, DType::f32);
   Tensor k32_q8(ctx, {1, 2, 2, 32}, DType::q8_0);

@@ -102,6 +102,34 @@ TEST(StorageTest, Q4_1BlocksStoreTheirMinimumAndSteps) {
             std::vector<float>(32, -2.5f));
 }
 
+TEST(StorageTest, Q5BlocksKeepTheirFifthBitsInQh) {
+  // q5_0: integers in [-16, 15], -16 the largest magnitude: d = 1, q = x + 16, whose fifth bit
+  // (x >= 0) goes to bit j of qh.
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = float((j * 11) % 32 - 16);
+  std::vector<uint8_t> bytes = encode(x, DType::q5_0);
+  ASSERT_EQ(bytes.size(), 16u + 8u);  // nibbles, then d, m (0) and qh
+  uint32_t want_qh = 0;
+  for (int j = 0; j < 32; ++j) {
+    int q = int(x[j]) + 16;
+    EXPECT_EQ(j < 16 ? bytes[j] & 15 : bytes[j - 16] >> 4, q & 15) << j;
+    want_qh |= uint32_t(q >> 4) << j;
+  }
+  std::vector<uint16_t> h = head_of(bytes, 1, 0, 4);
+  EXPECT_EQ(half_to_float(h[0]), 1.0f);
+  EXPECT_EQ(h[1], 0u);
+  EXPECT_EQ(uint32_t(h[2]) | uint32_t(h[3]) << 16, want_qh);
+  EXPECT_EQ(stored_values(block_of(x), DType::q5_0).data, x);
+  // q5_1: -2 + 0.25 j: m = -2, d = 7.75 / 31 = 0.25, q = j: qh holds the upper 16 values' bits.
+  for (int j = 0; j < 32; ++j) x[j] = -2.0f + 0.25f * float(j);
+  bytes = encode(x, DType::q5_1);
+  h = head_of(bytes, 1, 0, 4);
+  EXPECT_EQ(half_to_float(h[0]), 0.25f);
+  EXPECT_EQ(half_to_float(h[1]), -2.0f);
+  EXPECT_EQ(uint32_t(h[2]) | uint32_t(h[3]) << 16, 0xffff0000u);
+  EXPECT_EQ(stored_values(block_of(x), DType::q5_1).data, x);
+}
+
 TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
   EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);
@@ -109,7 +137,7 @@ TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_EQ(buffer_bytes(DType::q8_0, 32), 48u);
   EXPECT_EQ(buffer_bytes(DType::f16, 3), 8u);  // whole words
   EXPECT_EQ(parse_dtype("q4_0"), DType::q4_0);
-  EXPECT_THROW(parse_dtype("q5_1"), Error);
+  EXPECT_THROW(parse_dtype("q6_k"), Error);
 }
 
 class StorageDeviceTest : public VulkanTest {};

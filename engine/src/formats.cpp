@@ -96,6 +96,9 @@ float dequantise_q4_1(const uint8_t* q, const uint16_t* h, uint32_t j) {
 float dequantise_q5_0(const uint8_t* q, const uint16_t* h, uint32_t j) {
   return head_d(h) * static_cast<float>((nibble(q, j) | fifth_bit(h, j)) - 16);
 }
+float dequantise_q5_1(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>(nibble(q, j) | fifth_bit(h, j)) + half_to_float(h[1]);
+}
 
 // In DType's order (checked below against shaders/formats.glsl's IDs).
 constexpr Format kFormats[] = {
@@ -110,6 +113,8 @@ constexpr Format kFormats[] = {
      quantise_affine<16>, dequantise_q4_1},
     {DType::q5_0, "q5_0", 32, 4, false, true, "5 bits and a scale", 4, quantise_symmetric<32>,
      dequantise_q5_0},
+    {DType::q5_1, "q5_1", 32, 4, false, true, "5 bits, a scale and a minimum", 4,
+     quantise_affine<32>, dequantise_q5_1},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \
