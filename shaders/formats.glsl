@@ -27,6 +27,7 @@ FORMAT_ID(FMT_Q4_0, q4_0, 4u)
 FORMAT_ID(FMT_Q4_1, q4_1, 5u)
 FORMAT_ID(FMT_Q5_0, q5_0, 6u)
 FORMAT_ID(FMT_Q5_1, q5_1, 7u)
+FORMAT_ID(FMT_IQ4_NL, iq4_nl, 8u)
 #ifdef FORMAT_IDS_IN_GLSL
 #undef FORMAT_ID
 #undef FORMAT_IDS_IN_GLSL
@@ -87,6 +88,15 @@ BlockHead fmt_head(uint fmt, uint x, uint w0, uint w1) {
   return BlockHead(h.x, FMT_AFFINE(fmt) ? h.y : 0.0, FMT_HEAD_HALVES(fmt) == 4u ? w1 : 0u);
 }
 
+// ggml's kvalues_iq4nl, the 16 levels of iq4_nl's quants (-127, -104, -83, -65, -49, -35, -22,
+// -10, 1, 13, 25, 38, 53, 69, 89, 113), as signed bytes, four a word: level k is found with
+// selects and a bit-field extract, not by indexing an array (which compilers may spill to memory:
+// llvmpipe took 3x as long to build a kernel that did).
+float iq4_nl_level(uint k) {
+  uint word = k < 8u ? (k < 4u ? 0xbfad9881u : 0xf6eaddcfu) : (k < 12u ? 0x26190d01u : 0x71594535u);
+  return float(bitfieldExtract(int(word), int(8u * (k & 3u)), 8));
+}
+
 // Of a block format, value x's quant q as a float (the value is d q + m), from the word that holds
 // it and its block's qh. Exact, and with no int-to-float conversion (GPUs convert at a fraction of
 // their FMA rate): the quant's bits, made unsigned, go into the mantissa of 2^23, which is then
@@ -96,6 +106,7 @@ float kv_quant(uint fmt, uint x, uint word, uint qh) {
   if (fmt == FMT_Q8_0) return uintBitsToFloat(((word >> shift) & 0xffu) ^ 0x4b000080u) - 8388736.0;
   shift += (x & 16u) != 0u ? 4u : 0u;
   uint nibble = (word >> shift) & 15u;
+  if (fmt == FMT_IQ4_NL) return iq4_nl_level(nibble);
   uint high = ((qh >> (x & 31u)) & 1u) << 4u;  // 0 but for the 5-bit formats
   float offset = fmt == FMT_Q4_0 ? 8.0 : (fmt == FMT_Q5_0 ? 16.0 : 0.0);
   return uintBitsToFloat((nibble | high) | 0x4b000000u) - (8388608.0 + offset);
@@ -125,6 +136,16 @@ vec4 fmt_vec4(uint fmt, uint word, BlockHead h, uint x) {
 // keeps the compiler from fusing what ggml rounds step by step.
 float round_half_away(float x) { return sign(x) * floor(abs(x) + 0.5); }  // C's lroundf
 
+// iq4_nl: the level nearest x (ggml's best_index_int8; a tie takes the upper level).
+uint iq4_nl_index(float x) {
+  uint lo = 0u;
+  [[unroll]] for (uint i = 1u; i < 15u; ++i)
+    if (x >= iq4_nl_level(i)) lo = i;
+  if (x <= -127.0) return 0u;
+  if (x >= 113.0) return 15u;
+  return x - iq4_nl_level(lo) < iq4_nl_level(lo + 1u) - x ? lo : lo + 1u;
+}
+
 BlockHead quantise_block(uint fmt, float x[32], out uint words[8]) {
   precise float amax = 0.0, signed_max = 0.0, lo = x[0], hi = x[0];
   [[unroll]] for (uint j = 0u; j < 32u; ++j) {
@@ -147,14 +168,29 @@ BlockHead quantise_block(uint fmt, float x[32], out uint words[8]) {
   }
   // The others: quant q[j] of value j, 0 .. 15 (5-bit formats: 0 .. 31, the fifth bit into qh).
   uint q[32];
-  bool affine = FMT_AFFINE(fmt);
-  float levels = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 16.0 : 32.0;
-  h.d = affine ? (hi - lo) / (levels - 1.0) : signed_max / -(levels / 2.0);
-  h.m = affine ? lo : 0.0;
-  precise float inv = h.d != 0.0 ? 1.0 / h.d : 0.0;
-  [[unroll]] for (uint j = 0u; j < 32u; ++j) {
-    precise float t = affine ? (x[j] - lo) * inv + 0.5 : x[j] * inv + (levels / 2.0 + 0.5);
-    q[j] = min(uint(levels) - 1u, uint(int(t)));  // C's (int8_t) cast truncates
+  if (fmt == FMT_IQ4_NL) {  // quantize_row_iq4_nl_ref: the nearest levels, then the best scale
+    if (amax >= 1e-15) {
+      precise float d = signed_max / -127.0, id = 1.0 / d, sum_qx = 0.0, sum_q2 = 0.0;
+      [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+        q[j] = iq4_nl_index(id * x[j]);
+        precise float level = iq4_nl_level(q[j]), w = x[j] * x[j];
+        sum_qx += w * level * x[j];
+        sum_q2 += w * level * level;
+      }
+      h.d = sum_q2 > 0.0 ? sum_qx / sum_q2 : 0.0;
+    } else {
+      [[unroll]] for (uint j = 0u; j < 32u; ++j) q[j] = 0u;
+    }
+  } else {
+    bool affine = FMT_AFFINE(fmt);
+    float levels = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 16.0 : 32.0;
+    h.d = affine ? (hi - lo) / (levels - 1.0) : signed_max / -(levels / 2.0);
+    h.m = affine ? lo : 0.0;
+    precise float inv = h.d != 0.0 ? 1.0 / h.d : 0.0;
+    [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+      precise float t = affine ? (x[j] - lo) * inv + 0.5 : x[j] * inv + (levels / 2.0 + 0.5);
+      q[j] = min(uint(levels) - 1u, uint(int(t)));  // C's (int8_t) cast truncates
+    }
   }
   [[unroll]] for (uint w = 0u; w < 4u; ++w)
     [[unroll]] for (uint k = 0u; k < 4u; ++k) {

@@ -182,7 +182,7 @@ TEST_F(KvCacheTest, WhatAnAppendCannotDoIsRefusedByName) {
   AttentionRecording plain(ctx, q, whole.prefix(4), whole.prefix(4));
   expect_refused([&] { plain.set_position(0); }, "appends to a KV cache");
   expect_refused([&] { KvCache(ctx, {1, 2, 0, 16, 16, DType::f32}); }, "capacity");
-  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::bf16}); }, "f32, f16, q8_0, q4_0, q4_1, q5_0 or q5_1");
+  expect_refused([&] { KvCache(ctx, {1, 2, 32, 32, 32, DType::bf16}); }, "f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl");
   KvCache quantised(ctx, {1, 2, 8, 32, 32, DType::q8_0});
   Tensor q32(ctx, {1, 4, 2, 32}, DType::f32), k32(ctx, {1, 2, 2, 32}, DType::f32);
   Tensor k32_q8(ctx, {1, 2, 2, 32}, DType::q8_0);
@@ -344,7 +344,7 @@ TEST_F(KvCacheTest, UploadsAndDownloadsRecordedIntoTheStep) {
   });
 }
 
-// A q8_0 or q4_0 cache quantises the rows appended to it on the device, after RoPE: what it holds
+// A cache in a block format (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) quantises the rows appended to it on the device, after RoPE: what it holds
 // is what the host's encoder (ggml's reference quantisation) makes of the rotated rows, to within
 // one quant step where the GPU's float rounding lands on the other side of a half; and attention
 // over it matches float64 over the values it holds.
@@ -357,7 +357,11 @@ TEST_F(KvCacheTest, AQuantisedCacheQuantisesRowsAsTheyAreAppended) {
   };
   std::vector<Case> cases = {{DType::q8_0, DType::f32, RopeLayout::half, Variant::flash2},
                              {DType::q4_0, DType::f32, RopeLayout::interleaved, Variant::splitkv},
-                             {DType::q8_0, DType::f32, RopeLayout::none, Variant::splitkv}};
+                             {DType::q8_0, DType::f32, RopeLayout::none, Variant::splitkv},
+                             {DType::q4_1, DType::f32, RopeLayout::half, Variant::flash2},
+                             {DType::q5_0, DType::f32, RopeLayout::none, Variant::splitkv},
+                             {DType::q5_1, DType::f32, RopeLayout::interleaved, Variant::flash2},
+                             {DType::iq4_nl, DType::f32, RopeLayout::half, Variant::splitkv}};
   if (ctx.device().fp16_storage)
     cases.push_back({DType::q4_0, DType::f16, RopeLayout::half, Variant::flashd});
   const int64_t heads = 4, kv_heads = 2, d = 64, dv = 32, capacity = 20;
@@ -400,11 +404,19 @@ TEST_F(KvCacheTest, AQuantisedCacheQuantisesRowsAsTheyAreAppended) {
         for (size_t i = 0; i < want.data.size(); ++i) {
           if (held->data[i] == want.data[i]) continue;
           ++differ;
-          // One quant step of the block: its scale, from the block's largest value.
-          float amax = 0;
+          // One quant step of the block, from its largest magnitude or its range.
+          float amax = 0, lo = want.data[i / 32 * 32], hi = lo;
           for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
-            amax = std::max(amax, std::abs(want.data[j]));
-          EXPECT_LE(std::abs(held->data[i] - want.data[i]), amax / 6.0f) << "value " << i;
+            amax = std::max(amax, std::abs(want.data[j])), lo = std::min(lo, want.data[j]),
+            hi = std::max(hi, want.data[j]);
+          float quant = c.cache == DType::q8_0   ? amax / 127
+                       : c.cache == DType::q4_0 ? amax / 8
+                       : c.cache == DType::q5_0 ? amax / 16
+                       : c.cache == DType::q4_1 ? (hi - lo) / 15
+                       : c.cache == DType::q5_1 ? (hi - lo) / 31
+                                                : amax * 24 / 127;  // iq4_nl's widest gap
+          EXPECT_LE(std::abs(held->data[i] - want.data[i]), 1.01f * quant + 1e-3f * amax)
+              << "value " << i;
         }
         EXPECT_LE(differ, int64_t(want.data.size() / 50)) << length << " tokens";
       }

@@ -130,13 +130,71 @@ TEST(StorageTest, Q5BlocksKeepTheirFifthBitsInQh) {
   EXPECT_EQ(stored_values(block_of(x), DType::q5_1).data, x);
 }
 
+TEST(StorageTest, Iq4NlPicksTheNearestOfItsSixteenLevels) {
+  // 0.01 times ggml's levels, -1.27 the largest magnitude: x / (-1.27 / -127) is each level
+  // exactly, so the indices are k, and the least-squares scale is 0.01 (in fp16).
+  const int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = 0.01f * float(levels[(j * 5) % 16]);
+  std::vector<uint8_t> bytes = encode(x, DType::iq4_nl);
+  ASSERT_EQ(bytes.size(), 16u + 2u);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(bytes[j] & 15, (j * 5) % 16) << j;
+    EXPECT_EQ(bytes[j] >> 4, ((j + 16) * 5) % 16) << j;
+  }
+  float d = half_to_float(head_of(bytes, 1, 0, 1)[0]);
+  EXPECT_EQ(d, half_to_float(float_to_half(0.01f)));
+  std::vector<float> back = stored_values(block_of(x), DType::iq4_nl).data;
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(back[j], d * float(levels[(j * 5) % 16])) << j;
+  // Between two levels, the nearer: 0.5 of the way from 1 to 13 and past it.
+  x.assign(32, 0.0f);
+  x[0] = -1.27f, x[1] = 0.0699f, x[2] = 0.0701f;  // levels 1 and 13: halfway is 0.07
+  bytes = encode(x, DType::iq4_nl);
+  EXPECT_EQ(bytes[1] & 15, 8);
+  EXPECT_EQ(bytes[2] & 15, 9);
+}
+
+// Random blocks come back within half a quant step (and the fp16 rounding of d and m), or a whole
+// step where the quants are capped (the end opposite the largest magnitude of q4_0 and q5_0) or
+// the scale is fitted after the levels are chosen (iq4_nl).
+TEST(StorageTest, EveryBlockFormatComesBackWithinItsStep) {
+  HostTensor x = random_tensor({16, 64}, 17);
+  for (DType dtype : dtypes()) {
+    if (!dtype_quantised(dtype)) continue;
+    HostTensor back = stored_values(x, dtype);
+    ASSERT_EQ(back.data.size(), x.data.size()) << dtype_name(dtype);
+    for (size_t b = 0; b < x.data.size() / 32; ++b) {
+      float lo = x.data[b * 32], hi = lo, amax = 0;
+      for (size_t j = b * 32; j < b * 32 + 32; ++j)
+        lo = std::min(lo, x.data[j]), hi = std::max(hi, x.data[j]),
+        amax = std::max(amax, std::abs(x.data[j]));
+      float step = dtype == DType::q8_0   ? amax / 127
+                   : dtype == DType::q4_0 ? amax / 8
+                   : dtype == DType::q5_0 ? amax / 16
+                   : dtype == DType::q4_1 ? (hi - lo) / 15
+                   : dtype == DType::q5_1 ? (hi - lo) / 31
+                                          : amax * 24 / 127;  // iq4_nl: its widest gap
+      bool rounded = dtype == DType::q8_0 || dtype == DType::q4_1 || dtype == DType::q5_1;
+      for (size_t j = b * 32; j < b * 32 + 32; ++j)
+        EXPECT_LE(std::abs(back.data[j] - x.data[j]), (rounded ? 0.5f : 1.0f) * step + 2e-3f * amax)
+            << dtype_name(dtype) << " value " << j;
+    }
+  }
+}
+
 TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(stored_values(HostTensor({2, 48}), DType::q8_0), Error);
   EXPECT_EQ(storage_bytes(DType::q4_0, 64), 32u + 4u);
   EXPECT_EQ(buffer_bytes(DType::q4_0, 64), 48u);  // 16-byte texels
   EXPECT_EQ(buffer_bytes(DType::q8_0, 32), 48u);
   EXPECT_EQ(buffer_bytes(DType::f16, 3), 8u);  // whole words
+  EXPECT_EQ(storage_bytes(DType::q4_1, 64), 32u + 8u);   // d and m a block
+  EXPECT_EQ(storage_bytes(DType::q5_0, 64), 32u + 16u);  // d, m and qh a block
+  EXPECT_EQ(storage_bytes(DType::q5_1, 64), 32u + 16u);
+  EXPECT_EQ(storage_bytes(DType::iq4_nl, 64), 32u + 4u);
+  EXPECT_EQ(buffer_bytes(DType::q5_1, 32), 32u);
   EXPECT_EQ(parse_dtype("q4_0"), DType::q4_0);
+  EXPECT_EQ(parse_dtype("iq4_nl"), DType::iq4_nl);
   EXPECT_THROW(parse_dtype("q6_k"), Error);
 }
 
@@ -144,7 +202,7 @@ class StorageDeviceTest : public VulkanTest {};
 
 TEST_F(StorageDeviceTest, UploadThenDownloadGivesTheStoredValues) {
   HostTensor x = random_tensor({2, 3, 64}, 3);
-  for (DType dtype : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0}) {
+  for (DType dtype : dtypes()) {
     HostTensor back = Tensor::upload(context(), x, dtype).download();
     EXPECT_EQ(back.data, stored_values(x, dtype).data) << dtype_name(dtype);
   }
@@ -343,6 +401,53 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
     ADD_FAILURE() << "d = 20 in bf16 with lanes was not refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("d a multiple of 8"), std::string::npos) << e.what();
+  }
+}
+
+// q4_1, q5_0, q5_1 and iq4_nl (a minimum, fifth bits, non-linear levels) through each way the
+// kernels decode K and V: values one at a time (common.glsl's k_value, as naive's passes, shared
+// tiles and register blocks read them), sixteen a fetch (register tiles' fmt_vec4) and 32 quants a
+// load (splitkv's decoding lanes). K and V in different formats and widths, GQA, causal, against
+// float64 on the values stored. Every format in each way, two pipelines a way (llvmpipe takes
+// seconds to build each).
+TEST_F(StorageDeviceTest, EveryBlockFormatInEveryLayout) {
+  const DeviceInfo& info = context().device();
+  const Storage a{DType::f32, DType::q4_1, DType::q5_0},
+      b{info.fp16_storage ? DType::f16 : DType::f32, DType::q5_1, DType::iq4_nl};
+  struct Run {
+    Variant variant;
+    TileLayout layout;
+    Storage storage;
+  };
+  std::vector<Run> runs = {{Variant::naive, TileLayout::automatic, a},
+                           {Variant::splitkv, TileLayout::shared, b},
+                           {Variant::flash2, TileLayout::blocks, a}};
+  if (info.subgroup_shuffle && info.texel_buffers)
+    for (const Storage& s : {a, b}) runs.push_back({Variant::flash2, TileLayout::registers, s});
+  if (info.subgroup_shuffle)
+    for (const Storage& s : {a, b}) runs.push_back({Variant::splitkv, TileLayout::lanes, s});
+  HostTensor q = random_tensor({1, 4, 3, 32}, 91), k = random_tensor({1, 2, 70, 32}, 92),
+             v = random_tensor({1, 2, 70, 64}, 93);
+  for (const Run& r : runs) {
+    AttentionParams params;
+    params.variant = r.variant;
+    params.mods.causal = true;
+    params.hints.tile_layout = r.layout;
+    // One key a step in the lanes: llvmpipe builds their unrolled pipelines faster.
+    params.hints.block_keys = r.layout == TileLayout::lanes ? 1 : 0;
+    HostTensor qs = stored_values(q, r.storage.q), ks = stored_values(k, r.storage.k),
+               vs = stored_values(v, r.storage.v);
+    reference::Result ref = reference::direct(qs, ks, vs, params);
+    HostAttentionResult gpu = attention(context(), q, k, v, params, r.storage);
+    std::string what = std::string(variant_name(r.variant)) + ", " + storage_name(r.storage) +
+                       ", " + tile_layout_name(r.layout);
+    if (r.layout != TileLayout::automatic) {
+      EXPECT_EQ(gpu.tile_layout, r.layout) << what;
+    }
+    EXPECT_LE(max_error(gpu.out.data, ref.out),
+              tolerance(qs, ks, vs, params) + weight_rounding(gpu, vs))
+        << what;
+    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << what;
   }
 }
 

@@ -100,6 +100,39 @@ float dequantise_q5_1(const uint8_t* q, const uint16_t* h, uint32_t j) {
   return head_d(h) * static_cast<float>(nibble(q, j) | fifth_bit(h, j)) + half_to_float(h[1]);
 }
 
+// iq4_nl: ggml's kvalues_iq4nl, and quantize_row_iq4_nl_ref's one step: each value to the level
+// nearest x / d0 (d0 = the signed max over the lowest level), then the scale that fits the
+// levels best in least squares weighted by x^2.
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+int iq4_nearest(float x) {  // a tie takes the upper level
+  if (x <= kIq4Levels[0]) return 0;
+  if (x >= kIq4Levels[15]) return 15;
+  int lo = 0;
+  for (int i = 1; i < 15; ++i)
+    if (x >= kIq4Levels[i]) lo = i;
+  return x - kIq4Levels[lo] < kIq4Levels[lo + 1] - x ? lo : lo + 1;
+}
+void quantise_iq4_nl(const float* x, uint8_t* q, uint16_t* h) {
+  float max = signed_max(x), d = 0.0f;
+  int l[32] = {};
+  if (std::fabs(max) >= 1e-15f) {
+    float id = 1.0f / (max / kIq4Levels[0]), sum_qx = 0.0f, sum_q2 = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      l[j] = iq4_nearest(id * x[j]);
+      float level = kIq4Levels[l[j]], w = x[j] * x[j];
+      sum_qx += w * level * x[j];
+      sum_q2 += w * level * level;
+    }
+    d = sum_q2 > 0.0f ? sum_qx / sum_q2 : 0.0f;
+  }
+  pack_nibbles(l, q);
+  put_head(h, d, 0, 0, 1);
+}
+float dequantise_iq4_nl(const uint8_t* q, const uint16_t* h, uint32_t j) {
+  return head_d(h) * static_cast<float>(kIq4Levels[nibble(q, j)]);
+}
+
 // In DType's order (checked below against shaders/formats.glsl's IDs).
 constexpr Format kFormats[] = {
     {DType::f32, "f32", 1, 32, true, true, "32-bit floats", 0, nullptr, nullptr},
@@ -115,6 +148,8 @@ constexpr Format kFormats[] = {
      dequantise_q5_0},
     {DType::q5_1, "q5_1", 32, 4, false, true, "5 bits, a scale and a minimum", 4,
      quantise_affine<32>, dequantise_q5_1},
+    {DType::iq4_nl, "iq4_nl", 32, 4, false, true, "4-bit indices of 16 non-linear levels and a scale",
+     1, quantise_iq4_nl, dequantise_iq4_nl},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \

@@ -19,6 +19,7 @@ class Context;
 ///   - q4_1: 4-bit, with m
 ///   - q5_0: 5-bit, x = d (q - 16)
 ///   - q5_1: 5-bit, with m
+///   - iq4_nl: 4-bit indices of ggml's 16 non-linear levels, x = d level[q]
 /// They are quantised on upload as ggml's quantize_row_*_ref do and dequantised by the kernels as
 /// they load a tile. ggml's fields bit for bit, as a struct of arrays rather than ggml's array of
 /// blocks: on the device a block tensor keeps all its quants first, block after block as ggml's
@@ -27,7 +28,7 @@ class Context;
 /// d (two blocks a word), or d and m (a word), or d, m and ggml's 32 fifth bits qh (two words).
 /// Every format is a row of one table (engine/src/formats.cpp) with its twin for the kernels
 /// (shaders/formats.glsl), which numbers them alike.
-enum class DType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 };
+enum class DType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl };
 const char* dtype_name(DType dtype);
 /// What a list of dtypes is for: any storage (K and V), Q's, or a KV cache appended to on the
 /// device (KvCache).
