@@ -236,7 +236,7 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
 #endif
 
   // fp16 (on devices with matrix units also the cooperative-matrix kernel, for the variants that
-  // have one), and q8_0 K and q4_0 V under fp16 Q.
+  // have one), and block formats for K and V under fp16 Q.
   if (!info.fp16_storage) return;
   params.mods.causal = true;
   std::vector<TileLayout> f16_layouts = {TileLayout::automatic};
@@ -247,6 +247,14 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   if (variant == Variant::splitkv && info.subgroup_shuffle)
     quant_layouts.push_back(TileLayout::lanes);
   check("q8_0/q4_0", q3, params, Storage{DType::f16, DType::q8_0, DType::q4_0}, quant_layouts);
+  // ggml's other block formats: in decoding's variant q5_1 K and iq4_nl V, in flash2 q4_1 K and
+  // q5_0 V.
+  if (variant == Variant::splitkv)
+    check("q5_1/iq4_nl", q3, params, Storage{DType::f16, DType::q5_1, DType::iq4_nl},
+          quant_layouts);
+  if (variant == Variant::flash2)
+    check("q4_1/q5_0", q3, params, Storage{DType::f16, DType::q4_1, DType::q5_0},
+          {TileLayout::automatic});
 }
 
 std::vector<Variant> fused_variants() {
