@@ -39,6 +39,7 @@ function(flashvk_glslang_major exe out)
 endfunction()
 
 # The glslang to use: a prefix (FLASHVK_GLSLANG_ROOT or build/glslang15) or the system's.
+unset(FLASHVK_GLSLANG_VALIDATOR CACHE)  # an older configure's find_program
 set(_flashvk_glslang_root "")
 find_program(_flashvk_system_glslang glslangValidator NO_CACHE)
 flashvk_glslang_major("${_flashvk_system_glslang}" _flashvk_system_major)
