@@ -13,9 +13,9 @@
 # targets that link the engine within this build (FLASHVK_VULKAN_INCLUDE; an installed flashvk's
 # public headers compile against the application's own).
 #
-# Sets FLASHVK_GLSLANG_VALIDATOR, FLASHVK_GLSLANG_BUNDLED (ON where glslang is the build's own,
-# not the system's, in FLASHVK_GLSLANG_PREFIX: installed beside flashvk for flashvk::flex's
-# users, cmake/Install.cmake),
+# Sets FLASHVK_GLSLANG_VALIDATOR, FLASHVK_GLSLANG_PREFIX (empty: the system's glslang),
+# FLASHVK_GLSLANG_BUNDLED (ON where it is build/glslang15: installed beside flashvk for
+# flashvk::flex's users, cmake/Install.cmake),
 # FLASHVK_GLSLANG_KHR_COOPMAT (1 where glslang compiles GL_KHR_cooperative_matrix) and
 # FLASHVK_VULKAN_INCLUDE (empty: the system's headers).
 
@@ -43,18 +43,23 @@ unset(FLASHVK_GLSLANG_VALIDATOR CACHE)  # an older configure's find_program
 set(_flashvk_glslang_root "")
 find_program(_flashvk_system_glslang glslangValidator NO_CACHE)
 flashvk_glslang_major("${_flashvk_system_glslang}" _flashvk_system_major)
+set(_flashvk_own_glslang "${flashvk_SOURCE_DIR}/build/glslang15")
 if(FLASHVK_GLSLANG_ROOT)
   set(_flashvk_glslang_root "${FLASHVK_GLSLANG_ROOT}")
 elseif(_flashvk_system_major LESS FLASHVK_GLSLANG_MIN)
-  set(_flashvk_glslang_root "${flashvk_SOURCE_DIR}/build/glslang15")
+  set(_flashvk_glslang_root "${_flashvk_own_glslang}")
 endif()
+# Only setup.sh's glslang goes along with an installed flashvk (a prefix given by the user may
+# be a whole SDK): the installed package looks for another one where it was.
+set(FLASHVK_GLSLANG_BUNDLED OFF)
+set(FLASHVK_GLSLANG_PREFIX "${_flashvk_glslang_root}")
 if(_flashvk_glslang_root)
   set(FLASHVK_GLSLANG_VALIDATOR "${_flashvk_glslang_root}/bin/glslangValidator")
-  set(FLASHVK_GLSLANG_BUNDLED ON)
-  set(FLASHVK_GLSLANG_PREFIX "${_flashvk_glslang_root}")
+  if(_flashvk_glslang_root STREQUAL _flashvk_own_glslang)
+    set(FLASHVK_GLSLANG_BUNDLED ON)
+  endif()
 else()
   set(FLASHVK_GLSLANG_VALIDATOR "${_flashvk_system_glslang}")
-  set(FLASHVK_GLSLANG_BUNDLED OFF)
 endif()
 flashvk_glslang_major("${FLASHVK_GLSLANG_VALIDATOR}" _flashvk_major)
 if(_flashvk_major LESS FLASHVK_GLSLANG_MIN)
@@ -76,10 +81,13 @@ message(STATUS "flashvk: glslang ${_flashvk_major} (${FLASHVK_GLSLANG_VALIDATOR}
 find_package(Threads)  # glslang's targets name Threads::Threads
 if(_flashvk_glslang_root)
   set(glslang_DIR "${_flashvk_glslang_root}/lib/cmake/glslang" CACHE PATH "" FORCE)
-  find_package(glslang ${_flashvk_major} CONFIG QUIET)
-else()
-  find_package(glslang ${_flashvk_major} CONFIG QUIET)
+elseif(glslang_DIR)
+  string(FIND "${glslang_DIR}" "${_flashvk_own_glslang}/" _flashvk_at)
+  if(_flashvk_at EQUAL 0)  # set so by an earlier configure: the system's now
+    unset(glslang_DIR CACHE)
+  endif()
 endif()
+find_package(glslang ${_flashvk_major} CONFIG QUIET)
 
 # Whether it compiles GL_KHR_cooperative_matrix (glslang 14 and later), as the kernels will.
 set(_flashvk_probe ${flashvk_BINARY_DIR}/glslang_probe)
