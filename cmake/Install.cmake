@@ -11,6 +11,12 @@ install(DIRECTORY ${flashvk_SOURCE_DIR}/engine/include/ DESTINATION ${CMAKE_INST
 if(FLASHVK_FLEX)  # flashvk::flex, user-written attention: glslang's static libraries beside it
   install(TARGETS flashvk_flex EXPORT flashvkTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   set_target_properties(flashvk_flex PROPERTIES EXPORT_NAME flex)
+  # A glslang of the build's own (build/glslang15, FLASHVK_GLSLANG_ROOT), not the system's: its
+  # prefix goes along, in lib/flashvk/glslang, where flashvkConfig.cmake finds it.
+  if(FLASHVK_GLSLANG_BUNDLED)
+    install(DIRECTORY ${FLASHVK_GLSLANG_PREFIX}/ USE_SOURCE_PERMISSIONS
+            DESTINATION ${CMAKE_INSTALL_LIBDIR}/flashvk/glslang)
+  endif()
 endif()
 if(FLASHVK_CLI)
   install(TARGETS flashvk_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

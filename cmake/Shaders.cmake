@@ -17,7 +17,7 @@ function(flashvk_add_shader out_list file name)
     OUTPUT ${header}
     COMMAND ${FLASHVK_GLSLANG_VALIDATOR} -V --target-env vulkan1.1 ${defines} --vn ${name}
             --depfile ${header}.d -o ${header} ${FLASHVK_SHADER_DIR}/${file}
-    DEPENDS ${FLASHVK_SHADER_DIR}/${file}
+    DEPENDS ${FLASHVK_SHADER_DIR}/${file} ${FLASHVK_GLSLANG_VALIDATOR}  # another glslang: again
     DEPFILE ${header}.d
     COMMENT "glslang ${file} -> ${name}"
     VERBATIM)

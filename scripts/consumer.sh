@@ -42,9 +42,16 @@ cmake --build "$out/add_subdirectory" -j "$jobs" >/dev/null
 "$out/add_subdirectory/decode_loop" | tail -n 1
 
 echo "consumer: FetchContent from a clone of this checkout's HEAD"
+# A clone has no build/glslang15 or build/vulkan-headers of its own: where the system's glslang or
+# Vulkan headers are too old (Debian 12), it is given this checkout's, as an application names
+# the ones it has (cmake/Glslang.cmake).
+toolchain=()
+[ -d "$root/build/glslang15" ] && toolchain+=("-DFLASHVK_GLSLANG_ROOT=$root/build/glslang15")
+[ -d "$root/build/vulkan-headers" ] &&
+  toolchain+=("-DFLASHVK_VULKAN_HEADERS=$root/build/vulkan-headers/include")
 cmake -S "$root/examples/decode_loop" -B "$out/fetch_content" -DCMAKE_BUILD_TYPE=Release \
   -DFLASHVK_GIT_REPOSITORY="file://$root" -DFLASHVK_GIT_TAG="$(git -C "$root" rev-parse HEAD)" \
-  >/dev/null
+  "${toolchain[@]}" >/dev/null
 cmake --build "$out/fetch_content" -j "$jobs" >/dev/null
 "$out/fetch_content/decode_loop" | tail -n 1
 

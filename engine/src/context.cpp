@@ -167,9 +167,10 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
   throw Error("the device has no queue family with compute support");
 }
 
-// What the cooperative-matrix kernels (shaders/flash_cm.comp) need besides the basics. Debian
-// 12's glslang and Vulkan headers predate VK_KHR_cooperative_matrix, so they use its NVIDIA
-// predecessor, which NVIDIA's drivers still expose.
+// What the cooperative-matrix kernels (shaders/flash_cm.comp) need besides the basics. They were
+// written for Debian 12's glslang and Vulkan headers, which predate VK_KHR_cooperative_matrix,
+// against its NVIDIA predecessor, which NVIDIA's drivers still expose; the build's glslang (15 or
+// later, cmake/Glslang.cmake) and headers (1.4) know the KHR extension too.
 constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};

@@ -1,8 +1,8 @@
 #pragma once
 // flashvk::flex: attention its user writes (FlexAttention's score_mod and mask_mod, in GLSL:
 // Modifiers::score_mod, mask_mod and flex_table), compiled into the engine's kernels at run time
-// with glslang. Link flashvk::flex (CMake option FLASHVK_FLEX, on where glslang-dev is found) and
-// call enable() once per context; docs/engine.md shows how to write the functions.
+// with glslang. Link flashvk::flex (CMake option FLASHVK_FLEX, on where glslang's libraries are
+// found) and call enable() once per context; docs/engine.md shows how to write the functions.
 #include <cstdint>
 #include <memory>
 #include <string>
