@@ -1,4 +1,4 @@
-// Flash-Decoding's reduction of one row (seed 002): its chunks' (o'_c, m_c, d'_c) in scratch1 and
+// Flash-Decoding's reduction of one row (docs/algorithms.md, variants, splitkv): its chunks' (o'_c, m_c, d'_c) in scratch1 and
 // scratch2 merged with log-sum-exp (lse_merge.glsl), m_N = max_c m_c, d'_N = sum_c d'_c e^(m_c -
 // m_N), o = sum_c o'_c d'_c e^(m_c - m_N) / d'_N, into O and LSE. An attention sink is merged here
 // (as a chunk of zero output), not in the chunks. MERGE_LANES invocations share the row, each

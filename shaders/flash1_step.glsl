@@ -1,4 +1,4 @@
-// FlashAttention's recurrence (seed 000 §2, seeds 002/003), one tile at a time, for every layout
+// FlashAttention's recurrence (docs/algorithms.md, variants, flash1), one tile at a time, for every layout
 // that runs it (the fused kernels: flash1.comp; the matrix kernel: flash_cm.comp), with the
 // interface of flash2_step.glsl. The output is kept normalised at every step:
 // o <- o * (l_prev e^(m_prev - m_new) / l_new) + sum_c v_c e^(s_c - m_new) / l_new.

@@ -1,4 +1,4 @@
-// FlashAttention-2's recurrence (seed 000 §3), one tile at a time, for every layout: the fused
+// FlashAttention-2's recurrence (docs/algorithms.md, variants, flash2), one tile at a time, for every layout: the fused
 // kernels (flash2_state.glsl), the matrix kernel (flash_cm.comp) and the decoding kernel
 // (splitkv_lanes.comp) call these and differ only in how they form a tile's scores and sums.
 // Lazy rescaling: the output o is kept unnormalised, o <- o * e^(m_prev - m_new) + sum_c

@@ -226,7 +226,7 @@ void finish(Row row) {
   uint index = row.bh * pc.nq + row.i;
   bool writer = lane() % 2u == 0u;
 #ifdef SPLIT_KV
-  uint part = index * pc.splits + gl_WorkGroupID.z;  // seed 002: normalised o', m and d'
+  uint part = index * pc.splits + gl_WorkGroupID.z;  // as splitkv's chunks: normalised o', m and d'
   store_row(part * DV, out_scale(0u));
   if (writer) {
     scratch2[part * 2u] = m_run[0];

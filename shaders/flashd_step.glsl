@@ -1,4 +1,4 @@
-// FLASH-D's recurrence (seed 000 §4), one tile at a time, for every layout that runs it (the
+// FLASH-D's recurrence (docs/algorithms.md, variants, flashd), one tile at a time, for every layout that runs it (the
 // fused kernels: flashd.comp; the matrix kernel: flash_cm.comp), with the interface of
 // flash2_step.glsl. No running max and no division of the output: each tile blends into the
 // normalised output with a sigmoid weight, o <- o (1 - w) + w * (the tile's normalised output).

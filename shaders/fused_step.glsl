@@ -30,7 +30,7 @@ void state_init(uint rr) {
 }
 
 // The row's output at the end: O (divided as the variant says, out_scale) and LSE; splitkv's
-// chunks store their normalised o', m and l for the merge instead (seed 002).
+// chunks store their normalised o', m and l for the merge instead (docs/algorithms.md, variants, splitkv).
 void state_finish(uint rr) {
   uint row = rows[rr].bh * pc.nq + rows[rr].i;
 #ifdef SPLIT_KV

@@ -1,4 +1,4 @@
-// The log-sum-exp merge (seed 002, Flash-Decoding) of partial states (o_c, m_c, l_c) of one row,
+// The log-sum-exp merge (Flash-Decoding; docs/algorithms.md, variants, splitkv) of partial states (o_c, m_c, l_c) of one row,
 // each over its own keys: m = max_c m_c, l = sum_c l_c e^(m_c - m), o = sum_c o_c e^(m_c - m) (o_c
 // unnormalised; normalised partials o'_c = o_c / l_c weigh by l_c e^(m_c - m)). A part that saw no
 // key has m_c = -inf and l_c = 0 and adds nothing. splitkv_merge.comp merges the key chunks with

@@ -1,4 +1,4 @@
-// The state of the recurrences that keep a running max (seed 004's online softmax, FlashAttention
+// The state of the recurrences that keep a running max (the online softmax, FlashAttention
 // and FlashAttention-2): per row rr, the max m of the scores seen and the denominator l relative
 // to it. A tile (or chunk, or a cluster's step) of scores is exponentiated against the running
 // max after it (tile_ref), and rescale_state() moves the state there, adding the tile's sum.

@@ -1,6 +1,6 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-// Naive attention, step 1 of 3 (seed 000 §1): materialise S = scale * Q K^T in device memory.
+// Naive attention, step 1 of 3 (docs/algorithms.md, variants, naive): materialise S = scale * Q K^T in device memory.
 // Masked entries are stored as -inf. Workgroup y = (b, h) within this chunk, x = block of rows.
 #include "common.glsl"
 #include "tile.glsl"

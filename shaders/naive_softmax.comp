@@ -1,6 +1,6 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-// Naive attention, step 2 of 3: the 3-pass safe softmax of seed 004 on one materialised row of S,
+// Naive attention, step 2 of 3: the 3-pass safe softmax (docs/algorithms.md, variants, naive) on one materialised row of S,
 // written back in place as P. A workgroup owns one row; its invocations stride over the keys.
 //   pass 1: m_N = max_j x_j      pass 2: d_N = sum_j e^(x_j - m_N)      pass 3: a_j = e^(x_j - m_N) / d_N
 #include "common.glsl"

@@ -1,6 +1,6 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-// Two-pass online softmax (seed 004, "2-pass online softmax"). Pass 1 walks the keys and keeps
+// Two-pass online softmax (docs/algorithms.md, variants, online). Pass 1 walks the keys and keeps
 // m and d' online: m_i = max(m_{i-1}, x_i), d'_i = d'_{i-1} e^(m_{i-1} - m_i) + e^(x_i - m_i).
 // Pass 2 walks them again: a_i = e^(x_i - m_N) / d'_N, o_i = o_{i-1} + a_i v_i.
 #include "common.glsl"

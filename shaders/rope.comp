@@ -1,6 +1,6 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-// Rotary position embedding (seed 001), and the copy of new K/V rows into a KV cache, which is
+// Rotary position embedding (docs/algorithms.md, RoPE), and the copy of new K/V rows into a KV cache, which is
 // the same walk over rows with the rotation optional. Each invocation handles one pair of one
 // vector: it rotates it by the angle p * theta_i, with cos and sin precomputed on the host in
 // float64 (an fp32 p * theta loses the angle at long positions), or copies it. Pairs are

@@ -210,7 +210,7 @@ void main() {
   } else {
     holds = cluster == 0u;
   }
-  // Per seed 002 each chunk returns its normalised o', its max m and its denominator d'.
+  // As Flash-Decoding has it, each chunk returns its normalised o', its max m and its denominator d'.
   if (holds)
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
       if (!rows[rr].valid) continue;

@@ -121,7 +121,7 @@ class Model {
   const reference::RowTrace& direct() const;
   /// float64 recurrences of FA1, FA2 and FLASH-D for the derivation panel, whatever is selected.
   const reference::RowTrace& ref_of(Variant v) const;
-  /// FLASH-D as seed 000 writes it (w from ln w of the step before), run in fp32: where it
+  /// FLASH-D as docs/algorithms.md first writes it (w from ln w of the step before), run in fp32: where it
   /// underflows, the stable form in the kernels does not.
   const reference::RowTrace& literal_flashd() const;
   int steps() const { return int(scores().size()); }

@@ -546,7 +546,7 @@ void controls_selection(Model& model, UiState& ui) {
     tip(variant_info(v).about);
   }
   ImGui::Checkbox("FLASH-D, the paper's form (fp32)", &ui.literal_flashd);
-  tip("Draws seed 000's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
+  tip("Draws FLASH-D's literal recurrence w_i = sigma(s_i - s_(i-1) + ln w_(i-1)), run in "
       "fp32, in the weight plot (red): it underflows where the kernels' form does not.");
   const Dims& d = model.dims();
   int b = int(want.batch), h = int(want.head), r = int(want.row);

@@ -39,7 +39,7 @@ Vec scaled(const Vec& o, double factor) {
 
 }  // namespace
 
-// Seed 000 §1 / seed 004 "3-pass safe softmax": max, then denominator, then weights.
+// docs/algorithms.md, variants, naive (the 3-pass safe softmax): max, then denominator, then weights.
 RowTrace naive_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
   double m = sink;
@@ -62,7 +62,7 @@ RowTrace naive_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   return t;
 }
 
-// Seed 004 "2-pass online softmax": m and d' online, then a_i = e^(x_i - m_N) / d'_N.
+// docs/algorithms.md, variants, online (the 2-pass online softmax): m and d' online, then a_i = e^(x_i - m_N) / d'_N.
 RowTrace online_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
   double m = sink, d = sink == -kInf ? 0.0 : 1.0;
@@ -87,7 +87,7 @@ RowTrace online_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   return t;
 }
 
-// Seed 000 §2: o_i = o_{i-1} (l_prev / l_new) e^(m_prev - m_new) + v_i e^(s_i - m_new) / l_new.
+// docs/algorithms.md, variants, flash1: o_i = o_{i-1} (l_prev / l_new) e^(m_prev - m_new) + v_i e^(s_i - m_new) / l_new.
 RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
   double m = sink, l = sink == -kInf ? 0.0 : 1.0, w = 0.0;
@@ -110,7 +110,7 @@ RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   return t;
 }
 
-// Seed 000 §3: o_i = o_{i-1} e^(m_prev - m_new) + v_i e^(s_i - m_new); output o_N / l_N.
+// docs/algorithms.md, variants, flash2: o_i = o_{i-1} e^(m_prev - m_new) + v_i e^(s_i - m_new); output o_N / l_N.
 RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   RowTrace t;
   double m = sink, l = sink == -kInf ? 0.0 : 1.0;
@@ -156,7 +156,7 @@ RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v, double sink) {
   return t;
 }
 
-// Seed 000 §4 verbatim: w_1 = 1, w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), with sigma(x) =
+// docs/algorithms.md, "FLASH-D without underflow", verbatim: w_1 = 1, w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), with sigma(x) =
 // 1 / (1 + e^-x) as the seed's Python writes it. Exact in real arithmetic; in floating point
 // e^-x overflows once ln w_{i-1} is low enough, w becomes 0, and every later w is 0.
 template <typename T>
@@ -186,7 +186,7 @@ RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v, bool in_fp32) 
   return in_fp32 ? flashd_seed_row_in<float>(s, v) : flashd_seed_row_in<double>(s, v);
 }
 
-// Seed 002 Flash-Decoding: each chunk runs flash attention and returns (o'_c, m_c, d'_c);
+// docs/algorithms.md, variants, splitkv (Flash-Decoding): each chunk runs flash attention and returns (o'_c, m_c, d'_c);
 // within a chunk the steps are FlashAttention-2's (unnormalised o), as in shaders/splitkv.comp;
 // m_N = max m_c, d'_N = sum d'_c e^(m_c - m_N), o = sum o'_c d'_c e^(m_c - m_N) / d'_N.
 RowTrace splitkv_row(const Vec& s, const std::vector<Vec>& v, uint32_t chunk, double sink) {
@@ -380,7 +380,7 @@ HostTensor rope(const HostTensor& x, const RopeParams& params) {
   for (size_t vec = 0; vec < size_t(x.numel()) / dim; ++vec) {
     double pos = double(params.position_offset + int64_t(vec % seq));
     for (size_t i = 0; i < pairs; ++i) {
-      // Seed 001: (x_a + j x_b) e^(j p theta_i), theta_i = base^(-2i/d).
+      // docs/algorithms.md, RoPE: (x_a + j x_b) e^(j p theta_i), theta_i = base^(-2i/d).
       double theta = std::pow(params.base, -2.0 * double(i) / double(dim));
       size_t a = params.layout == RopeLayout::half ? i : 2 * i;
       size_t b = params.layout == RopeLayout::half ? i + pairs : 2 * i + 1;

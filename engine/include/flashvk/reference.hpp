@@ -29,7 +29,7 @@ RowTrace flash1_row(const Vec& s, const std::vector<Vec>& v, double sink = kNoSi
 RowTrace flash2_row(const Vec& s, const std::vector<Vec>& v, double sink = kNoSink);
 /// FLASH-D carried as the running log-sum-exp L: w_i = sigma(s_i - L_{i-1}).
 RowTrace flashd_row(const Vec& s, const std::vector<Vec>& v, double sink = kNoSink);
-/// FLASH-D exactly as seed 000 writes it: w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), in float64,
+/// FLASH-D exactly as docs/algorithms.md's "FLASH-D without underflow" first writes it: w_i = sigma(s_i - s_{i-1} + ln w_{i-1}), in float64,
 /// or in fp32 with `in_fp32` (as a kernel would run it; it underflows sooner).
 RowTrace flashd_seed_row(const Vec& s, const std::vector<Vec>& v, bool in_fp32 = false);
 /// Flash-Decoding: flash2 over chunks of `chunk` keys, merged with log-sum-exp (the sink joins
