@@ -89,7 +89,7 @@ void general(Lesson& l, const Model& model) {
           "panel gives the error).");
 }
 
-void falling_rising(Lesson& l, const Model& model) {
+void lesson_falling_rising(Lesson& l, const Model& model) {
   l.literal_flashd = true;
   l.intro =
       "Scores fall from 0 to -2000, then rise back to 14.5. FLASH-D in its paper's form (seed "
@@ -122,7 +122,7 @@ void falling_rising(Lesson& l, const Model& model) {
           "is its value row; the paper form in fp32 would still give the first key's.");
 }
 
-void huge_logits(Lesson& l, const Model& model) {
+void lesson_huge_logits(Lesson& l, const Model& model) {
   l.intro =
       "Scores in the thousands. e^s overflows fp32 above s = 88.7 (float64 above 709), so "
       "softmax written as e^s / sum e^s fails on the first key. Every variant here subtracts "
@@ -143,7 +143,7 @@ void huge_logits(Lesson& l, const Model& model) {
   add_end(l, model, "The outputs agree with float64 to about 1e-7 despite the huge scores.");
 }
 
-void sink(Lesson& l, const Model& model) {
+void lesson_sink(Lesson& l, const Model& model) {
   l.intro =
       "Key 0 scores far above every other key, as the first token does in many trained models "
       "(an attention sink). It takes most of the denominator from the start, so later keys "
@@ -161,7 +161,7 @@ void sink(Lesson& l, const Model& model) {
           "close to key 0's value row.");
 }
 
-void masked(Lesson& l, const Model& model) {
+void lesson_masked_mid_row(Lesson& l, const Model& model) {
   l.intro =
       "Masked keys have s = -inf (gaps in the score plot): they add nothing and leave the state "
       "as it was. Here key 0 is masked, a block in the middle, and every ninth key.";
@@ -181,7 +181,7 @@ void masked(Lesson& l, const Model& model) {
   add_end(l, model, "The output matches softmax over the visible keys only.");
 }
 
-void fully_masked(Lesson& l, const Model& model) {
+void lesson_fully_masked_row(Lesson& l, const Model& model) {
   l.intro =
       "Causal with more queries (40) than keys (24), aligned at the bottom right: query row i "
       "sees keys j <= i - 16, so rows 0 to 15 see no key at all. Their output is 0 and their "
@@ -199,7 +199,7 @@ void fully_masked(Lesson& l, const Model& model) {
   }
 }
 
-void empty_split(Lesson& l, const Model& model) {
+void lesson_empty_split(Lesson& l, const Model& model) {
   l.intro =
       "splitkv (Flash-Decoding) runs chunks of keys in parallel and merges their (o', m, d') "
       "with log-sum-exp. Here the second chunk's keys are all masked: it reports m = -inf and "
@@ -220,7 +220,7 @@ void empty_split(Lesson& l, const Model& model) {
           "not NaN, and the output matches float64.");
 }
 
-void sliding_window(Lesson& l, const Model& model) {
+void lesson_sliding_window(Lesson& l, const Model& model) {
   const AttentionParams& p = model.inputs().params;
   l.intro = format(
       "A sliding window (Mistral, Gemma): each query sees only the %lld keys before its diagonal "
@@ -241,7 +241,8 @@ void sliding_window(Lesson& l, const Model& model) {
           "float64 (Output panel), whatever the row's length.");
 }
 
-void documents(Lesson& l, const Model& model) {
+#ifdef FLASHVK_VIEWER_FLEX
+void lesson_documents(Lesson& l, const Model& model) {
   l.intro =
       "Three documents packed into one sequence, as training and serving batch them: each token "
       "may see only its own document, causally. No built-in modifier says that; the model "
@@ -260,8 +261,9 @@ void documents(Lesson& l, const Model& model) {
           "document's keys in float64 (Output panel), where the reference applies the function's "
           "C++ twin.");
 }
+#endif
 
-void sink_logit(Lesson& l, const Model& model) {
+void lesson_sink_logit(Lesson& l, const Model& model) {
   double sink = reference::row_sink(model.inputs().params, model.head);
   l.intro = format(
       "An attention sink (gpt-oss) is one logit per head, here %.3g, in the softmax's "
@@ -282,7 +284,7 @@ void sink_logit(Lesson& l, const Model& model) {
                  std::exp(sink - lse), 1.0 - std::exp(sink - lse)));
 }
 
-void softcap(Lesson& l, const Model& model) {
+void lesson_softcap(Lesson& l, const Model& model) {
   double c = model.inputs().params.mods.softcap;
   l.intro = format(
       "Logit softcapping (Gemma 2) replaces each score s by c tanh(s / c), here c = %.3g: scores "
@@ -304,7 +306,7 @@ void softcap(Lesson& l, const Model& model) {
           "(Output panel).");
 }
 
-void q4_kv(Lesson& l, const Model& model) {
+void lesson_q4_kv(Lesson& l, const Model& model) {
   l.intro =
       "K and V are stored as ggml's q4_0: each block of 32 values keeps one fp16 scale d and, "
       "per value, 4 bits q, standing for d (q - 8): 16 levels. The kernels dequantise a tile "
@@ -322,7 +324,7 @@ void q4_kv(Lesson& l, const Model& model) {
                  model.storage_cost(), model.fp16_cost()));
 }
 
-void fp16_overflow(Lesson& l, const Model& model) {
+void lesson_fp16_overflow(Lesson& l, const Model& model) {
   l.intro =
       "fp16 stores numbers up to 65504, so e^s overflows fp16 above s = ln 65504 = 11.09 (red "
       "line in the score plot). flashvk stores Q, K, V in fp16 but keeps m, l and o in fp32 "
@@ -343,6 +345,22 @@ void fp16_overflow(Lesson& l, const Model& model) {
           "Nothing overflowed: every state is finite. fp16 storage costs precision (the error "
           "plot), not range.");
 }
+
+// Each preset's lesson, by its name (presets.def); sample's, random inputs' and files' are the
+// general walk through a row.
+void lesson_sample(Lesson& l, const Model& model) {
+  general(l, model);
+}
+
+struct LessonRow {
+  const char* name;
+  void (*lesson)(Lesson&, const Model&);
+};
+const LessonRow kLessons[] = {
+#define PRESET(id, name, about) {name, lesson_##id},
+#include "presets.def"
+#undef PRESET
+};
 
 }  // namespace
 
@@ -365,32 +383,9 @@ Lesson lesson_for(const Model& model) {
   Lesson l;
   if (model.steps() == 0) return l;
   const std::string& name = model.inputs().name;
-  if (name == "falling-rising")
-    falling_rising(l, model);
-  else if (name == "huge-logits")
-    huge_logits(l, model);
-  else if (name == "sink")
-    sink(l, model);
-  else if (name == "masked-mid-row")
-    masked(l, model);
-  else if (name == "fully-masked-row")
-    fully_masked(l, model);
-  else if (name == "empty-split")
-    empty_split(l, model);
-  else if (name == "fp16-overflow")
-    fp16_overflow(l, model);
-  else if (name == "sliding-window")
-    sliding_window(l, model);
-  else if (name == "sink-logit")
-    sink_logit(l, model);
-  else if (name == "softcap")
-    softcap(l, model);
-  else if (name == "q4-kv")
-    q4_kv(l, model);
-  else if (name == "documents")
-    documents(l, model);
-  else
-    general(l, model);
+  auto row = std::find_if(std::begin(kLessons), std::end(kLessons),
+                          [&](const LessonRow& r) { return name == r.name; });
+  (row == std::end(kLessons) ? general : row->lesson)(l, model);
   std::stable_sort(l.points.begin(), l.points.end(),
                    [](const auto& a, const auto& b) { return a.step < b.step; });
   return l;

@@ -26,9 +26,7 @@ Opens the viewer on the shipped sample. With --headless (or when there is no dis
 one frame offscreen through Vulkan, writes it as PNG and prints a summary.
 
 options:
-  --preset NAME       sample, huge-logits, falling-rising, sink, masked-mid-row,
-                      fully-masked-row, empty-split, fp16-overflow, sliding-window,
-                      sink-logit, softcap, q4-kv, documents (default sample)
+  --preset NAME       one of the presets listed below (default sample)
   --q Q.npy --k K.npy --v V.npy   load inputs instead of a preset
   --variant A,B,...   variants to step together (default flash1,flash2,flashd)
   --row R             query row to trace (default: the preset's)
@@ -53,6 +51,15 @@ options:
 example:
   flashvk-viewer --headless --screenshot out.png --preset falling-rising --variant flash2,flashd
 )";
+
+// The usage text and the presets, each with what it shows (presets.def).
+std::string help() {
+  std::string text = std::string(kHelp) + "\npresets:\n";
+  for (const std::string& name : preset_names())
+    text += "  " + name + std::string(name.size() < 18 ? 18 - name.size() : 1, ' ') +
+            preset_description(name) + "\n";
+  return text;
+}
 
 std::vector<Variant> parse_variants(const std::string& list) {
   std::vector<Variant> out;
@@ -284,7 +291,7 @@ int run_headless(Options& o) {
 int run(int argc, char** argv) {
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   for (const auto& a : argv_list)
-    if (a == "--help" || a == "-h") return std::cout << kHelp, 0;
+    if (a == "--help" || a == "-h") return std::cout << help(), 0;
   Options o = parse(argv_list);
   if (!o.headless && !display_available()) {
     std::fprintf(stderr, "flashvk-viewer: no display; rendering headless to %s\n",
