@@ -115,6 +115,19 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     : Plan(context) {
   params = p;
   options = opts;
+  check_inputs(q, k, v);    // storage, shapes, strides, what RoPE and appends can take
+  choose_kernels(k, v);     // the layout, tiles and builds (spec)
+  set_push_constants();     // the key lengths and the push constants
+  bind_inputs(q, k, v);     // Q, K and V (or their rotated copies) and the small tables
+  bind_outputs(q, k, v);    // O, LSE, the trace, register tiles' texel views
+  record_dispatches();      // the kernels, in order
+}
+
+bool Plan::rotates_k() const {  // a rotated copy of all of K, which the kernels read
+  return params.rope != RopeLayout::none && !appends;
+}
+
+void Plan::check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.empty() || k.empty() || v.empty()) throw Error("attention: q, k and v must be set");
   if (q.context() != &ctx || k.context() != &ctx || v.context() != &ctx)
     throw Error("attention: q, k and v must live on the context they are used with");
@@ -153,8 +166,7 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   appends = options.append.k != nullptr;
   if (appends) check_append(q, k, v);
-  bool rotates_k = params.rope != RopeLayout::none && !appends;  // a rotated copy of all of K
-  if (rotates_k && !k.is_dense())
+  if (rotates_k() && !k.is_dense())
     throw Error(
         "attention: rope rotates a dense K; rotate K before it goes into the cache "
         "(or a strided view)");
@@ -167,12 +179,15 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                 " are indexed by 32-bit value counts: " + std::to_string(keys) +
                 " keys of d = " + std::to_string(std::max(dims.d, dims.dv)) +
                 " are more than 2^32 values; split the batch");
-  if (rotates_k && kv.k != dtype)
+  if (rotates_k() && kv.k != dtype)
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(dtype) +
                 "); rotate K before storing it as " + dtype_name(kv.k) +
                 " (the CLI: --rope needs --kv-dtype equal to --dtype)");
+}
+
+void Plan::choose_kernels(const Tensor& k, const Tensor& v) {
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
-  bool kv_views = (rotates_k || texel_viewable(k)) && texel_viewable(v);
+  bool kv_views = (rotates_k() || texel_viewable(k)) && texel_viewable(v);
   spec = call_spec({.info = impl.info,
                     .coopmat_enabled = impl.coopmat_enabled,
                     .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
@@ -186,7 +201,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
                    options.pages ? options.pages->page_size : 0);
   if (params.scale && !std::isfinite(*params.scale))
     throw Error("attention: scale must be a finite number");
+}
 
+void Plan::set_push_constants() {
   lengths = Buffer(impl, 16, true);
   if (appends)
     set_position(0);
@@ -226,14 +243,16 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
               .page_table = 0};
   if (params.want_lse) push.flags |= kFlagLse;
   if (options.trace) push.flags |= kFlagTrace;
+}
 
+void Plan::bind_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   bindings.fill(impl.dummy.handle());
   bindings[kQ] = binding(q);
   bindings[kK] = binding(k);
   bindings[kV] = binding(v);
   if (appends) {
     plan_append(q, k, v);
-  } else if (rotates_k) {
+  } else if (rotates_k()) {
     int64_t first = params.query_position.value_or(int64_t(dims.nk) - int64_t(dims.nq));
     plan_rope(*this, q, q_rot, first);
     plan_rope(*this, k, k_rot, 0);
@@ -246,6 +265,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     set_position(0);
   else
     set_keys(dims.nk);
+}
+
+void Plan::bind_outputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (options.outputs.lse && !params.want_lse)
     throw Error("attention: an LSE output was given with want_lse false");
   out_ = output(options.outputs.out, dims.out_shape, "O");
@@ -275,7 +297,9 @@ Plan::Plan(Context& context, const Tensor& q, const Tensor& k, const Tensor& v,
     check_binding(k_rot.empty() ? k : k_rot, "K");
     check_binding(v, "V");
   }
+}
 
+void Plan::record_dispatches() {
   // mask_mod's tile bitmap holds for one Nk: where the keys change from run to run (a
   // recording's set_keys, set_position), every run starts with the tile pass.
   const bool keys_change = options.dynamic_keys || appends;

@@ -186,6 +186,14 @@ class Plan {
   void upload_flex_table();  // flex_table from params.mods (modifiers.cpp)
   void set_tables();         // the small tables: the modifiers', then the page table
   void make_texel_views();
+  // The attention constructor's steps, in order.
+  void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
+  void choose_kernels(const Tensor& k, const Tensor& v);
+  void set_push_constants();
+  void bind_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
+  void bind_outputs(const Tensor& q, const Tensor& k, const Tensor& v);
+  void record_dispatches();
+  bool rotates_k() const;
   void check_append(const Tensor& q, const Tensor& k, const Tensor& v);
   void check_paged() const;  // what paged K and V (options.pages) cannot be asked for
   void plan_append(const Tensor& q, const Tensor& k, const Tensor& v);
