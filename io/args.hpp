@@ -11,6 +11,7 @@
 
 #include "flashvk/attention.hpp"
 #include "flashvk/error.hpp"
+#include "flashvk/modifier_table.hpp"
 
 namespace flashvk::cli {
 

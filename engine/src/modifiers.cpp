@@ -1,7 +1,7 @@
 // The score modifiers' one home (flashvk/modifiers.hpp): the keys a row sees, each modifier's
 // validation, its description for the front ends (modifier_table), and its encoding for the
 // kernels (encode_modifiers), whose GLSL side is shaders/modifiers.glsl.
-#include "flashvk/modifiers.hpp"
+#include "flashvk/modifier_table.hpp"
 
 #include <algorithm>
 #include <bit>
