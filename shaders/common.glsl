@@ -26,22 +26,24 @@
 #include "spec_constants.glsl"
 // What each storage format of K and V is, and how its values decode (FMT_*, kv_value).
 #include "formats.glsl"
-layout(std430, binding = 0) readonly buffer QBuf { ELEM q_buf[]; };
+// The descriptor set: what each binding holds (B_Q, B_K, ...).
+#include "bindings.glsl"
+layout(std430, binding = B_Q) readonly buffer QBuf { ELEM q_buf[]; };
 #ifdef LANE_TILE
 // K and V as 16-byte vectors in their storage formats (formats.glsl: FMT_LOAD_VALUES values a
 // vector, and the block formats' heads read from the same vectors), decoded by kv_value().
-layout(std430, binding = 1) readonly buffer KBuf { uvec4 k_vec[]; };
-layout(std430, binding = 2) readonly buffer VBuf { uvec4 v_vec[]; };
+layout(std430, binding = B_K) readonly buffer KBuf { uvec4 k_vec[]; };
+layout(std430, binding = B_V) readonly buffer VBuf { uvec4 v_vec[]; };
 #elif defined(KV_QUANT)
-layout(std430, binding = 1) readonly buffer KBuf { uint k_words[]; };
-layout(std430, binding = 2) readonly buffer VBuf { uint v_words[]; };
+layout(std430, binding = B_K) readonly buffer KBuf { uint k_words[]; };
+layout(std430, binding = B_V) readonly buffer VBuf { uint v_words[]; };
 #else
-layout(std430, binding = 1) readonly buffer KBuf { ELEM k_buf[]; };
-layout(std430, binding = 2) readonly buffer VBuf { ELEM v_buf[]; };
+layout(std430, binding = B_K) readonly buffer KBuf { ELEM k_buf[]; };
+layout(std430, binding = B_V) readonly buffer VBuf { ELEM v_buf[]; };
 #endif
-layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
-layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
-// The masks, as 32-bit words: the key mask [B, Nk] (0 = masked) from word 0; with MOD_MASK each
+layout(std430, binding = B_O) writeonly buffer OBuf { float o_buf[]; };
+layout(std430, binding = B_Lse) writeonly buffer LseBuf { float lse_buf[]; };
+// The small tables (bindings.glsl: Tables), as 32-bit words: the key mask [B, Nk] (0 = masked) from word 0; with MOD_MASK each
 // mask row's first and last+1 finite key from pc.mask_ranges, and the additive mask's floats
 // from pc.mask_values, mask_stride() a row (Nk rounded up to 4, padded with -inf; mask row of
 // (b, h, i): b * pc.mask_bstride + h * pc.mask_hstride + i, the strides 0 where broadcast), and
@@ -49,7 +51,7 @@ layout(std430, binding = 4) writeonly buffer LseBuf { float lse_buf[]; };
 // (next_seen_tile). With PAGE_SIZE, the page table from pc.page_table: indptr [B + 1], then
 // last_page_len [B], then the page numbers (and one more, 0, so that a lookup for a sequence
 // without pages stays in the buffer).
-layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
+layout(std430, binding = B_Tables) readonly buffer Tables { uint table_words[]; };
 // CHUNK_MERGE (splitkv_lanes.comp): the chunks' partial results are read by the workgroup that
 // finishes a row's chunks last, so they bypass caches another workgroup's writes would miss; the
 // trace slot holds a counter per row block, of the chunks finished.
@@ -58,17 +60,17 @@ layout(std430, binding = 5) readonly buffer MaskBuf { uint mask_buf[]; };
 #else
 #define SCRATCH_COHERENCE
 #endif
-layout(std430, binding = 6) SCRATCH_COHERENCE buffer Scratch1 { float scratch1[]; };
-layout(std430, binding = 7) SCRATCH_COHERENCE buffer Scratch2 { float scratch2[]; };
+layout(std430, binding = B_Scratch1) SCRATCH_COHERENCE buffer Scratch1 { float scratch1[]; };
+layout(std430, binding = B_Scratch2) SCRATCH_COHERENCE buffer Scratch2 { float scratch2[]; };
 #ifdef CHUNK_MERGE
-layout(std430, binding = 8) coherent buffer ChunkCounters { uint chunks_done[]; };
+layout(std430, binding = B_ChunksDone) coherent buffer ChunkCounters { uint chunks_done[]; };
 #elif defined(FLEX_TILES)
-layout(std430, binding = 8) writeonly buffer TileBits { uint tile_bits[]; };  // mask_buf's words
+layout(std430, binding = B_TileBits) writeonly buffer TileBits { uint tile_bits[]; };  // the Tables buffer
 #else
-layout(std430, binding = 8) buffer TraceBuf { float trace_buf[]; };
+layout(std430, binding = B_Trace) buffer TraceBuf { float trace_buf[]; };
 #endif
 // Per (batch, query head): its ALiBi slope and its sink logit. Bound when MODS has either.
-layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
+layout(std430, binding = B_Heads) readonly buffer HeadBuf { vec2 head_buf[]; };
 #ifdef REG_TILE
 // K and V again, as RGBA texels (fp32 or fp16, converted by the fetch). On llvmpipe a storage-buffer
 // read at a per-lane address is a loop over the lanes with two branches per element, while a texel
@@ -81,10 +83,10 @@ layout(std430, binding = 9) readonly buffer HeadBuf { vec2 head_buf[]; };
 #else
 #define KV_TEX samplerBuffer
 #endif
-layout(binding = 10) uniform KV_TEX k_tex;
-layout(binding = 11) uniform KV_TEX v_tex;
+layout(binding = B_KTexels) uniform KV_TEX k_tex;
+layout(binding = B_VTexels) uniform KV_TEX v_tex;
 // The additive mask's values (MOD_MASK), four keys a texel: rows are padded to mask_stride().
-layout(binding = 12) uniform samplerBuffer mask_tex;
+layout(binding = B_MaskTexels) uniform samplerBuffer mask_tex;
 #endif
 
 const uint FLAG_LSE = 4u;
@@ -106,18 +108,18 @@ uint kv_len() { return lengths.nk; }
 // of key j of K/V head kv_head = b * Hkv + hkv (key_row.glsl). Pages are [pages, Hkv, PAGE_SIZE]
 // rows; keys past a sequence's end are looked up in its last page (and never weighed).
 uint seq_pages(uint b, out uint first) {
-  first = mask_buf[pc.page_table + b];
-  return mask_buf[pc.page_table + b + 1u] - first;
+  first = table_words[pc.page_table + b];
+  return table_words[pc.page_table + b + 1u] - first;
 }
 uint seq_len(uint b) {
   if (PAGE_SIZE == 0u) return kv_len();
   uint first, pages = seq_pages(b, first);
-  return pages == 0u ? 0u : (pages - 1u) * PAGE_SIZE + mask_buf[pc.page_table + pc.batch + 1u + b];
+  return pages == 0u ? 0u : (pages - 1u) * PAGE_SIZE + table_words[pc.page_table + pc.batch + 1u + b];
 }
 uint paged_row(uint kv_head, uint j) {
   uint b = kv_head / pc.kv_heads, first, pages = seq_pages(b, first);
   uint slot = min(j / PAGE_SIZE, max(pages, 1u) - 1u);
-  uint page = mask_buf[pc.page_table + 2u * pc.batch + 1u + first + slot];
+  uint page = table_words[pc.page_table + 2u * pc.batch + 1u + first + slot];
   return (page * pc.kv_heads + kv_head % pc.kv_heads) * PAGE_SIZE + j % PAGE_SIZE;
 }
 #define PAGED_KEY_ROW

@@ -47,9 +47,9 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per subgroup: S, then pieces of 
 shared uvec4 p_sh[NSG * SG_ROWS * PS / 8u];
 
 // Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
-layout(std430, binding = 0) readonly buffer QBuf8 { uvec4 q8[]; };
-layout(std430, binding = 1) readonly buffer KBuf8 { uvec4 k8[]; };
-layout(std430, binding = 2) readonly buffer VBuf8 { uvec4 v8[]; };
+layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
+layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
+layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 
 fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_frag[D / 16u];
 float o_reg[OH];

@@ -6,7 +6,7 @@
 // the key mask, an additive mask's -inf and mask_mod (score_mod is not run here: a score it makes
 // -inf depends on the keys' values, which the kernels read). The kernels then step over the other tiles
 // (next_seen_tile, tile_seen) as over an additive mask's: never read. It writes the words at
-// pc.mask_tiles of the buffer they read as mask_buf (bound here at binding 8). Each invocation
+// pc.mask_tiles of the buffer they read as table_words (bound here at B_TileBits). Each invocation
 // tests one tile and stops at its first visible pair; a workgroup of 32 writes one word, and in
 // scratch1 (as uint bits) the length of its batch's keys it was made for: a recording runs the
 // pass before every run, and a word already made for this length is kept as it is.

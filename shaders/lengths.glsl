@@ -6,7 +6,7 @@
 //    the first of them (and of the first query); 0 when nothing is appended.
 //  tile_keys: the keys a row of the tile bitmap spans (MOD_TILES): the plan's Nk for an additive
 //    mask's, the most a recording may attend over for mask_mod's (flex_tiles.comp).
-layout(std140, binding = 13) uniform Lengths {
+layout(std140, binding = B_Lengths) uniform Lengths {
   uint nk;
   uint position;
   uint tile_keys;

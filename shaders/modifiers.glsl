@@ -5,7 +5,7 @@
 const uint MOD_SOFTCAP = 1u;  // s = c tanh(s / c)
 const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
-const uint MOD_MASK = 8u;     // an additive float mask (in mask_buf, from pc.mask_values)
+const uint MOD_MASK = 8u;     // an additive float mask (in table_words, from pc.mask_values)
 const uint MOD_TILES = 16u;   // a tile bitmap (pc.mask_tiles): an additive mask's, or mask_mod's
 
 // The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
@@ -31,8 +31,8 @@ void row_keys(uint b, uint h, uint i, out uint begin, out uint end) {
   }
   if ((MODS & MOD_MASK) != 0u) {
     uint at = pc.mask_ranges + 2u * mask_row_of(b, h, i);
-    lo = max(lo, int(mask_buf[at]));
-    hi = min(hi, int(mask_buf[at + 1u]));
+    lo = max(lo, int(table_words[at]));
+    hi = min(hi, int(table_words[at + 1u]));
   }
   begin = uint(clamp(lo, 0, nk));
   end = uint(clamp(hi, int(begin), nk));
@@ -59,7 +59,7 @@ bool key_visible(uint rr, uint j) {
   // Nested, not `&&`: glslang turns `a && b` into OpLogicalAnd, which evaluates the load even
   // when no mask is bound (the binding then holds a 16-byte placeholder).
   if (KEY_MASK) {
-    if (mask_buf[rows[rr].b * pc.nk + j] == 0u) return false;
+    if (table_words[rows[rr].b * pc.nk + j] == 0u) return false;
   }
   return true;
 }
@@ -73,7 +73,7 @@ uint mask_stride() { return (pc.nk + 3u) & ~3u; }
 float mask_value(uint rr, uint j);
 #else
 float mask_value(uint rr, uint j) {
-  return uintBitsToFloat(mask_buf[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
+  return uintBitsToFloat(table_words[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
 }
 #endif
 
@@ -127,7 +127,7 @@ float row_score(uint rr, uint j, bool seen, float scaled_dot) {
 uint mask_tile_word(uint t) {
   uint tiles = (lengths.tile_keys + BC - 1u) / BC, words = (tiles + 31u) / 32u;
   uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * words;
-  return mask_buf[base + t / 32u];
+  return table_words[base + t / 32u];
 }
 
 // The first tile from key j0 on (a multiple of BC) whose bit is set, or `end`. The key loops step

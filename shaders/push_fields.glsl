@@ -19,7 +19,7 @@ PUSH_FIELD(int, window_left)      // keys before its diagonal a query sees; -1 =
 PUSH_FIELD(int, window_right)     // keys after it; -1 = all, 0 = causal (causal is folded in)
 PUSH_FIELD(uint, chunk_size)      // Llama 4's chunks of keys (modifiers.glsl row_keys); 0 = off
 PUSH_FIELD(float, softcap)        // c of MOD_SOFTCAP
-PUSH_FIELD(uint, mask_ranges)     // MOD_MASK: word offsets in mask_buf, and the strides of
+PUSH_FIELD(uint, mask_ranges)     // MOD_MASK: word offsets in table_words, and the strides of
 PUSH_FIELD(uint, mask_values)     // batch and head in mask rows (0 where the mask is broadcast)
 PUSH_FIELD(uint, mask_bstride)
 PUSH_FIELD(uint, mask_hstride)
@@ -38,4 +38,4 @@ PUSH_FIELD(uint, o_bstride)
 PUSH_FIELD(uint, o_hstride)
 PUSH_FIELD(uint, o_rstride)
 PUSH_FIELD(uint, kv_keys)         // key rows in K's memory (its span / d; paged: pages * Hkv * page size)
-PUSH_FIELD(uint, page_table)      // paged: word offset of the page table in mask_buf
+PUSH_FIELD(uint, page_table)      // paged: word offset of the page table in table_words

@@ -35,6 +35,7 @@ layout(std430, binding = 1) writeonly buffer Out { ELEM x_out[]; };
 #endif
 layout(std430, binding = 2) readonly buffer Table { float cos_sin[]; };  // [positions, d/2, 2]
 #include "key_row.glsl"
+#include "bindings.glsl"  // its own use of 0 to 2 above; Lengths as every kernel has it
 #include "lengths.glsl"
 
 const uint HALF_LAYOUT = 1u;  // pairs (x_i, x_i+d/2)

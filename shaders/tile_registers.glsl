@@ -25,7 +25,7 @@ void mark_tile_keys(Row r, uint j0, uint n) {
   bool keep = lane < n;
   lane_key_ok = keep ? 1u : 0u;
   if (KEY_MASK) {
-    if (keep) lane_key_ok = mask_buf[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
+    if (keep) lane_key_ok = table_words[r.b * pc.nk + j0 + lane] != 0u ? 1u : 0u;
   }
   if ((MODS & MOD_MASK) != 0u) {
     int last = textureSize(mask_tex) - 1;

@@ -180,7 +180,7 @@ Job prepare(const std::string& build, const Modifiers& mods) {
   // clamped into the table and notes a miss in a register, without a branch or a store in the
   // kernels' loops: kEpilogue's main() writes the word once, after the kernel.
   std::string functions =
-      "layout(std430, binding = 14) readonly buffer FlexTable {\n"
+      "layout(std430, binding = B_FlexTable) readonly buffer FlexTable {\n"
       "  float flex_table_values[];\n"
       "};\n"
       "#define FLEX_TABLE_SIZE (flex_table_values.length() - 1)\n"
@@ -208,7 +208,7 @@ Job prepare(const std::string& build, const Modifiers& mods) {
 // sets the word after the table where one of its reads missed the table.
 const char* const kEpilogue =
     "\n#undef main\n"
-    "layout(std430, binding = 14) buffer FlexMiss { float flex_table_words[]; };\n"
+    "layout(std430, binding = B_FlexTable) buffer FlexMiss { float flex_table_words[]; };\n"
     "void main() {\n"
     "  flex_kernel_main();\n"
     "  if (flex_missed != 0u) flex_table_words[flex_table_words.length() - 1] = 1.0;\n"

@@ -651,7 +651,7 @@ void plan_flex_tiles(Plan& plan, bool each_run) {
   const Dims& d = plan.dims;
   Spec spec = flex_tiles_spec(plan.spec);
   Bindings b = plan.bindings;
-  b[kTrace] = plan.mask.handle();  // flex_tiles.comp writes the bitmap there
+  b[kTileBits] = plan.tables.handle();  // flex_tiles.comp writes the bitmap there
   uint32_t tiles = (plan.tile_keys + plan.spec.bc - 1) / plan.spec.bc, words = (tiles + 31) / 32;
   uint64_t packed = uint64_t(d.heads / d.kv_heads) * d.nq;
   auto blocks = static_cast<uint32_t>((packed + spec.tile_rows - 1) / spec.tile_rows);

@@ -13,7 +13,7 @@
 
 namespace flashvk::detail {
 
-// The small tables the kernels read from one buffer of 32-bit words (common.glsl's mask_buf):
+// The small tables the kernels read from one buffer of 32-bit words (common.glsl's table_words):
 // the modifiers' (the key mask from word 0, the additive mask: modifiers.cpp), then a paged
 // cache's page table.
 void Plan::set_tables() {
@@ -27,9 +27,9 @@ void Plan::set_tables() {
     words.push_back(0);  // a sequence without pages looks its keys up here (never weighed)
   }
   if (words.empty()) return;
-  mask = scratch(words.size() * 4);
-  mask.write(words.data(), words.size() * 4);
-  bindings[kMask] = mask.handle();
+  tables = scratch(words.size() * 4);
+  tables.write(words.data(), words.size() * 4);
+  bindings[kTables] = tables.handle();
 }
 
 Spec call_spec(const TilingRequest& request, uint32_t page_size) {
@@ -436,8 +436,8 @@ void Plan::make_texel_views() {
       {bindings[kV].buffer, v_format, bindings[kV].offset, buffer_bytes(kv.v, keys * dims.dv)},
       {impl.dummy.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, 0, 16}};
   if (spec.mods & kModMask)  // four keys a texel, from the values' first word (256-byte aligned)
-    views[2] = {mask.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
-                mask.bytes() - uint64_t(push.mask_values) * 4};
+    views[2] = {tables.handle(), VK_FORMAT_R32G32B32A32_SFLOAT, uint64_t(push.mask_values) * 4,
+                tables.bytes() - uint64_t(push.mask_values) * 4};
   for (uint32_t i = 0; i < kTexelBindings; ++i) {
     VkBufferViewCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
     info.buffer = views[i].buffer;

@@ -42,8 +42,6 @@ constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
 /// Spec::mods bits, MOD_* in shaders/common.glsl.
 constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8, kModTiles = 16;
 
-/// Binding slots of shaders/common.glsl.
-enum Slot : uint32_t { kQ, kK, kV, kO, kLse, kMask, kScratch1, kScratch2, kTrace, kHeads };
 /// Where tensor `t`'s values are.
 Range binding(const Tensor& t);
 /// Strides in rows (of the last dimension) from one batch, head and row of a [.., N, d] tensor to
@@ -211,13 +209,13 @@ class Plan {
   Bindings bindings{};
   Tensor out_, lse_;    // the plan's own, or views of the caller's (PlanOptions::outputs)
   Tensor q_rot, k_rot;  // RoPE'd copies, when asked for
-  Buffer mask, scratch1, scratch2, trace;
+  Buffer tables, scratch1, scratch2, trace;  // shaders/bindings.glsl: Tables, Scratch1, Scratch2, binding 8
   Buffer heads;             // [B * H] (ALiBi slope, sink logit), when a modifier needs them
   Buffer flex_table;        // Modifiers::flex_table, when given (the user functions' flex_table[])
   bool flex_tiles = false;  // mask_mod's tile bitmap is computed by flex_tiles.comp first
   Buffer flex_stamps;       // flex_tiles.comp: the length of keys each bitmap word was made for
   uint32_t tile_keys = 0;   // the keys a row of the tile bitmap spans (lengths.tile_keys)
-  std::vector<std::shared_ptr<Buffer>> tables;  // RoPE angle tables, shared (plan_angles)
+  std::vector<std::shared_ptr<Buffer>> angle_tables;  // RoPE angle tables, shared (plan_angles)
   uint32_t splits = 1, keys_per_split = 0;
   /// K's and V's strides in rows; paged: b * Hkv + hkv is the K/V head's index (key_row).
   RowStrides kv_strides;

@@ -134,14 +134,23 @@ struct Spec {
   }
 };
 
-/// Storage-buffer bindings of the one descriptor set layout every kernel uses.
-constexpr uint32_t kBindings = 10;
-/// Then K and V again as RGBA uniform texel buffers, read by the register-tile kernels.
+/// The bindings of the one descriptor set layout every kernel uses, from shaders/bindings.glsl:
+/// kQ, kK, ... (kTrace, kTileBits and kChunksDone share binding 8, by build).
+enum Binding : uint32_t {
+#define BINDING(Name, number, what) k##Name = number,
+#include "../../shaders/bindings.glsl"
+#undef BINDING
+};
+/// Storage-buffer bindings 0 .. kHeads; then K, V and the mask as uniform texel buffers (register
+/// tiles); then the uniform buffer of lengths (common.glsl `lengths`); then the user-written
+/// functions' `flex_table[]` (Modifiers::flex_table; flashvk::flex).
+constexpr uint32_t kBindings = kHeads + 1;
 constexpr uint32_t kTexelBindings = 3;
-/// Then the uniform buffer of the number of keys attended (common.glsl `lengths`).
-constexpr uint32_t kLengthsBinding = kBindings + kTexelBindings;
-/// Then the user-written functions' `flex_table[]` (Modifiers::flex_table; flashvk::flex).
-constexpr uint32_t kFlexTableBinding = kLengthsBinding + 1;
+constexpr uint32_t kLengthsBinding = kLengths;
+constexpr uint32_t kFlexTableBinding = kFlexTable;
+static_assert(kKTexels == kBindings && kVTexels == kKTexels + 1 && kMaskTexels == kVTexels + 1 &&
+                  kLengths == kBindings + kTexelBindings && kFlexTable == kLengths + 1,
+              "shaders/bindings.glsl: storage buffers, then texels, lengths and flex_table");
 
 struct ContextImpl {
   bool owns = false;

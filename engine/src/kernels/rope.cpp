@@ -36,7 +36,7 @@ VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first
   std::lock_guard lock(plan.impl.table_mutex);
   std::shared_ptr<Buffer> shared = plan.impl.angle_tables[key].lock();
   if (shared) {
-    plan.tables.push_back(shared);
+    plan.angle_tables.push_back(shared);
     return shared->handle();
   }
   uint32_t pairs = dim / 2;
@@ -52,7 +52,7 @@ VkBuffer plan_angles(Plan& plan, uint32_t positions, uint32_t dim, int64_t first
   shared = std::make_shared<Buffer>(plan.scratch(std::max<size_t>(table.size(), 1) * 4));
   shared->write(table.data(), table.size() * 4);
   plan.impl.angle_tables[key] = shared;
-  plan.tables.push_back(shared);
+  plan.angle_tables.push_back(shared);
   return shared->handle();
 }
 

@@ -81,7 +81,7 @@ void plan_splitkv(Plan& plan) {
     // row block (in the trace slot, which lanes never traces), zero, and left at zero by every run.
     plan.trace = plan.scratch(uint64_t(blocks) * d.batch * d.kv_heads * 4);
     plan.trace.fill(0);
-    b[kTrace] = plan.trace.handle();
+    b[kChunksDone] = plan.trace.handle();
     plan.add(plan.pipeline(choices[0]), plan.make_set(b),
              {blocks, d.batch * d.kv_heads, plan.splits});
     return;
