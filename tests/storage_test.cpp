@@ -223,10 +223,10 @@ TEST_F(StorageDeviceTest, UploadThenDownloadGivesTheStoredValues) {
 }
 
 // Q, K and V storage as models keep them: bf16 or quantised K and V under fp32 or fp16 Q, and
-// K and V in different types (q8_0 K with fp16 V, as the example).
+// K and V in different types; every storage format in every variant (K and V decode alike).
 const Storage kStorages[] = {
     {DType::f32, DType::bf16, DType::bf16}, {DType::f32, DType::q8_0, DType::q8_0},
-    {DType::f32, DType::q4_0, DType::q4_0}, {DType::f16, DType::q8_0, DType::f16},
+    {DType::f32, DType::q4_1, DType::q5_0}, {DType::f16, DType::q5_1, DType::iq4_nl},
     {DType::f16, DType::q4_0, DType::bf16}, {DType::f32, DType::f16, DType::f32},
 };
 
@@ -404,13 +404,11 @@ TEST_F(StorageDeviceTest, LanesReadEveryStorageFormat) {
   }
 }
 
-// q4_1, q5_0, q5_1 and iq4_nl (a minimum, fifth bits, non-linear levels) through each way the
-// kernels decode K and V: values one at a time (common.glsl's k_value, as naive's passes, shared
-// tiles and register blocks read them), sixteen a fetch (register tiles' fmt_vec4) and 32 quants a
-// load (splitkv's decoding lanes). K and V in different formats and widths, GQA, causal, against
-// float64 on the values stored. Every format in each way, two pipelines a way (llvmpipe takes
-// seconds to build each).
-TEST_F(StorageDeviceTest, EveryBlockFormatInEveryLayout) {
+// q4_1, q5_0, q5_1 and iq4_nl (a minimum, fifth bits, non-linear levels) in the layouts that
+// StorageVariantTest does not run: register blocks, and splitkv's decoding lanes (32 quants a
+// load, the head applied once a load). K and V in different formats and widths, GQA, causal,
+// against float64 on the values stored.
+TEST_F(StorageDeviceTest, BlockFormatsInRegisterBlocksAndLanes) {
   const DeviceInfo& info = context().device();
   const Storage a{DType::f32, DType::q4_1, DType::q5_0},
       b{info.fp16_storage ? DType::f16 : DType::f32, DType::q5_1, DType::iq4_nl};
@@ -419,11 +417,8 @@ TEST_F(StorageDeviceTest, EveryBlockFormatInEveryLayout) {
     TileLayout layout;
     Storage storage;
   };
-  std::vector<Run> runs = {{Variant::naive, TileLayout::automatic, a},
-                           {Variant::splitkv, TileLayout::shared, b},
-                           {Variant::flash2, TileLayout::blocks, a}};
-  if (info.subgroup_shuffle && info.texel_buffers)
-    for (const Storage& s : {a, b}) runs.push_back({Variant::flash2, TileLayout::registers, s});
+  std::vector<Run> runs = {{Variant::flash2, TileLayout::blocks, a},
+                           {Variant::flashd, TileLayout::blocks, b}};
   if (info.subgroup_shuffle)
     for (const Storage& s : {a, b}) runs.push_back({Variant::splitkv, TileLayout::lanes, s});
   HostTensor q = random_tensor({1, 4, 3, 32}, 91), k = random_tensor({1, 2, 70, 32}, 92),
