@@ -14,6 +14,7 @@ namespace flashvk::cli {
 Context open_device(const Args& args) {
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
+  options.matrix_api = parse_matrix_api(args.text("matrix-api", "auto"));
   options.pipeline_cache_path = default_pipeline_cache();
   Context ctx = Context::create(options);
 #ifdef FLASHVK_CLI_FLEX
@@ -107,6 +108,9 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       with --decode-loop: rotate each K as it is appended, and Q
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
+                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
+                      runs where --layout coopmat asks) or none
 
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
@@ -125,7 +129,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       argv,
       with_modifiers(
           {"variant", "batch",      "heads",      "kv-heads",      "nq",       "nk",     "d",
-           "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "suite",
+           "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "matrix-api", "suite",
            "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
       with_modifier_flags({"check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));  // before a long run, not after
@@ -185,10 +189,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
 
   Context ctx = open_device(args);
   if (o.gpu_warm < 0) o.gpu_warm = ctx.device().type == "cpu" ? 0.0 : 1.0;
-  if (o.layout == TileLayout::cooperative_matrix && !ctx.device().cooperative_matrix)
+  if (o.layout == TileLayout::cooperative_matrix && ctx.handles().matrix_api == MatrixApi::none)
     throw Error(
-        "--layout coopmat needs cooperative matrices (VK_NV_cooperative_matrix with fp16 "
-        "16x16x16 products into fp32); " +
+        "--layout coopmat needs cooperative matrices (VK_KHR_cooperative_matrix or "
+        "VK_NV_cooperative_matrix with fp16 16x16x16 products into fp32, or --matrix-api "
+        "emulated); " +
         ctx.device().name + " has none (see `flashvk devices`)");
   // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
   // engine's message (the first case, and those of its group: --suite modifiers).

@@ -61,6 +61,9 @@ options:
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
 MODIFIERS  --device N          Vulkan device index (see `flashvk devices`)
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
+                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
+                      runs where --layout coopmat asks) or none
 
 example:
   flashvk run --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
@@ -155,7 +158,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << with_modifier_help(kRunHelp), 0;
   Args args(argv,
             with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "splits", "rope",
-                            "rope-base", "device", "layout", "block-rows", "block-keys"}),
+                            "rope-base", "device", "matrix-api", "layout", "block-rows", "block-keys"}),
             with_modifier_flags({"fp16-arithmetic"}));
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
@@ -240,8 +243,10 @@ int cmd_devices(const std::vector<std::string>& argv) {
     std::printf("   fp16 storage %s, timestamps %s, subgroup shuffles %s, RGBA texel buffers %s\n",
                 d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no",
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
+    std::string matrices = matrix_api_name(d.matrix_api);
+    if (d.matrix_api == MatrixApi::khr && d.nv_cooperative_matrix) matrices += " (nv too)";
     std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 16x16x16 into fp32) %s\n",
-                d.fp16_arithmetic ? "yes" : "no", d.cooperative_matrix ? "yes" : "no");
+                d.fp16_arithmetic ? "yes" : "no", matrices.c_str());
     std::printf("   pipeline statistics (flashvk pipelines) %s",
                 d.pipeline_statistics ? "yes" : "no");
     if (d.registers_per_simd) std::printf(", %u registers a SIMD", d.registers_per_simd);

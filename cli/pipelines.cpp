@@ -66,6 +66,9 @@ options:
   --check             exit with status 1 if a pipeline spills registers or uses scratch
                       memory (statistics whose names say spill or scratch, above 0)
   --device N          Vulkan device index
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
+                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
+                      runs where --layout coopmat asks) or none
 
 examples:
   flashvk pipelines --variant flash2 --nq 4096 --d 128 --dtype f16 --fp16-arithmetic
@@ -221,7 +224,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     return std::cout << with_modifier_help(kPipelinesHelp), 0;
   Args args(argv,
             with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "json",
-                            "device", "suite", "layout", "block-rows", "block-keys", "splits",
+                            "device", "matrix-api", "suite", "layout", "block-rows", "block-keys", "splits",
                             "spirv", "disassembly"}),
             with_modifier_flags({"check", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));
@@ -250,6 +253,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
 
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
+  options.matrix_api = parse_matrix_api(args.text("matrix-api", "auto"));
   options.compile_only = true;
   Context ctx = Context::create(options);
 #ifdef FLASHVK_CLI_FLEX

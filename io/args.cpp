@@ -331,4 +331,11 @@ TileLayout parse_layout(const std::string& text) {
   throw UsageError{"--layout must be " + options + ", got '" + text + "'"};
 }
 
+MatrixApi parse_matrix_api(const std::string& text) {
+  for (MatrixApi api : {MatrixApi::automatic, MatrixApi::khr, MatrixApi::nv, MatrixApi::emulated,
+                        MatrixApi::none})
+    if (text == matrix_api_name(api)) return api;
+  throw UsageError{"--matrix-api must be auto, khr, nv, emulated or none, got '" + text + "'"};
+}
+
 }  // namespace flashvk::cli

@@ -90,6 +90,8 @@ std::string params_text(const AttentionParams& params);
 
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);
+/// --matrix-api: auto, khr, nv, emulated or none (matrix_api_name()).
+MatrixApi parse_matrix_api(const std::string& text);
 
 /// Writes text to a temporary name in the same folder, then renames it into place, so a failed
 /// write leaves no output file behind; throws Error naming the file.

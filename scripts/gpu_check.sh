@@ -12,8 +12,9 @@
 #   OUT/bench/                   gpu_bench.sh's log.txt and JSON, in the time that is left
 # Usage: scripts/gpu_check.sh BIN OUT
 #   BIN holds flashvk, flashvk_tests and flashvk_cli_tests (each may be .xz), and optionally
-#   .debs of libvulkan1 and libglvnd0 for a machine without the Vulkan loader or NVIDIA's
-#   libGLdispatch (unpacked into BIN/lib and used only where the system lacks them).
+#   .debs of the Vulkan loader and libglvnd (libvulkan1 libglvnd0 libegl1 libgl1 libglx0
+#   libopengl0 libgles2: NVIDIA's Vulkan driver, libGLX_nvidia, finds no device without the
+#   GLX and EGL dispatchers), unpacked into BIN/lib and used only where the system lacks them.
 # Environment: SHARDS (processes, default the cores), TEST_TIMEOUT (seconds the suite may take,
 # default 210), BUDGET (seconds for the whole script, default 340), BENCH=0 to skip gpu_bench.sh,
 # TINY=1 for its small shapes (a dry run on lavapipe, with GTEST_FILTER naming a few tests).
@@ -53,14 +54,21 @@ for deb in "$bin"/*.deb; do
     (cd "$tmp" && ar x "$deb" && tar xf data.tar.*)
   fi
   mkdir -p "$lib"
-  find "$tmp" \( -name 'libvulkan.so*' -o -name 'libGLdispatch.so*' \) -exec cp -P {} "$lib/" \;
+  find "$tmp" -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} "$lib/" \;
   rm -rf "$tmp"
 done
 if [[ -d "$lib" ]]; then
-  for so in libvulkan.so.1 libGLdispatch.so.0; do
-    if ldconfig -p 2>/dev/null | grep -q "$so"; then rm -f "$lib/$so"*; fi
+  for so in "$lib"/lib*.so.[0-9]; do  # each library by its soname, where the system has it
+    [[ -e "$so" ]] || continue
+    base="$(basename "$so")"
+    if ldconfig -p 2>/dev/null | awk '{print $1}' | grep -qx "$base"; then rm -f "$lib/${base%%.so*}.so"*; fi
   done
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# NVIDIA's manifest where the loader would not look (containers with the driver mounted there).
+nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [[ -z "${VK_DRIVER_FILES:-}" && -e "$nvidia_icd" && ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ]]; then
+  export VK_DRIVER_FILES="$nvidia_icd"
 fi
 export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
 

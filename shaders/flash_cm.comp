@@ -1,20 +1,17 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-#extension GL_NV_cooperative_matrix : require
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_shuffle : require
 // Cooperative-matrix kernel (TileLayout::cooperative_matrix, fp16 storage): the tile products
 // S = Q K^T and O += P V run on the device's matrix units, fp16 in and fp32 accumulate, through
-// VK_NV_cooperative_matrix. Built once per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and
-// -DCM_FLASH2 -DSPLIT_KV for splitkv's partial pass.
+// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, or emulated (coopmat.glsl). Built once
+// per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's
+// partial pass, each for every matrix API.
 //
-// A workgroup is 4 subgroups of 32 lanes; each subgroup owns 16 packed query rows (64 per
-// workgroup) and keeps their queries as D/16 matrices. Per tile of BC keys, staged in shared
-// memory as fp16 and read by all four subgroups:
-//   1. S (16 x BC) = Q K^T as 16 x 16 products, stored to the subgroup's scratch in shared memory
+// A workgroup is 4 groups of 32 lanes (subgroups on the matrix units); each group owns 16 packed
+// query rows (64 per workgroup) and keeps their queries as D/16 matrices. Per tile of BC keys,
+// staged in shared memory as fp16 and read by all four groups:
+//   1. S (16 x BC) = Q K^T as 16 x 16 products, stored to the group's scratch in shared memory
 //      (a matrix's element layout is the driver's, so rows are read back through memory);
-//   2. two lanes per row take the row's max and sum over the tile (one shuffle each), run the
+//   2. two lanes per row take the row's max and sum over the tile (one exchange each), run the
 //      variant's recurrence, and write P (fp16, at most 1: relative to a max) back;
 //   3. O_tile = P V, 16 x 16 at a time, again through the scratch, into each lane's share of the
 //      output row (DV / 2 values, kept in fp32 registers): o <- o * keep + coef * O_tile.
@@ -26,8 +23,8 @@
 #define FP16
 #include "common.glsl"
 
-const uint SG_ROWS = 16u;            // query rows per subgroup (the matrices' M)
-const uint NSG = 4u;                 // subgroups per workgroup: local size 128
+const uint SG_ROWS = 16u;            // query rows per group (the matrices' M)
+const uint NSG = 4u;                 // groups per workgroup: local size 128
 const uint WG_ROWS = SG_ROWS * NSG;  // query rows per workgroup
 const uint HALF = BC / 2u;           // keys of a tile each of a row's two lanes takes
 const uint OH = DV / 2u;             // output values a lane keeps: half of its row
@@ -43,7 +40,7 @@ const uint VB = BC * KS;                     // where the V tile starts, in fp16
 
 // K tile, then V tile (the queries pass through the same space first); zeros past the keys.
 shared uvec4 kv_sh[BC * (KS + VS) / 8u];
-shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per subgroup: S, then pieces of P V (fp32)
+shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, then pieces of P V (fp32)
 shared uvec4 p_sh[NSG * SG_ROWS * PS / 8u];
 
 // Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
@@ -51,11 +48,14 @@ layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
 layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
 layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 
-fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_frag[D / 16u];
+#define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
+#include "coopmat.glsl"
+
+CmA q_frag[D / 16u];
 float o_reg[OH];
 
-uint lane() { return gl_SubgroupInvocationID; }
-uint sg() { return gl_SubgroupID; }
+uint lane() { return CM_LANE; }
+uint sg() { return CM_GROUP; }
 
 // The packed row (head in group, query) of local row r of this workgroup (see packed_row()).
 Row local_row(uint r) {
@@ -70,7 +70,7 @@ Row local_row(uint r) {
 }
 
 // Stages the workgroup's queries in kv_sh (the host checks WG_ROWS * KS fits) and loads each
-// subgroup's rows as matrices; rows past the problem are zeros.
+// group's rows as matrices; rows past the problem are zeros.
 void load_queries() {
   for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += gl_WorkGroupSize.x) {
     uint r = e / (D / 8u), t = e % (D / 8u);
@@ -80,7 +80,7 @@ void load_queries() {
   }
   barrier();
   [[unroll]] for (uint k = 0u; k < D / 16u; ++k)
-    coopMatLoadNV(q_frag[k], kv_sh, (sg() * SG_ROWS * KS + k * 16u) / 8u, KS / 8u, false);
+    cm_load_a(q_frag[k], kv_sh, (sg() * SG_ROWS * KS + k * 16u) / 8u, KS / 8u);
 }
 
 // A tile's K and V as each invocation fetches them (8 fp16 values per element): the next tile
@@ -115,23 +115,19 @@ void store_tile() {
   }
 }
 
-void subgroup_sync() {
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-}
-
-// Step 1: this subgroup's scores against the tile, unscaled, into its scratch.
+// Step 1: this group's scores against the tile, unscaled, into its scratch.
 void tile_scores() {
   [[unroll]] for (uint n = 0u; n < BC / 16u; ++n) {
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    CmAcc acc;
+    cm_zero(acc);
     [[unroll]] for (uint k = 0u; k < D / 16u; ++k) {
-      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> kt;  // K^T: dims down, keys across
-      coopMatLoadNV(kt, kv_sh, (n * 16u * KS + k * 16u) / 8u, KS / 8u, true);
-      acc = coopMatMulAddNV(q_frag[k], kt, acc);
+      CmBt kt;  // K^T: dims down, keys across
+      cm_load_bt(kt, kv_sh, (n * 16u * KS + k * 16u) / 8u, KS / 8u);
+      cm_mul_add(acc, q_frag[k], kt);
     }
-    coopMatStoreNV(acc, s_sh, (sg() * SG_ROWS * SS + n * 16u) / 4u, SS / 4u, false);
+    cm_store(acc, s_sh, (sg() * SG_ROWS * SS + n * 16u) / 4u, SS / 4u);
   }
-  subgroup_sync();
+  cm_sync();
 }
 
 // The variant's recurrence (the same hooks the fused kernels call), on this lane's row (both
@@ -157,7 +153,7 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
     s[c] = row_score(0u, j, seen, uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
-  float m_tile = max(m_loc, subgroupShuffleXor(m_loc, 1u));
+  float m_tile = max(m_loc, cm_xor1(m_loc));
   float ref = tile_ref(0u, m_tile);  // FLASH-D: the tile's own max; else the running one
   uint p_base = (sg() * SG_ROWS * PS + r * PS + first) / 8u;
   float l_loc = 0.0;
@@ -170,32 +166,33 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
     p_sh[p_base + c / 8u] =
         uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
               packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
-  float l_tile = l_loc + subgroupShuffleXor(l_loc, 1u);
+  float l_tile = l_loc + cm_xor1(l_loc);
   tile_step(0u, ref, l_tile, keep, coef);
-  subgroup_sync();
+  cm_sync();
 }
 
 // Step 3: o <- o * keep + coef * P V, one 16-column piece of the output at a time.
 void tile_accumulate(float keep, float coef) {
   [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] *= keep;
-  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_frag[BC / 16u];
+  CmA p_frag[BC / 16u];
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)
-    coopMatLoadNV(p_frag[kc], p_sh, (sg() * SG_ROWS * PS + kc * 16u) / 8u, PS / 8u, false);
+    cm_load_a(p_frag[kc], p_sh, (sg() * SG_ROWS * PS + kc * 16u) / 8u, PS / 8u);
   uint r = lane() / 2u, half_col = (lane() % 2u) * 8u;
   uint piece = sg() * SG_ROWS * SS;
   [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    CmAcc acc;
+    cm_zero(acc);
     [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
-      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
-      coopMatLoadNV(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u, false);
-      acc = coopMatMulAddNV(p_frag[kc], vb, acc);
+      CmB vb;
+      cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
+      cm_mul_add(acc, p_frag[kc], vb);
     }
-    coopMatStoreNV(acc, s_sh, piece / 4u, OS / 4u, false);
-    subgroup_sync();
+    cm_store(acc, s_sh, piece / 4u, OS / 4u);
+    cm_sync();
     uint at = (piece + r * OS + half_col) / 4u;
     [[unroll]] for (uint e = 0u; e < 8u; ++e)
       o_reg[nv * 8u + e] += coef * uintBitsToFloat(s_sh[at + e / 4u][e % 4u]);
-    subgroup_sync();  // read before the next piece overwrites it
+    cm_sync();  // read before the next piece overwrites it
   }
 }
 
@@ -252,7 +249,7 @@ void main() {
   if (j0 < end) fetch_tile(kv_base, j0, min(BC, end - j0));
   while (j0 < end) {
     uint n = min(BC, end - j0);
-    barrier();  // every subgroup is done with the previous tile
+    barrier();  // every group is done with the previous tile
     store_tile();
     barrier();
     uint next = next_seen_tile(j0 + BC, end);

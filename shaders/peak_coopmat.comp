@@ -1,17 +1,15 @@
 #version 460
 // Calibration for `flashvk bench --peak` on devices with cooperative matrices: the matrix units'
-// fp16-in, fp32-accumulate throughput through VK_NV_cooperative_matrix, the same 16 x 16 x 16
-// products the cooperative-matrix attention kernel (flash_cm.comp) runs. Every subgroup runs 8
-// independent chains of multiply-adds on registers, pc.nk times, and stores its sum.
-// FLOPs per subgroup: pc.nk * 8 * 2 * 16 * 16 * 16.
-#extension GL_NV_cooperative_matrix : require
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_KHR_shader_subgroup_basic : require
+// fp16-in, fp32-accumulate throughput through the API the attention kernel uses (coopmat.glsl:
+// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix), the same 16 x 16 x 16 products
+// flash_cm.comp runs. Every subgroup runs 8 independent chains of multiply-adds on registers,
+// pc.nk times, and stores its sum. FLOPs per subgroup: pc.nk * 8 * 2 * 16 * 16 * 16.
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 
 #extension GL_GOOGLE_include_directive : require
 #include "spec_constants.glsl"  // the workgroup size
+#include "coopmat.glsl"
 layout(std430, binding = 3) writeonly buffer OBuf { float o_buf[]; };
 layout(push_constant) uniform Params {
   uint batch, heads, kv_heads, nq, nk;
@@ -19,18 +17,15 @@ layout(push_constant) uniform Params {
 }
 pc;
 
-#define HALF16 fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FLOAT16x16 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-
 void main() {
-  HALF16 a = HALF16(float16_t(pc.scale));  // from the host, so nothing folds
-  HALF16 b = HALF16(float16_t(1.0 - pc.scale));
-  FLOAT16x16 acc[8];
-  [[unroll]] for (uint c = 0u; c < 8u; ++c) acc[c] = FLOAT16x16(float(c) * 1e-3);
+  CmA a = CmA(float16_t(pc.scale));  // from the host, so nothing folds
+  CmB b = CmB(float16_t(1.0 - pc.scale));
+  CmAcc acc[8];
+  [[unroll]] for (uint c = 0u; c < 8u; ++c) acc[c] = CmAcc(float(c) * 1e-3);
   for (uint i = 0u; i < pc.nk; ++i)
-    [[unroll]] for (uint c = 0u; c < 8u; ++c) acc[c] = coopMatMulAddNV(a, b, acc[c]);
-  FLOAT16x16 sum = acc[0];
+    [[unroll]] for (uint c = 0u; c < 8u; ++c) cm_mul_add(acc[c], a, b);
+  CmAcc sum = acc[0];
   [[unroll]] for (uint c = 1u; c < 8u; ++c) sum = sum + acc[c];
   uint subgroup = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
-  coopMatStoreNV(sum, o_buf, subgroup * 256u, 16u, false);
+  cm_store(sum, o_buf, subgroup * 256u, 16u);
 }

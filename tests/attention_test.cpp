@@ -119,43 +119,6 @@ INSTANTIATE_TEST_SUITE_P(FusedVariants, OtherTileLayoutTest,
                                             ::testing::ValuesIn(kShapes)),
                          case_name);
 
-// The matrix-unit kernels, explicitly: on devices without them (lavapipe) the request is refused
-// by name; with them, every recurrence they run matches the reference at the shapes the
-// automatic layout gives them (fp16, d and dv multiples of 16), masks and GQA included.
-TEST_F(VulkanTest, CooperativeMatrixKernelsMatchTheReferenceOrAreRefused) {
-  HostTensor q = round_to_half(random_tensor({2, 4, 70, 64}, 21));
-  HostTensor k = round_to_half(random_tensor({2, 2, 150, 64}, 22));
-  HostTensor v = round_to_half(random_tensor({2, 2, 150, 48}, 23));
-  AttentionParams params;
-  params.hints.tile_layout = TileLayout::cooperative_matrix;
-  params.mods.causal = true;
-  params.mods.key_mask.assign(2 * 150, 1);
-  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
-  if (!context().device().cooperative_matrix) {
-    try {
-      attention(context(), q, k, v, params, DType::f16);
-      ADD_FAILURE() << "cooperative_matrix ran on a device without cooperative matrices";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("VK_NV_cooperative_matrix"), std::string::npos)
-          << e.what();
-    }
-    return;
-  }
-  reference::Result ref = reference::direct(q, k, v, params);
-  for (Variant variant : {Variant::flash1, Variant::flash2, Variant::flashd, Variant::splitkv}) {
-    params.variant = variant;
-    HostAttentionResult gpu = attention(context(), q, k, v, params, DType::f16);
-    EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix);
-    double tol = tolerance(q, k, v, params) + weight_rounding(gpu, v);
-    EXPECT_LE(max_error(gpu.out.data, ref.out), tol) << variant_name(variant);
-    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 1e-5) << variant_name(variant);
-  }
-  params.variant = Variant::online;  // not a cooperative-matrix recurrence: refused by name
-  EXPECT_THROW(attention(context(), q, k, v, params, DType::f16), Error);
-  params.variant = Variant::flash2;  // fp32 storage: refused
-  EXPECT_THROW(attention(context(), q, k, v, params, DType::f32), Error);
-}
-
 // The decoding kernel (TileLayout::lanes, the default for splitkv on GPUs when a KV head has at
 // most 8 query rows), forced on every device: every ragged shape whose head dims are whole
 // 16-byte loads, with chunk counts from the device and forced, several keys per step, causal and

@@ -686,10 +686,19 @@ TEST(Embedding, AdoptRefusesFeaturesTheDeviceLacksByName) {
   AppVulkan app;
   ExternalDevice handles = app.external();
   DeviceInfo info = Context::adopt(handles).device();
-  if (!info.cooperative_matrix) {
-    handles.cooperative_matrix_enabled = true;
-    expect_refused([&] { Context::adopt(handles); }, "VK_NV_cooperative_matrix");
+  if (info.matrix_api != MatrixApi::khr) {
+    handles.matrix_api = MatrixApi::khr;
+    expect_refused([&] { Context::adopt(handles); }, "matrix_api khr, but");
   }
+  if (!info.nv_cooperative_matrix) {
+    handles = app.external();
+    handles.matrix_api = MatrixApi::nv;
+    expect_refused([&] { Context::adopt(handles); }, "lacks VK_NV_cooperative_matrix");
+  }
+  handles = app.external();
+  handles.fp16_storage_enabled = false;
+  handles.matrix_api = MatrixApi::emulated;
+  expect_refused([&] { Context::adopt(handles); }, "matrix_api emulated needs fp16_storage_enabled");
   if (!info.fp16_storage) {
     handles = app.external();
     expect_refused([&] { Context::adopt(handles); }, "storageBuffer16BitAccess");

@@ -186,7 +186,7 @@ TEST_F(VulkanTest, Fp16ArithmeticIsRefusedWhereItDoesNotRun) {
   // An adopted device whose application did not enable shaderFloat16.
   ExternalDevice handles = context().handles();
   handles.fp16_arithmetic_enabled = false;
-  handles.cooperative_matrix_enabled = false;
+  handles.matrix_api = MatrixApi::none;
   Context adopted = Context::adopt(handles);
   expect_refused([&] { attention(adopted, q, k, k, params); },
                  context().device().fp16_arithmetic ? "ExternalDevice::fp16_arithmetic_enabled"

@@ -27,7 +27,20 @@ TEST(KernelTable, EveryBuildTheTableNamesIsEmbedded) {
   size_t named = 0;
   for (const KernelBuilds& line : kernel_table())
     // Every value of every option; those the line lacks are not looked at.
-    for (uint32_t bits = 0; bits < 64; ++bits) {
+    for (uint32_t bits = 0; bits < 64 * 3; ++bits) {
+      // The matrix API: every one a MAT line is built for, those of the units for MATHW, none
+      // where the line has neither.
+      const MatrixApi apis[] = {MatrixApi::khr, MatrixApi::nv, MatrixApi::emulated};
+      MatrixApi matrix = apis[bits / 64];
+      if (!(line.options & (build_option::MAT | build_option::MATHW))) {
+        if (bits >= 64) break;
+        matrix = MatrixApi::none;
+      } else if ((line.options & build_option::MATHW) && matrix == MatrixApi::emulated) {
+        EXPECT_THROW(kernel_name({.program = line.program, .layout = line.layout,
+                                  .matrix = matrix}),
+                     Error);
+        continue;
+      }
       KernelKey key{.program = line.program,
                     .layout = line.layout,
                     .q = bits & 1 ? DType::f16 : DType::f32,
@@ -35,12 +48,16 @@ TEST(KernelTable, EveryBuildTheTableNamesIsEmbedded) {
                     .trace = (bits & 4) != 0,
                     .shuffle = (bits & 8) != 0,
                     .f16math = (bits & 16) != 0,
-                    .quant = (bits & 32) != 0};
+                    .quant = (bits & 32) != 0,
+                    .matrix = matrix};
       std::string name = kernel_name(key);
       EXPECT_TRUE(embedded.count(name)) << name << " (" << line.source << ") is not embedded";
       ++named;
     }
   EXPECT_GT(named, 0u);
+  // A matrix build without an API is the planner's bug.
+  EXPECT_THROW(kernel_name({.program = "flash2", .layout = TileLayout::cooperative_matrix}),
+               Error);
 }
 
 TEST(KernelTable, AProgramWithoutABuildInALayoutIsAnInternalError) {

@@ -10,9 +10,10 @@ namespace flashvk::test {
 
 namespace {
 
-// The default device as it is (0), and with Vulkan's guaranteed minimum limits (1).
+// The default device as it is (0), with Vulkan's guaranteed minimum limits (1), and with the
+// matrix kernels emulated (2).
 std::unique_ptr<Context>& shared_context(int which = 0) {
-  static std::unique_ptr<Context> ctx[2];
+  static std::unique_ptr<Context> ctx[3];
   return ctx[which];
 }
 
@@ -23,6 +24,7 @@ Context& make_shared_context(int which) {
   if (!ctx) {
     ContextOptions options = test_options();
     if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
+    if (which == 2) options.matrix_api = MatrixApi::emulated;
     ctx = std::make_unique<Context>(Context::create(options));
   }
   return *ctx;
@@ -33,6 +35,7 @@ Context& make_shared_context(int which) {
 class SharedContextEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
+    shared_context(2).reset();
     shared_context(1).reset();
     shared_context(0).reset();
   }
@@ -56,6 +59,10 @@ Context& context() {
 
 Context& minimum_context() {
   return make_shared_context(1);
+}
+
+Context& matrix_context() {
+  return context().device().cooperative_matrix ? context() : make_shared_context(2);
 }
 
 void expect_no_validation_messages() {

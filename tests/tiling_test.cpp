@@ -30,7 +30,8 @@ DeviceInfo device(const char* name, const char* type, uint32_t shared, uint32_t 
   info.min_storage_offset_alignment = info.min_texel_offset_alignment = 64;
   info.texel_buffers = true;
   info.fp16_storage = true;
-  info.cooperative_matrix = coopmat;
+  info.cooperative_matrix = info.nv_cooperative_matrix = coopmat;
+  info.matrix_api = coopmat ? MatrixApi::khr : MatrixApi::none;
   info.fp16_arithmetic = true;
   return info;
 }
@@ -54,7 +55,7 @@ Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dt
   params.hints.tile_layout = layout;
   params.hints.fp16_arithmetic = fp16_arithmetic;
   return detail::choose_tiling({.info = info,
-                                .coopmat_enabled = info.cooperative_matrix,
+                                .matrix_api = info.matrix_api,
                                 .fp16_arithmetic_enabled = info.fp16_arithmetic,
                                 .dims = shape,
                                 .params = params,

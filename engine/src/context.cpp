@@ -167,13 +167,14 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
   throw Error("the device has no queue family with compute support");
 }
 
-// What the cooperative-matrix kernels (shaders/flash_cm.comp) need besides the basics. They were
-// written for Debian 12's glslang and Vulkan headers, which predate VK_KHR_cooperative_matrix,
-// against its NVIDIA predecessor, which NVIDIA's drivers still expose; the build's glslang (15 or
-// later, cmake/Glslang.cmake) and headers (1.4) know the KHR extension too.
+// What the cooperative-matrix kernels (shaders/flash_cm.comp, coopmat.glsl) need besides the
+// basics, through VK_NV_cooperative_matrix (MatrixApi::nv; its builds declare the Vulkan memory
+// model) and through VK_KHR_cooperative_matrix (MatrixApi::khr).
 constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
+constexpr const char* kKhrCoopmatExtensions[] = {VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME,
+                                                 VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
 // shaderFloat16 (ExecutionHints::fp16_arithmetic). The engine's instance asks for Vulkan 1.1,
 // so the extension is enabled even where the device has it in core (1.2).
 constexpr const char* kFloat16Extension = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
@@ -195,6 +196,23 @@ struct CoopmatFeatures {
   CoopmatFeatures& operator=(const CoopmatFeatures&) = delete;
 };
 
+// The same for VK_KHR_cooperative_matrix, with the subgroup size control that makes its
+// subgroups 32 lanes where they are not already.
+struct KhrCoopmatFeatures {
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR coopmat{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  VkPhysicalDeviceShaderFloat16Int8Features float16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+  KhrCoopmatFeatures() {
+    coopmat.pNext = &float16;
+    float16.pNext = &size_control;
+  }
+  KhrCoopmatFeatures(const KhrCoopmatFeatures&) = delete;
+  KhrCoopmatFeatures& operator=(const KhrCoopmatFeatures&) = delete;
+};
+
 void make_device(ContextImpl& ctx) {
   ctx.family = compute_family(ctx.physical, &ctx.timestamp_bits);
   float priority = 1.0f;
@@ -210,8 +228,21 @@ void make_device(ContextImpl& ctx) {
   info.queueCreateInfoCount = 1;
   info.pQueueCreateInfos = &queue;
   CoopmatFeatures coopmat;
+  KhrCoopmatFeatures khr;
   std::vector<const char*> extensions;
-  if (ctx.info.cooperative_matrix) {
+  if (ctx.matrix_api == MatrixApi::khr) {
+    khr.coopmat.cooperativeMatrix = VK_TRUE;
+    khr.float16.shaderFloat16 = VK_TRUE;
+    extensions.assign(std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions));
+    if (ctx.info.subgroup_size != 32) {  // the matrix pipelines ask for 32 lanes
+      khr.size_control.subgroupSizeControl = VK_TRUE;
+      khr.size_control.computeFullSubgroups = VK_TRUE;
+      extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    } else {
+      khr.float16.pNext = nullptr;
+    }
+    storage16.pNext = &khr.coopmat;
+  } else if (ctx.matrix_api == MatrixApi::nv) {
     coopmat.coopmat.cooperativeMatrix = VK_TRUE;
     coopmat.float16.shaderFloat16 = VK_TRUE;
     coopmat.memory_model.vulkanMemoryModel = VK_TRUE;
@@ -241,7 +272,6 @@ void make_device(ContextImpl& ctx) {
   objects_created();
   vkGetDeviceQueue(ctx.device, ctx.family, 0, &ctx.queue);
   ctx.fp16_enabled = ctx.info.fp16_storage;
-  ctx.coopmat_enabled = ctx.info.cooperative_matrix;
   ctx.fp16_arithmetic_enabled = ctx.info.fp16_arithmetic;
 }
 
@@ -306,6 +336,54 @@ bool pipeline_statistics(VkPhysicalDevice physical) {
              VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR{
                  VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR})
                  .pipelineExecutableInfo == VK_TRUE;
+}
+
+// VK_KHR_cooperative_matrix's 16x16x16 fp16 products into fp32 by a subgroup.
+bool khr_coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
+  auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+  uint32_t count = 0;
+  if (!get || get(physical, &count, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkCooperativeMatrixPropertiesKHR> props(
+      count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
+  if (get(physical, &count, props.data()) != VK_SUCCESS) return false;
+  return std::any_of(props.begin(), props.end(), [](const VkCooperativeMatrixPropertiesKHR& p) {
+    return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
+           p.AType == VK_COMPONENT_TYPE_FLOAT16_KHR && p.BType == VK_COMPONENT_TYPE_FLOAT16_KHR &&
+           p.CType == VK_COMPONENT_TYPE_FLOAT32_KHR &&
+           p.ResultType == VK_COMPONENT_TYPE_FLOAT32_KHR && !p.saturatingAccumulation &&
+           p.scope == VK_SCOPE_SUBGROUP_KHR;
+  });
+}
+
+// Whether compute pipelines can be asked for subgroups of 32 full lanes
+// (VK_EXT_subgroup_size_control), where the device's own size is another.
+bool subgroups_of_32(VkPhysicalDevice physical) {
+  if (!has_extensions(physical, {VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME})) return false;
+  VkPhysicalDeviceSubgroupSizeControlPropertiesEXT size{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props.pNext = &size;
+  vkGetPhysicalDeviceProperties2(physical, &props);
+  auto f = device_features(physical, VkPhysicalDeviceSubgroupSizeControlFeaturesEXT{
+                                         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT});
+  return f.subgroupSizeControl && f.computeFullSubgroups && size.minSubgroupSize <= 32 &&
+         size.maxSubgroupSize >= 32 && (size.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
+}
+
+bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
+                            uint32_t subgroup_size) {
+  if (!has_extensions(physical,
+                      {std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions)}))
+    return false;
+  KhrCoopmatFeatures f;
+  f.float16.pNext = nullptr;
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &f.coopmat;
+  vkGetPhysicalDeviceFeatures2(physical, &features);
+  return f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
+         khr_coopmat_shape(instance, physical) &&
+         (subgroup_size == 32 || subgroups_of_32(physical));
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
@@ -373,8 +451,13 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
           std::max<uint64_t>(info.device_local_memory, memory.memoryHeaps[h].size);
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
   info.fp16_arithmetic = fp16_arithmetic(physical);
-  info.cooperative_matrix =
+  info.nv_cooperative_matrix =
       info.fp16_storage && cooperative_matrix(instance, physical, info.subgroup_size);
+  bool khr = info.fp16_storage && khr_cooperative_matrix(instance, physical, info.subgroup_size);
+  info.matrix_api = khr                          ? MatrixApi::khr
+                    : info.nv_cooperative_matrix ? MatrixApi::nv
+                                                 : MatrixApi::none;
+  info.cooperative_matrix = info.matrix_api != MatrixApi::none;
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
   info.pipeline_statistics = pipeline_statistics(physical);
@@ -571,6 +654,13 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
   create.stage.module = module;
   create.stage.pName = "main";
   create.stage.pSpecializationInfo = &spec_info;
+  VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT subgroup{
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT};
+  if (spec.required_subgroup) {  // the kernel's subgroups, all lanes active (vk.hpp, Spec)
+    subgroup.requiredSubgroupSize = spec.required_subgroup;
+    create.stage.pNext = &subgroup;
+    create.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
+  }
   create.layout = pipeline_layout;
   if (capture)
     create.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR |
@@ -672,7 +762,46 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
                        nullptr, 0, nullptr);
 }
 
+MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const std::string& who) {
+  switch (requested) {
+    case MatrixApi::automatic:
+      return info.matrix_api;
+    case MatrixApi::none:
+      return MatrixApi::none;
+    case MatrixApi::khr:
+      if (info.matrix_api != MatrixApi::khr)
+        throw Error(who + ": matrix_api khr, but " + info.name +
+                    " lacks VK_KHR_cooperative_matrix with 16x16x16 fp16 products into fp32 by "
+                    "a subgroup of 32 (its own size or one VK_EXT_subgroup_size_control asks "
+                    "for), or shaderFloat16; `flashvk devices` says what it has");
+      return MatrixApi::khr;
+    case MatrixApi::nv:
+      if (!info.nv_cooperative_matrix)
+        throw Error(who + ": matrix_api nv, but " + info.name +
+                    " lacks VK_NV_cooperative_matrix with 16x16x16 fp16 products into fp32, "
+                    "shaderFloat16, vulkanMemoryModel and its device scope, or a subgroup of 32");
+      return MatrixApi::nv;
+    case MatrixApi::emulated:
+      if (!info.fp16_storage)
+        throw Error(who + ": matrix_api emulated needs fp16 storage (storageBuffer16BitAccess), "
+                    "which " + info.name + " lacks");
+      return MatrixApi::emulated;
+  }
+  throw Error(who + ": matrix_api is not one of MatrixApi's values");
+}
+
 }  // namespace detail
+
+const char* matrix_api_name(MatrixApi api) {
+  switch (api) {
+    case MatrixApi::automatic: return "auto";
+    case MatrixApi::none: return "none";
+    case MatrixApi::khr: return "khr";
+    case MatrixApi::nv: return "nv";
+    case MatrixApi::emulated: return "emulated";
+  }
+  return "?";
+}
 
 std::vector<DeviceInfo> list_devices() {
   detail::ContextImpl probe;
@@ -729,6 +858,7 @@ Context Context::create(const ContextOptions& options) {
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
   impl->compile_only = options.compile_only;
+  impl->matrix_api = detail::usable_matrix_api(impl->info, options.matrix_api, "ContextOptions");
   detail::make_device(*impl);
   impl->cache_path = options.pipeline_cache_path;
   impl->init_shared_objects();
@@ -765,19 +895,20 @@ Context Context::adopt(const ExternalDevice& external) {
     throw Error("Context::adopt: fp16_storage_enabled is set, but " + impl->info.name +
                 " does not support storageBuffer16BitAccess (VkPhysicalDevice16BitStorage"
                 "Features); leave it false and use DType::f32");
-  if (external.cooperative_matrix_enabled && !impl->info.cooperative_matrix)
-    throw Error("Context::adopt: cooperative_matrix_enabled is set, but " + impl->info.name +
-                " lacks what the matrix kernels need (VK_NV_cooperative_matrix with 16x16x16 "
-                "fp16 products into fp32, shaderFloat16, vulkanMemoryModel and its device "
-                "scope, a subgroup of 32; `flashvk devices` lists them); leave it false");
+  if (external.matrix_api == MatrixApi::emulated && !external.fp16_storage_enabled)
+    throw Error("Context::adopt: matrix_api emulated needs fp16_storage_enabled");
+  impl->matrix_api = external.matrix_api == MatrixApi::automatic
+                         ? MatrixApi::none
+                         : detail::usable_matrix_api(impl->info, external.matrix_api,
+                                                     "Context::adopt");
   if (external.fp16_arithmetic_enabled && !impl->info.fp16_arithmetic)
     throw Error("Context::adopt: fp16_arithmetic_enabled is set, but " + impl->info.name +
                 " does not support shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features); "
                 "leave it false");
   impl->fp16_enabled = external.fp16_storage_enabled;
-  impl->coopmat_enabled = external.cooperative_matrix_enabled;
-  impl->fp16_arithmetic_enabled =
-      external.fp16_arithmetic_enabled || external.cooperative_matrix_enabled;
+  impl->fp16_arithmetic_enabled = external.fp16_arithmetic_enabled ||
+                                  impl->matrix_api == MatrixApi::khr ||
+                                  impl->matrix_api == MatrixApi::nv;
   impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);
@@ -812,7 +943,7 @@ ExternalDevice Context::handles() const {
   h.queue = impl_->queue;
   h.queue_family = impl_->family;
   h.fp16_storage_enabled = impl_->fp16_enabled;
-  h.cooperative_matrix_enabled = impl_->coopmat_enabled;
+  h.matrix_api = impl_->matrix_api;
   h.fp16_arithmetic_enabled = impl_->fp16_arithmetic_enabled;
   h.pipeline_cache_path = impl_->cache_path;
   return h;

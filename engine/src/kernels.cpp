@@ -50,14 +50,14 @@ constexpr bool builds_cover_the_planner() {
         !has(v.name, TileLayout::registers, Q | KVQ) ||
         !has(v.name, TileLayout::blocks, Q | KVQ | SG | F16))
       return false;
-    if (v.matrix && !has(v.name, TileLayout::cooperative_matrix, NONE)) return false;
+    if (v.matrix && !has(v.name, TileLayout::cooperative_matrix, MAT)) return false;
     if (v.splits_keys &&
         (!has(v.name, TileLayout::lanes, Q) || !has("splitkv_merge", TileLayout::shared, NONE)))
       return false;
   }
   return has("rope", TileLayout::shared, Q | QUANT) && has("peak_fma", TileLayout::shared, NONE) &&
          has("peak_bandwidth", TileLayout::shared, NONE) &&
-         has("peak_coopmat", TileLayout::shared, NONE);
+         has("peak_coopmat", TileLayout::shared, MATHW);
 }
 static_assert(builds_cover_the_planner(),
               "shaders/builds.def lacks a build that the variants' table can ask for");
@@ -84,6 +84,14 @@ std::string kernel_name(const KernelKey& key) {
   part(SG, key.shuffle, "_sg", "_nosg");
   part(F16, key.f16math, "_f16math", "");
   part(QUANT, key.quant, "_quant", "");
+  if (b->options & (MAT | MATHW)) {
+    if (key.matrix == MatrixApi::khr) name += "_khr";
+    else if (key.matrix == MatrixApi::nv) name += "_nv";
+    else if (key.matrix == MatrixApi::emulated && (b->options & MAT)) name += "_emu";
+    else
+      throw Error(std::string("internal: the ") + name + " build needs a matrix API, not " +
+                  matrix_api_name(key.matrix));
+  }
   return name;
 }
 
@@ -94,7 +102,8 @@ KernelKey kernel_key(std::string_view program, const Spec& spec, DType q, bool t
           .kv_quant = spec.kv_quant,
           .trace = trace,
           .shuffle = spec.block_shuffle,
-          .f16math = spec.block_f16};
+          .f16math = spec.block_f16,
+          .matrix = spec.matrix};
 }
 
 std::vector<PipelineChoice> attention_pipelines(Variant variant, const Spec& spec, DType q,

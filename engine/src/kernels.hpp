@@ -15,7 +15,8 @@ namespace flashvk::detail {
 
 /// A build option of builds.def, as a bit.
 namespace build_option {
-enum : uint32_t { NONE = 0, Q = 1, KVQ = 2, TRACE = 4, SG = 8, F16 = 16, QUANT = 32 };
+enum : uint32_t { NONE = 0, Q = 1, KVQ = 2, TRACE = 4, SG = 8, F16 = 16, QUANT = 32, MAT = 64,
+                  MATHW = 128 };
 }
 
 /// One line of builds.def.
@@ -38,6 +39,7 @@ struct KernelKey {
   bool shuffle = false;   ///< SG
   bool f16math = false;   ///< F16
   bool quant = false;     ///< QUANT
+  MatrixApi matrix = MatrixApi::none;  ///< MAT and MATHW: khr, nv or emulated
 };
 
 /// The build's name in the embedded registry, as Shaders.cmake names it; an option its line lacks

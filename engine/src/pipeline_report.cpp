@@ -140,7 +140,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     throw Error(std::string("attention: rope rotates K stored as Q is (") + dtype_name(kv.q) +
                 "); rotate K before storing it as " + dtype_name(kv.k));
   detail::Spec spec = detail::call_spec({.info = impl.info,
-                                         .coopmat_enabled = impl.coopmat_enabled,
+                                         .matrix_api = impl.matrix_api,
                                          .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
                                          .dims = dims,
                                          .params = params,

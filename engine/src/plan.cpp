@@ -189,7 +189,7 @@ void Plan::choose_kernels(const Tensor& k, const Tensor& v) {
   // With RoPE the kernels read the rotated copy of K, which is the plan's own.
   bool kv_views = (rotates_k() || texel_viewable(k)) && texel_viewable(v);
   spec = call_spec({.info = impl.info,
-                    .coopmat_enabled = impl.coopmat_enabled,
+                    .matrix_api = impl.matrix_api,
                     .fp16_arithmetic_enabled = impl.fp16_arithmetic_enabled,
                     .dims = dims,
                     .params = params,

@@ -79,33 +79,36 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K/V tile and four subgroups' scratch (S in fp32, P in fp16) fit the shared
-// memory, and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every
-// row is padded by 16 bytes, as in the shader.
-uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv) {
+// 16 whose fp16 K/V tile and four groups' scratch (S in fp32, P in fp16) fit the shared memory,
+// and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every row is
+// padded by 16 bytes, as in the shader; emulated, coopmat.glsl's exchange takes 512 bytes more.
+uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv, MatrixApi api) {
+  uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * keys * (d + 8 + dv + 8);
     uint32_t scratch = 4 * 16 * (4 * (std::max(keys, 16u) + 4) + 2 * (keys + 8));
-    if (kv + scratch + 64 <= shared_bytes && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
+    if (kv + scratch + exchange + 64 <= shared_bytes && 64 * (d + 8) <= keys * (d + dv + 16))
+      return keys;
   }
   return 0;
 }
 
-// The cooperative-matrix kernel where it is asked for, or by default wherever it can run.
-bool use_coopmat(const DeviceInfo& info, bool coopmat_enabled, const Dims& dims,
+// The cooperative-matrix kernel where it is asked for, or by default wherever it runs on matrix
+// units (emulated, only where it is asked for).
+bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                  const AttentionParams& params, DType dtype, const Storage& kv,
                  uint32_t shared_bytes, bool trace) {
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
               dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
               params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
-              coopmat_keys(shared_bytes, dims.d, dims.dv) > 0;
+              coopmat_keys(shared_bytes, dims.d, dims.dv, api) > 0;
   if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
-    if (!coopmat_enabled)
+    if (api == MatrixApi::none)
       throw Error(
-          "tile_layout cooperative_matrix needs VK_NV_cooperative_matrix (16x16x16 fp16 "
-          "products into fp32, a subgroup of 32), shaderFloat16 and vulkanMemoryModel "
-          "with device scope enabled; " +
-          info.name + " does not have them");
+          "tile_layout cooperative_matrix needs matrix units (VK_KHR_cooperative_matrix or "
+          "VK_NV_cooperative_matrix with 16x16x16 fp16 products into fp32 by a subgroup of "
+          "32, and shaderFloat16) or ContextOptions::matrix_api emulated; " +
+          info.name + " has none enabled");
     if (!fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
@@ -113,7 +116,8 @@ bool use_coopmat(const DeviceInfo& info, bool coopmat_enabled, const Dims& dims,
           "engine (block_rows and block_keys 0) and shared memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
-  return params.hints.tile_layout == TileLayout::automatic && coopmat_enabled && fits && !trace;
+  bool units = api == MatrixApi::khr || api == MatrixApi::nv;
+  return params.hints.tile_layout == TileLayout::automatic && units && fits && !trace;
 }
 
 // TileLayout::lanes (shaders/splitkv_lanes.comp): lanes per key, so that each lane loads 16
@@ -411,10 +415,13 @@ Spec choose_tiling(const TilingRequest& request) {
     return spec;
   }
   if (!forced_keys &&
-      use_coopmat(info, request.coopmat_enabled, dims, params, dtype, kv, shared_bytes, trace)) {
+      use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
-    spec.workgroup = 128;  // four subgroups of 32, 16 query rows each
-    spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv);
+    spec.matrix = request.matrix_api;
+    spec.workgroup = 128;  // four groups of 32, 16 query rows each
+    // Subgroups of 32 on the matrix units: asked for where the device's are another size.
+    if (spec.matrix != MatrixApi::emulated && info.subgroup_size != 32) spec.required_subgroup = 32;
+    spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
   }
   if (!forced_keys) {

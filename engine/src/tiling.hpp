@@ -24,7 +24,7 @@ inline uint64_t word_texel_bytes(DType storage) {
 /// What the tiling depends on.
 struct TilingRequest {
   const DeviceInfo& info;
-  bool coopmat_enabled = false;          ///< the context enabled the cooperative-matrix features
+  MatrixApi matrix_api = MatrixApi::none;  ///< the context's matrix API (never automatic)
   bool fp16_arithmetic_enabled = false;  ///< the context enabled shaderFloat16
   const Dims& dims;
   const AttentionParams& params;

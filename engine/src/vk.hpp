@@ -105,6 +105,10 @@ struct Spec {
   bool kv_quant = false;       // KV_QUANT: K and V in storage formats of their own
   bool block_shuffle = false;  // blocks: rows reduced with subgroup shuffles (BLOCK_SHUFFLE)
   bool block_f16 = false;      // blocks: fp16 products (BLOCK_F16; ExecutionHints::fp16_arithmetic)
+  MatrixApi matrix = MatrixApi::none;  // cooperative matrices: the build's API (MAT)
+  // Lanes a subgroup must have, and all of them active (VK_EXT_subgroup_size_control); 0: the
+  // device's own size.
+  uint32_t required_subgroup = 0;
 #define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
 #define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
 #include "../../shaders/spec_constants.glsl"
@@ -126,11 +130,11 @@ struct Spec {
   /// head's), or 16 a subgroup of 32 (cooperative matrices).
   uint32_t block() const { return layout_row(layout).workgroup_rows(workgroup, rows, lanes); }
   bool operator<(const Spec& o) const {
-    return std::tie(layout, kv_quant, block_shuffle, block_f16) <
-               std::tie(o.layout, o.kv_quant, o.block_shuffle, o.block_f16) ||
-           (std::tie(layout, kv_quant, block_shuffle, block_f16) ==
-                std::tie(o.layout, o.kv_quant, o.block_shuffle, o.block_f16) &&
-            constants() < o.constants());
+    auto fields = [](const Spec& s) {
+      return std::tie(s.layout, s.kv_quant, s.block_shuffle, s.block_f16, s.matrix,
+                      s.required_subgroup);
+    };
+    return fields(*this) < fields(o) || (fields(*this) == fields(o) && constants() < o.constants());
   }
 };
 
@@ -161,7 +165,7 @@ struct ContextImpl {
   uint32_t family = 0;
   uint32_t timestamp_bits = 0;
   bool fp16_enabled = false;
-  bool coopmat_enabled = false;          // the cooperative-matrix kernels may run (DeviceInfo)
+  MatrixApi matrix_api = MatrixApi::none;  // the cooperative-matrix kernels' (never automatic)
   bool fp16_arithmetic_enabled = false;  // shaderFloat16 is enabled
   bool compile_only = false;             // ContextOptions::compile_only: no memory, no queue work
   bool capture = false;  // pipelines keep the driver's statistics (pipeline_executable_properties)
@@ -226,5 +230,8 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
                      VkAccessFlags dst_access);
 
 DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t index);
+/// The matrix API a context asking for `requested` runs (automatic: the device's default);
+/// throws Error, its message led by `who`, where the device cannot have it.
+MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const std::string& who);
 
 }  // namespace flashvk::detail

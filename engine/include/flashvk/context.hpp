@@ -14,6 +14,20 @@ namespace detail {
 struct ContextImpl;
 }
 
+/// How the cooperative-matrix kernels (TileLayout::cooperative_matrix) reach matrix units.
+enum class MatrixApi {
+  automatic,  ///< ContextOptions: khr where the device has it, else nv, else none
+  none,       ///< no matrix kernels
+  khr,        ///< VK_KHR_cooperative_matrix (NVIDIA, AMD RDNA3 and later, Intel Arc)
+  nv,         ///< VK_NV_cooperative_matrix (NVIDIA's first extension)
+  /// The same kernels with the products in ordinary arithmetic, on any device with fp16
+  /// storage: slow, for running the matrix kernels where there are no matrix units (tests on a
+  /// CPU). Runs only where a call asks for TileLayout::cooperative_matrix.
+  emulated,
+};
+/// "auto", "none", "khr", "nv", "emulated".
+const char* matrix_api_name(MatrixApi api);
+
 /// What the engine needs to know about a device; `flashvk devices` prints it.
 struct DeviceInfo {
   uint32_t index = 0;
@@ -37,10 +51,14 @@ struct DeviceInfo {
   /// shaderFloat16 (VK_KHR_shader_float16_int8 or Vulkan 1.2): fp16 arithmetic in shaders, for
   /// ExecutionHints::fp16_arithmetic.
   bool fp16_arithmetic = false;
-  /// VK_NV_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup of
-  /// 32, shaderFloat16 and the Vulkan memory model (with device scope): the cooperative-matrix
-  /// kernels can run.
-  bool cooperative_matrix = false;
+  /// The matrix units' API Context::create takes by default: khr where the device has
+  /// VK_KHR_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup
+  /// of 32 (its own size, or one it can be asked for: VK_EXT_subgroup_size_control) and
+  /// shaderFloat16; else nv where it has VK_NV_cooperative_matrix with that shape, shaderFloat16
+  /// and the Vulkan memory model with device scope; else none.
+  MatrixApi matrix_api = MatrixApi::none;
+  bool cooperative_matrix = false;     ///< matrix_api is khr or nv
+  bool nv_cooperative_matrix = false;  ///< nv can run (also where khr is the default)
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
   /// VK_KHR_pipeline_executable_properties: the driver tells what it compiled (registers,
@@ -85,6 +103,9 @@ struct ContextOptions {
   /// driver's statistics and disassembly where the device has VK_KHR_pipeline_executable_
   /// properties (describe_pipelines). Tensors and attention calls on it throw Error.
   bool compile_only = false;
+  /// Which API the matrix kernels use (automatic: DeviceInfo::matrix_api). khr or nv where the
+  /// device lacks it, or emulated without fp16 storage, throws Error.
+  MatrixApi matrix_api = MatrixApi::automatic;
 };
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.
@@ -97,12 +118,15 @@ struct ExternalDevice {
   VkQueue queue = VK_NULL_HANDLE;  ///< a queue with compute support
   uint32_t queue_family = 0;
   bool fp16_storage_enabled = false;
-  /// Whether the device was created with VK_NV_cooperative_matrix (feature cooperativeMatrix),
-  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope enabled: the
-  /// cooperative-matrix kernels need all four.
-  bool cooperative_matrix_enabled = false;
+  /// What the device was created with for the matrix kernels: khr, VK_KHR_cooperative_matrix
+  /// (feature cooperativeMatrix) and shaderFloat16, and subgroupSizeControl and
+  /// computeFullSubgroups (VK_EXT_subgroup_size_control or Vulkan 1.3) where the device's
+  /// subgroups are not 32 lanes; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
+  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; emulated, fp16 storage
+  /// alone (slow; for tests); none (automatic is taken as none).
+  MatrixApi matrix_api = MatrixApi::none;
   /// Whether shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features) was enabled:
-  /// ExecutionHints::fp16_arithmetic needs it. Implied by cooperative_matrix_enabled.
+  /// ExecutionHints::fp16_arithmetic needs it. Implied by matrix_api khr or nv.
   bool fp16_arithmetic_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };

@@ -14,7 +14,7 @@ constexpr uint32_t kGroupSize = 64;
 
 // GPU milliseconds of one dispatch of `shader` over `groups` workgroups.
 double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer output,
-                     uint32_t groups, uint32_t iterations) {
+                     uint32_t groups, uint32_t iterations, MatrixApi matrix = MatrixApi::none) {
   detail::Plan plan(ctx);
   detail::Bindings b;
   b.fill(ctx.impl().dummy.handle());
@@ -25,9 +25,12 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.scale = 0.999f;
   detail::Spec spec;
   spec.workgroup = kGroupSize;
+  spec.matrix = matrix;  // the matrix units' calibration: subgroups of 32, as the kernel's
+  if (matrix != MatrixApi::none && ctx.device().subgroup_size != 32) spec.required_subgroup = 32;
+  detail::KernelKey key{.program = shader, .matrix = matrix};
   plan.add(
       ctx.impl().pipeline(
-          detail::find_build(detail::peak_shader_blobs(), detail::kernel_name({shader})), spec),
+          detail::find_build(detail::peak_shader_blobs(), detail::kernel_name(key)), spec),
       plan.make_set(b), {groups, 1, 1}, &push, sizeof(push));
   ctx.impl().submit_and_wait([&](VkCommandBuffer cmd) { plan.record(cmd); });
   return plan.gpu_ms();
@@ -106,12 +109,14 @@ double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
 
 double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
   if (repeat < 1) throw Error("measure_coopmat_peak: repeat must be at least 1");
-  if (!ctx.impl().coopmat_enabled) return 0;
+  MatrixApi api = ctx.impl().matrix_api;
+  if (api != MatrixApi::khr && api != MatrixApi::nv) return 0;  // no matrix units
   constexpr uint32_t kGroups = 4096, kSubgroups = kGroupSize / 32;  // coopmat needs 32 lanes
   detail::Buffer out(ctx.impl(), uint64_t(kGroups) * kSubgroups * 256 * 4);
   uint32_t iterations = 16;
   auto run = [&] {
-    return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups, iterations);
+    return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups, iterations,
+                         api);
   };
   while (iterations < (1u << 20) && run() < min_ms) iterations *= 2;
   double flops = double(kGroups) * kSubgroups * iterations * 8 * 2 * 16 * 16 * 16;

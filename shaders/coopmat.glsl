@@ -1,0 +1,155 @@
+// The matrix units as the cooperative-matrix kernel (flash_cm.comp) uses them, one home for the
+// three ways a build reaches them (shaders/builds.def, option MAT; DeviceInfo::matrix_api):
+//   CM_KHR       GL_KHR_cooperative_matrix (VK_KHR_cooperative_matrix: NVIDIA, AMD RDNA3 and
+//                later, Intel Arc)
+//   CM_NV        GL_NV_cooperative_matrix (VK_NV_cooperative_matrix, NVIDIA's first extension)
+//   CM_EMULATE   the same products in ordinary arithmetic, on any device (MatrixApi::emulated:
+//                what lets the tests run this kernel on a CPU; slow)
+// A group is the 32 invocations that hold a matrix together: a subgroup of 32 on the matrix
+// units (the host requires that size), 32 consecutive invocations when emulated, whatever the
+// device's subgroups are.
+//
+// Types: CmA (16 x 16 fp16, the left operand), CmB and CmBt (16 x 16 fp16, the right, loaded as
+// it is or transposed), CmAcc (16 x 16 fp32). Arrays are of uvec4 (8 fp16 values, or 4 fp32), so every matrix starts 16-byte aligned;
+// offsets and strides count those elements. Macros, as GLSL passes arrays by value:
+//   cm_zero(c)                     c = 0
+//   cm_load_a(a, arr, off, stride) a from a row-major array (fp16)
+//   cm_load_b(b, arr, off, stride) b from a row-major array (fp16)
+//   cm_load_bt(b, arr, off, stride) b as the transpose of a row-major array (K^T from K's rows)
+//   cm_mul_add(c, a, b)            c += a b
+//   cm_store(c, arr, off, stride)  c into a row-major array (fp32)
+// and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
+// cm_sync() (the group's shared-memory writes before it are seen by the group after it), and
+// cm_xor1(x) (x of lane CM_LANE ^ 1). cm_sync and cm_xor1 are workgroup barriers when emulated:
+// the kernel calls them in uniform control flow.
+//
+// Emulated, a lane holds its row of CmA whole (row CM_LANE / 2), and of CmAcc the 8 columns
+// (CM_LANE % 2) * 8 .. + 7 of that row; CmB stays where it was loaded from, CM_B_ARRAY (which
+// the kernel defines), and cm_mul_add reads it there: no lane needs another's values. The
+// loops are unrolled (llvmpipe stops an invocation's loops after 65535 iterations in all).
+
+#ifdef CM_EMULATE
+#define CM_LANE (gl_LocalInvocationID.x % 32u)
+#define CM_GROUP (gl_LocalInvocationID.x / 32u)
+#else
+#define CM_LANE gl_SubgroupInvocationID
+#define CM_GROUP gl_SubgroupID
+#endif
+
+#if defined(CM_KHR)
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#define CmA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define CmB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define CmBt CmB
+#define CmAcc coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define cm_zero(c) c = CmAcc(0.0)
+#define cm_load_a(a, arr, off, stride) \
+  coopMatLoad(a, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define cm_load_b(b, arr, off, stride) \
+  coopMatLoad(b, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define cm_load_bt(b, arr, off, stride) \
+  coopMatLoad(b, arr, off, stride, gl_CooperativeMatrixLayoutColumnMajor)
+#define cm_mul_add(c, a, b) c = coopMatMulAdd(a, b, c)
+#define cm_store(c, arr, off, stride) \
+  coopMatStore(c, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
+
+#elif defined(CM_NV)
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#define CmA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define CmB fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define CmBt CmB
+#define CmAcc fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define cm_zero(c) c = CmAcc(0.0)
+#define cm_load_a(a, arr, off, stride) coopMatLoadNV(a, arr, off, stride, false)
+#define cm_load_b(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, false)
+#define cm_load_bt(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, true)
+#define cm_mul_add(c, a, b) c = coopMatMulAddNV(a, b, c)
+#define cm_store(c, arr, off, stride) coopMatStoreNV(c, arr, off, stride, false)
+
+#elif defined(CM_EMULATE)
+struct CmA {
+  float v[16];  // row CM_LANE / 2, whole
+};
+struct CmB {
+  uint off, stride;  // where in CM_B_ARRAY, in uvec4 elements: row-major
+};
+struct CmBt {
+  uint off, stride;  // the same, of the transpose (cm_load_bt)
+};
+struct CmAcc {
+  float v[8];  // row CM_LANE / 2, columns (CM_LANE % 2) * 8 .. + 7
+};
+// The 8 fp16 values of a uvec4, into v[at] ..
+#define cm_unpack8(v, at, w)                                 \
+  [[unroll]] for (uint cm_i = 0u; cm_i < 4u; ++cm_i) {       \
+    vec2 cm_x = unpackHalf2x16((w)[cm_i]);                   \
+    v[(at) + cm_i * 2u] = cm_x.x;                            \
+    v[(at) + cm_i * 2u + 1u] = cm_x.y;                       \
+  }
+#define cm_zero(c) \
+  [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i) c.v[cm_i] = 0.0
+#define cm_load_a(a, arr, off, stride)                                  \
+  [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h) {                  \
+    cm_unpack8(a.v, cm_h * 8u, arr[(off) + (CM_LANE / 2u) * (stride) + cm_h]) \
+  }
+#define cm_load_b(b, arr, off, stride) b = CmB(off, stride)
+#define cm_load_bt(b, arr, off, stride) b = CmBt(off, stride)
+// c += a b, b row-major: row k of b's 8 columns of this lane is one uvec4.
+void cm_emu_mul_add(inout CmAcc c, CmA a, CmB b) {
+  [[unroll]] for (uint k = 0u; k < 16u; ++k) {
+    float row[8];
+    cm_unpack8(row, 0u, CM_B_ARRAY[b.off + k * b.stride + CM_LANE % 2u])
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) c.v[i] += a.v[k] * row[i];
+  }
+}
+// c += a b, b the transpose of rows in memory: column i of b is two uvec4 of a row.
+void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+    uint at = b.off + ((CM_LANE % 2u) * 8u + i) * b.stride;
+    float col[16];
+    cm_unpack8(col, 0u, CM_B_ARRAY[at])
+    cm_unpack8(col, 8u, CM_B_ARRAY[at + 1u])
+    float sum = c.v[i];
+    [[unroll]] for (uint k = 0u; k < 16u; ++k) sum += a.v[k] * col[k];
+    c.v[i] = sum;
+  }
+}
+#define cm_mul_add(c, a, b) cm_emu_mul_add(c, a, b)
+#define cm_store(c, arr, off, stride)                                                   \
+  [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h)                                    \
+    arr[(off) + (CM_LANE / 2u) * (stride) + (CM_LANE % 2u) * 2u + cm_h] =               \
+        floatBitsToUint(vec4(c.v[cm_h * 4u], c.v[cm_h * 4u + 1u], c.v[cm_h * 4u + 2u],  \
+                             c.v[cm_h * 4u + 3u]))
+
+#else
+#error "coopmat.glsl: build with CM_KHR, CM_NV or CM_EMULATE (shaders/builds.def, MAT)"
+#endif
+
+#ifdef CM_EMULATE
+shared float cm_pair[NSG * 32u];  // cm_xor1's exchange (NSG: the kernel's groups)
+void cm_sync() {
+  memoryBarrierShared();
+  barrier();
+}
+float cm_xor1(float x) {
+  cm_pair[gl_LocalInvocationID.x] = x;
+  cm_sync();
+  float y = cm_pair[gl_LocalInvocationID.x ^ 1u];
+  barrier();  // read before the next exchange writes
+  return y;
+}
+#else
+void cm_sync() {
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+}
+float cm_xor1(float x) {
+  return subgroupShuffleXor(x, 1u);
+}
+#endif

@@ -1,0 +1,145 @@
+// The cooperative-matrix kernels (shaders/flash_cm.comp, through coopmat.glsl) against the
+// float64 reference: on the device's matrix units where it has them, else emulated
+// (MatrixApi::emulated), so that every machine, lavapipe included, runs their tiles,
+// recurrences, modifiers and user-written functions. Shapes are small (d = 32): an emulated
+// kernel takes llvmpipe tens of seconds to build.
+#include <string>
+
+#ifdef FLASHVK_TEST_FLEX
+#include "flashvk/flex.hpp"
+#endif
+#include "test_util.hpp"
+
+namespace flashvk::test {
+namespace {
+
+class MatrixTest : public VulkanTest {
+ protected:
+  void TearDown() override {
+    VulkanTest::TearDown();
+    for (const std::string& m : matrix_context().take_validation_messages())
+      ADD_FAILURE() << "validation: " << m;
+  }
+};
+
+const Variant kMatrixVariants[] = {Variant::flash1, Variant::flash2, Variant::flashd,
+                                   Variant::splitkv};
+
+// Runs `params` on fp16 copies of q, k and v in the cooperative-matrix layout and checks O and
+// LSE against the reference on the stored values.
+void expect_matches(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                    AttentionParams params, const std::string& what) {
+  HostTensor qh = round_to_half(q), kh = round_to_half(k), vh = round_to_half(v);
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  reference::Result ref = reference::direct(qh, kh, vh, params);
+  HostAttentionResult gpu = attention(matrix_context(), qh, kh, vh, params, DType::f16);
+  EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix) << what;
+  EXPECT_LE(max_error(gpu.out.data, ref.out),
+            tolerance(qh, kh, vh, params) + weight_rounding(gpu, vh))
+      << what;
+  EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << what;
+}
+
+// Every recurrence the matrix kernel has, with GQA, the causal mask, a key mask, ragged lengths
+// (70 queries, 150 keys: partial tiles and workgroups) and dv != d; what it does not run is
+// refused by name, and a context without matrix units refuses the layout.
+TEST_F(MatrixTest, EachRecurrenceMatchesTheReference) {
+  HostTensor q = random_tensor({2, 4, 70, 32}, 21), k = random_tensor({2, 2, 150, 32}, 22),
+             v = random_tensor({2, 2, 150, 48}, 23);
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  params.mods.key_mask.assign(2 * 150, 1);
+  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
+  for (Variant variant : kMatrixVariants) {
+    params.variant = variant;
+    expect_matches(q, k, v, params, variant_name(variant));
+  }
+  HostTensor qh = round_to_half(q), kh = round_to_half(k), vh = round_to_half(v);
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  params.variant = Variant::online;  // not a matrix recurrence
+  expect_refused([&] { attention(matrix_context(), qh, kh, vh, params, DType::f16); },
+                 "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv");
+  params.variant = Variant::flash2;  // fp32 storage
+  expect_refused([&] { attention(matrix_context(), q, k, v, params, DType::f32); },
+                 "on fp16");
+  if (context().handles().matrix_api == MatrixApi::none)
+    expect_refused([&] { attention(context(), qh, kh, vh, params, DType::f16); },
+                   "tile_layout cooperative_matrix needs matrix units");
+}
+
+// The modifiers current models use, together, in FLASH-D's recurrence and in splitkv's chunks:
+// a sliding window, ALiBi, softcapping and attention sinks.
+TEST_F(MatrixTest, ModifiersMatchTheReference) {
+  HostTensor q = random_tensor({1, 4, 40, 32}, 31), k = random_tensor({1, 2, 130, 32}, 32),
+             v = random_tensor({1, 2, 130, 32}, 33);
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  params.mods.window_left = 70;
+  params.mods.softcap = 20.0f;
+  params.mods.alibi_max_bias = 8.0f;
+  params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  for (Variant variant : {Variant::flashd, Variant::splitkv}) {
+    params.variant = variant;
+    params.hints.splits = variant == Variant::splitkv ? 3 : 0;
+    expect_matches(q, k, v, params, variant_name(variant));
+  }
+}
+
+#ifdef FLASHVK_TEST_FLEX
+// A user-written score_mod compiled into the matrix kernel at run time.
+TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
+  flex::enable(matrix_context());
+  HostTensor q = random_tensor({1, 2, 40, 32}, 41), k = random_tensor({1, 2, 90, 32}, 42),
+             v = random_tensor({1, 2, 90, 32}, 43);
+  AttentionParams params;
+  params.want_lse = true;
+  params.variant = Variant::flash2;
+  params.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - 0.03 * float(abs(q_idx - kv_idx)) + 0.5 * float(h);
+})";
+  params.mods.score_twin = [](double s, int, int h, int i, int j) {
+    return s - double(0.03f) * double(std::abs(i - j)) + 0.5 * double(h);
+  };
+  expect_matches(q, k, v, params, "score_mod");
+}
+#endif
+
+// Each API the device has for its matrix units (khr, nv), on a context of its own, runs the same
+// kernel to the same answer; an API the device lacks is refused by name.
+TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
+  const DeviceInfo& info = context().device();
+  HostTensor q = round_to_half(random_tensor({1, 2, 40, 64}, 51)),
+             k = round_to_half(random_tensor({1, 2, 100, 64}, 52)),
+             v = round_to_half(random_tensor({1, 2, 100, 64}, 53));
+  AttentionParams params;
+  params.variant = Variant::flash2;
+  params.mods.causal = true;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  reference::Result ref = reference::direct(q, k, v, params);
+  int ran = 0;
+  for (MatrixApi api : {MatrixApi::khr, MatrixApi::nv}) {
+    bool has = api == MatrixApi::khr ? info.matrix_api == MatrixApi::khr
+                                     : info.nv_cooperative_matrix;
+    ContextOptions options = test_options();
+    options.matrix_api = api;
+    if (!has) {
+      expect_refused([&] { Context::create(options); },
+                     (std::string("matrix_api ") + matrix_api_name(api)).c_str());
+      continue;
+    }
+    Context ctx = Context::create(options);
+    EXPECT_EQ(ctx.handles().matrix_api, api);
+    HostAttentionResult gpu = attention(ctx, q, k, v, params, DType::f16);
+    EXPECT_LE(max_error(gpu.out.data, ref.out),
+              tolerance(q, k, v, params) + weight_rounding(gpu, v))
+        << matrix_api_name(api);
+    EXPECT_TRUE(ctx.take_validation_messages().empty()) << matrix_api_name(api);
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << info.name << " has no matrix units (emulated: the tests above)";
+}
+
+}  // namespace
+}  // namespace flashvk::test
