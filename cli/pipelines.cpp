@@ -64,7 +64,8 @@ options:
   --disassembly DIR   the driver's representations of each pipeline as DIR/<n>-<shader>.txt
                       (n: its row in the table)
   --check             exit with status 1 if a pipeline spills registers or uses scratch
-                      memory (statistics whose names say spill or scratch, above 0)
+                      memory (statistics whose names say spill, scratch or local memory,
+                      above 0)
   --device N          Vulkan device index
   --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
                       `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
@@ -103,7 +104,8 @@ std::string key_of(const PipelineDescription& p) {
 bool spill_or_scratch(const PipelineStatistic& s) {
   std::string name = s.name;
   std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-  return (name.find("spill") != std::string::npos || name.find("scratch") != std::string::npos) &&
+  return (name.find("spill") != std::string::npos || name.find("scratch") != std::string::npos ||
+          name.find("local memory") != std::string::npos) &&
          s.number() > 0;
 }
 

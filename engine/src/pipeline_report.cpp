@@ -2,6 +2,7 @@
 // call_spec, the kernel families' attention_pipelines), and the driver's account of each
 // (VK_KHR_pipeline_executable_properties).
 #include <algorithm>
+#include <string_view>
 
 #include "flashvk/pipelines.hpp"
 #include "kernels.hpp"
@@ -39,6 +40,10 @@ PipelineStatistic statistic(const VkPipelineExecutableStatisticKHR& s) {
       break;
     case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
       out.value = s.value.u64;
+      // NVIDIA's driver (580) gives its "Local Memory Size" with bit 36 set beside the bytes in
+      // the low 32 bits: 2^36 for kernels without local memory, 2^36 + 64 for one that spilled
+      // 64 bytes (H200, register blocks of 255 registers). The bytes are the low half.
+      if (std::string_view(s.name) == "Local Memory Size") out.value = s.value.u64 & 0xffffffffu;
       break;
     default:
       out.value = s.value.f64;
