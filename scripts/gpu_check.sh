@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite and then gpu_bench.sh on a machine with a GPU and no build tools, from
-# binaries built elsewhere (docs/performance.md, "On a GPU": build, strip, xz and carry them),
-# within about 6 minutes on an H100 or H200. The suite runs sharded over the machine's cores
-# (GoogleTest's GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX, one process a core, FLASHVK_VALIDATION=0:
-# such machines have no validation layers). Everything goes to OUT as it happens, so a lease cut
+# binaries built elsewhere (docs/performance.md, "On a GPU": build, strip, xz and carry them).
+# The suite runs sharded over the machine's cores (GoogleTest's GTEST_TOTAL_SHARDS /
+# GTEST_SHARD_INDEX, one process a core, FLASHVK_VALIDATION=0: such machines have no validation
+# layers); on an H200 it needs more than 16 shards of 200 s (NVIDIA's compiler). Everything goes to OUT as it happens, so a lease cut
 # short keeps what ran:
 #   OUT/system.txt               the GPU (nvidia-smi), the libraries used and `flashvk devices`
 #   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test
