@@ -108,9 +108,9 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       with --decode-loop: rotate each K as it is appended, and Q
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
-                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
-                      runs where --layout coopmat asks) or none
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
+                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
+                      needed; slow; runs only where --layout coopmat asks) or none
 
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
@@ -192,8 +192,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (o.layout == TileLayout::cooperative_matrix && ctx.handles().matrix_api == MatrixApi::none)
     throw Error(
         "--layout coopmat needs cooperative matrices (VK_KHR_cooperative_matrix or "
-        "VK_NV_cooperative_matrix with fp16 16x16x16 products into fp32, or --matrix-api "
-        "emulated); " +
+        "VK_NV_cooperative_matrix with fp16 16x16x16 products into fp32, or their emulation, "
+        "which needs fp16 storage); " +
         ctx.device().name + " has none (see `flashvk devices`)");
   // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
   // engine's message (the first case, and those of its group: --suite modifiers).

@@ -45,6 +45,7 @@ struct Row {
   TileLayout layout = TileLayout::shared;               // the kernel that ran
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
   bool fp16_arithmetic = false;                         // --fp16-arithmetic applied to it
+  bool emulated = false;  // the matrix kernel without matrix units (MatrixApi::emulated)
 };
 
 struct Options {

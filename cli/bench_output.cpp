@@ -35,7 +35,7 @@ using Json = nlohmann::ordered_json;
 
 std::string tiles_text(const Row& r) {
   return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits) +
-         (r.fp16_arithmetic ? ", fp16 arithmetic" : "");
+         (r.emulated ? ", emulated" : "") + (r.fp16_arithmetic ? ", fp16 arithmetic" : "");
 }
 
 std::vector<double> run_list(const std::vector<Run>& runs, double Run::*field) {

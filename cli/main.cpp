@@ -61,9 +61,9 @@ options:
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
 MODIFIERS  --device N          Vulkan device index (see `flashvk devices`)
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
-                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
-                      runs where --layout coopmat asks) or none
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
+                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
+                      needed; slow; runs only where --layout coopmat asks) or none
 
 example:
   flashvk run --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
@@ -176,6 +176,9 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
   std::string tiles =
       tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
+  if (r.tile_layout == TileLayout::cooperative_matrix &&
+      ctx.handles().matrix_api == MatrixApi::emulated)
+    tiles += ", emulated";
   std::string mods = params_text(params);
   if (!mods.empty()) tiles += ", " + mods;
   std::fprintf(stderr, "flashvk: %s (%s, %s) on %s: O %s in %.3f ms GPU, %.1f ms total\n",

@@ -67,9 +67,9 @@ options:
                       memory (statistics whose names say spill, scratch or local memory,
                       above 0)
   --device N          Vulkan device index
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's:
-                      `flashvk devices`), khr, nv, emulated (no matrix units needed; slow,
-                      runs where --layout coopmat asks) or none
+  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
+                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
+                      needed; slow; runs only where --layout coopmat asks) or none
 
 examples:
   flashvk pipelines --variant flash2 --nq 4096 --d 128 --dtype f16 --fp16-arithmetic

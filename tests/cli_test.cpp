@@ -523,34 +523,33 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
   EXPECT_NE(suite.output.find("drop --block-rows"), std::string::npos) << suite.output;
 }
 
-// --layout is checked, and the cooperative-matrix layout runs where the device has it and is
-// refused by name (exit 1, no crash) where it does not.
+// --layout is checked; the cooperative-matrix layout runs on the matrix units where the device
+// has them, else emulated (the tiles column says so), and is refused by name (exit 1, before any
+// table) with --matrix-api none.
 TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   Outcome bad = run_cli("bench --nq 8 --d 16 --layout sideways");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("--layout must be auto, shared, registers, coopmat, lanes or blocks"),
             std::string::npos)
       << bad.output;
-  Outcome o = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat");
-  if (context().device().cooperative_matrix) {
-    EXPECT_EQ(o.status, 0) << o.output;
-    EXPECT_NE(o.output.find("  cooperative_matrix "), std::string::npos) << o.output;
-  } else {
-    EXPECT_EQ(o.status, 1) << o.output;
-    EXPECT_EQ(o.output.rfind("flashvk: error: --layout coopmat needs cooperative matrices", 0),
-              0u)
-        << o.output;  // before any table is printed
-  }
-  // Emulated, the matrix kernel runs anywhere; --check's error is P's rounding to fp16: at most
-  // 2^-11 of max |v| (bench's inputs are standard normal, fixed seeds: max |v| under 5 here).
-  Outcome emulated = run_cli(
-      "bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat --matrix-api emulated "
-      "--repeat 1 --check --json " +
-      path("emulated.json"));
-  ASSERT_EQ(emulated.status, 0) << emulated.output;
-  EXPECT_NE(emulated.output.find("  cooperative_matrix "), std::string::npos) << emulated.output;
-  double err = read_json(path("emulated.json")).at("results").at(0).at("max_err");
-  EXPECT_LT(err, 5.0 / 2048) << emulated.output;
+  // --check's error is P's rounding to fp16: at most 2^-11 of max |v| (bench's inputs are
+  // standard normal, fixed seeds: max |v| under 5 here).
+  Outcome o = run_cli(
+      "bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat --repeat 1 --check "
+      "--json " +
+      path("coopmat.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  bool units = context().device().cooperative_matrix;
+  EXPECT_NE(o.output.find(units ? "  cooperative_matrix 64x" : ", emulated\n"), std::string::npos)
+      << o.output;
+  double err = read_json(path("coopmat.json")).at("results").at(0).at("max_err");
+  EXPECT_LT(err, 5.0 / 2048) << o.output;
+  Outcome none = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat "
+                         "--matrix-api none");
+  EXPECT_EQ(none.status, 1) << none.output;
+  EXPECT_EQ(none.output.rfind("flashvk: error: --layout coopmat needs cooperative matrices", 0),
+            0u)
+      << none.output;
   Outcome api = run_cli("bench --nq 8 --d 16 --matrix-api tensor");
   EXPECT_EQ(api.status, 2) << api.output;
   EXPECT_NE(api.output.find("--matrix-api must be auto, khr, nv, emulated or none, got 'tensor'"),

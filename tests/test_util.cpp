@@ -17,10 +17,9 @@ namespace {
 // the flashvk and viewer processes the tests start; a GALLIVM_PERF of the environment wins.
 [[maybe_unused]] const int kFastBuilds = setenv("GALLIVM_PERF", "nopt", 0);
 
-// The default device as it is (0), with Vulkan's guaranteed minimum limits (1), and with the
-// matrix kernels emulated (2).
+// The default device as it is (0), and with Vulkan's guaranteed minimum limits (1).
 std::unique_ptr<Context>& shared_context(int which = 0) {
-  static std::unique_ptr<Context> ctx[3];
+  static std::unique_ptr<Context> ctx[2];
   return ctx[which];
 }
 
@@ -31,7 +30,6 @@ Context& make_shared_context(int which) {
   if (!ctx) {
     ContextOptions options = test_options();
     if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
-    if (which == 2) options.matrix_api = MatrixApi::emulated;
     ctx = std::make_unique<Context>(Context::create(options));
   }
   return *ctx;
@@ -42,7 +40,6 @@ Context& make_shared_context(int which) {
 class SharedContextEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
-    shared_context(2).reset();
     shared_context(1).reset();
     shared_context(0).reset();
   }
@@ -68,9 +65,6 @@ Context& minimum_context() {
   return make_shared_context(1);
 }
 
-Context& matrix_context() {
-  return context().device().cooperative_matrix ? context() : make_shared_context(2);
-}
 
 void expect_no_validation_messages() {
   for (const std::string& m : context().take_validation_messages())

@@ -27,9 +27,6 @@ Context& context();
 /// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
 /// operations), as the smallest device an app may meet.
 Context& minimum_context();
-/// The device with the cooperative-matrix kernels runnable: context() where it has matrix
-/// units, else the same device with them emulated (MatrixApi::emulated; fp16 storage needed).
-Context& matrix_context();
 
 /// Fails the current test if the validation layers said anything since the last call.
 void expect_no_validation_messages();

@@ -764,8 +764,10 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
 
 MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const std::string& who) {
   switch (requested) {
-    case MatrixApi::automatic:
-      return info.matrix_api;
+    case MatrixApi::automatic:  // the units, else the stand-in (which runs only where asked for)
+      return info.matrix_api != MatrixApi::none ? info.matrix_api
+             : info.fp16_storage                ? MatrixApi::emulated
+                                                : MatrixApi::none;
     case MatrixApi::none:
       return MatrixApi::none;
     case MatrixApi::khr:

@@ -16,7 +16,9 @@ struct ContextImpl;
 
 /// How the cooperative-matrix kernels (TileLayout::cooperative_matrix) reach matrix units.
 enum class MatrixApi {
-  automatic,  ///< ContextOptions: khr where the device has it, else nv, else none
+  /// ContextOptions: khr where the device has it, else nv, else emulated (with fp16 storage),
+  /// else none
+  automatic,
   none,       ///< no matrix kernels
   khr,        ///< VK_KHR_cooperative_matrix (NVIDIA, AMD RDNA3 and later, Intel Arc)
   nv,         ///< VK_NV_cooperative_matrix (NVIDIA's first extension)
@@ -103,8 +105,9 @@ struct ContextOptions {
   /// driver's statistics and disassembly where the device has VK_KHR_pipeline_executable_
   /// properties (describe_pipelines). Tensors and attention calls on it throw Error.
   bool compile_only = false;
-  /// Which API the matrix kernels use (automatic: DeviceInfo::matrix_api). khr or nv where the
-  /// device lacks it, or emulated without fp16 storage, throws Error.
+  /// Which API the matrix kernels use (automatic: DeviceInfo::matrix_api, or emulated where that
+  /// is none). khr or nv where the device lacks it, or emulated without fp16 storage, throws
+  /// Error.
   MatrixApi matrix_api = MatrixApi::automatic;
 };
 
