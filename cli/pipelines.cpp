@@ -64,8 +64,8 @@ options:
   --disassembly DIR   the driver's representations of each pipeline as DIR/<n>-<shader>.txt
                       (n: its row in the table)
   --check             exit with status 1 if a pipeline spills registers or uses scratch
-                      memory (statistics whose names say spill, scratch or local memory,
-                      above 0)
+                      memory (statistics whose names say spill or scratch, and NVIDIA's
+                      Local Memory Size, above 0)
   --device N          Vulkan device index
   --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
                       `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
@@ -104,8 +104,10 @@ std::string key_of(const PipelineDescription& p) {
 bool spill_or_scratch(const PipelineStatistic& s) {
   std::string name = s.name;
   std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  // NVIDIA's "Local Memory Size" is its spilled registers (local memory in CUDA's sense, not
+  // OpenCL's, where it would be shared memory).
   return (name.find("spill") != std::string::npos || name.find("scratch") != std::string::npos ||
-          name.find("local memory") != std::string::npos) &&
+          name == "local memory size") &&
          s.number() > 0;
 }
 

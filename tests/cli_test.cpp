@@ -532,8 +532,8 @@ TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   EXPECT_NE(bad.output.find("--layout must be auto, shared, registers, coopmat, lanes or blocks"),
             std::string::npos)
       << bad.output;
-  // --check's error is P's rounding to fp16: at most 2^-11 of max |v| (bench's inputs are
-  // standard normal, fixed seeds: max |v| under 5 here).
+  // --check compares with float64 on the fp32 inputs: the error is their rounding to fp16 and
+  // P's, about 2^-11 of max |v| (standard normal inputs, fixed seeds: max |v| under 5 here).
   Outcome o = run_cli(
       "bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat --repeat 1 --check "
       "--json " +

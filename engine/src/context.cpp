@@ -168,13 +168,14 @@ uint32_t compute_family(VkPhysicalDevice physical, uint32_t* timestamp_bits) {
 }
 
 // What the cooperative-matrix kernels (shaders/flash_cm.comp, coopmat.glsl) need besides the
-// basics, through VK_NV_cooperative_matrix (MatrixApi::nv; its builds declare the Vulkan memory
-// model) and through VK_KHR_cooperative_matrix (MatrixApi::khr).
+// basics, through VK_NV_cooperative_matrix (MatrixApi::nv) and through VK_KHR_cooperative_matrix
+// (MatrixApi::khr). glslang builds both with the Vulkan memory model.
 constexpr const char* kCoopmatExtensions[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
                                               VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                                               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
 constexpr const char* kKhrCoopmatExtensions[] = {VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME,
-                                                 VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
+                                                 VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
+                                                 VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
 // shaderFloat16 (ExecutionHints::fp16_arithmetic). The engine's instance asks for Vulkan 1.1,
 // so the extension is enabled even where the device has it in core (1.2).
 constexpr const char* kFloat16Extension = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
@@ -203,11 +204,14 @@ struct KhrCoopmatFeatures {
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
   VkPhysicalDeviceShaderFloat16Int8Features float16{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  VkPhysicalDeviceVulkanMemoryModelFeatures memory_model{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
   VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
   KhrCoopmatFeatures() {
     coopmat.pNext = &float16;
-    float16.pNext = &size_control;
+    float16.pNext = &memory_model;
+    memory_model.pNext = &size_control;
   }
   KhrCoopmatFeatures(const KhrCoopmatFeatures&) = delete;
   KhrCoopmatFeatures& operator=(const KhrCoopmatFeatures&) = delete;
@@ -233,13 +237,16 @@ void make_device(ContextImpl& ctx) {
   if (ctx.matrix_api == MatrixApi::khr) {
     khr.coopmat.cooperativeMatrix = VK_TRUE;
     khr.float16.shaderFloat16 = VK_TRUE;
+    khr.memory_model.vulkanMemoryModel = VK_TRUE;
+    // With the memory model on, the other kernels' atomics (Device scope) need this too.
+    khr.memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
     extensions.assign(std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions));
     if (ctx.info.subgroup_size != 32) {  // the matrix pipelines ask for 32 lanes
       khr.size_control.subgroupSizeControl = VK_TRUE;
       khr.size_control.computeFullSubgroups = VK_TRUE;
       extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
     } else {
-      khr.float16.pNext = nullptr;
+      khr.memory_model.pNext = nullptr;
     }
     storage16.pNext = &khr.coopmat;
   } else if (ctx.matrix_api == MatrixApi::nv) {
@@ -377,11 +384,18 @@ bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
                       {std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions)}))
     return false;
   KhrCoopmatFeatures f;
-  f.float16.pNext = nullptr;
+  f.memory_model.pNext = nullptr;
   VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   features.pNext = &f.coopmat;
   vkGetPhysicalDeviceFeatures2(physical, &features);
+  VkPhysicalDeviceCooperativeMatrixPropertiesKHR stages{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props.pNext = &stages;
+  vkGetPhysicalDeviceProperties2(physical, &props);
   return f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
+         f.memory_model.vulkanMemoryModel && f.memory_model.vulkanMemoryModelDeviceScope &&
+         (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
          khr_coopmat_shape(instance, physical) &&
          (subgroup_size == 32 || subgroups_of_32(physical));
 }
@@ -775,7 +789,8 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
         throw Error(who + ": matrix_api khr, but " + info.name +
                     " lacks VK_KHR_cooperative_matrix with 16x16x16 fp16 products into fp32 by "
                     "a subgroup of 32 (its own size or one VK_EXT_subgroup_size_control asks "
-                    "for), or shaderFloat16; `flashvk devices` says what it has");
+                    "for) in compute shaders, shaderFloat16, or vulkanMemoryModel and its device "
+                    "scope; `flashvk devices` says what it has");
       return MatrixApi::khr;
     case MatrixApi::nv:
       if (!info.nv_cooperative_matrix)

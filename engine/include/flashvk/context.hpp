@@ -55,9 +55,9 @@ struct DeviceInfo {
   bool fp16_arithmetic = false;
   /// The matrix units' API Context::create takes by default: khr where the device has
   /// VK_KHR_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup
-  /// of 32 (its own size, or one it can be asked for: VK_EXT_subgroup_size_control) and
-  /// shaderFloat16; else nv where it has VK_NV_cooperative_matrix with that shape, shaderFloat16
-  /// and the Vulkan memory model with device scope; else none.
+  /// of 32 (its own size, or one it can be asked for: VK_EXT_subgroup_size_control),
+  /// shaderFloat16 and the Vulkan memory model with device scope; else nv where it has
+  /// VK_NV_cooperative_matrix with that shape, shaderFloat16 and the memory model; else none.
   MatrixApi matrix_api = MatrixApi::none;
   bool cooperative_matrix = false;     ///< matrix_api is khr or nv
   bool nv_cooperative_matrix = false;  ///< nv can run (also where khr is the default)
@@ -122,9 +122,9 @@ struct ExternalDevice {
   uint32_t queue_family = 0;
   bool fp16_storage_enabled = false;
   /// What the device was created with for the matrix kernels: khr, VK_KHR_cooperative_matrix
-  /// (feature cooperativeMatrix) and shaderFloat16, and subgroupSizeControl and
-  /// computeFullSubgroups (VK_EXT_subgroup_size_control or Vulkan 1.3) where the device's
-  /// subgroups are not 32 lanes; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
+  /// (feature cooperativeMatrix), shaderFloat16, vulkanMemoryModel and
+  /// vulkanMemoryModelDeviceScope, and subgroupSizeControl and computeFullSubgroups
+  /// (VK_EXT_subgroup_size_control or Vulkan 1.3) where the device's subgroups are not 32 lanes; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
   /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; emulated, fp16 storage
   /// alone (slow; for tests); none (automatic is taken as none).
   MatrixApi matrix_api = MatrixApi::none;
