@@ -103,7 +103,8 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
 #endif
 
 // Each API the device has for its matrix units (khr, nv), on a context of its own, runs the same
-// kernel to the same answer; an API the device lacks is refused by name.
+// kernel to the same answer; an API the device lacks is refused by name (on lavapipe both are:
+// the refusals are this test's assertions there).
 TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
   const DeviceInfo& info = context().device();
   HostTensor q = round_to_half(random_tensor({1, 2, 40, 64}, 51)),
@@ -114,7 +115,6 @@ TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
   params.mods.causal = true;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   reference::Result ref = reference::direct(q, k, v, params);
-  int ran = 0;
   for (MatrixApi api : {MatrixApi::khr, MatrixApi::nv}) {
     bool has = api == MatrixApi::khr ? info.matrix_api == MatrixApi::khr
                                      : info.nv_cooperative_matrix;
@@ -132,9 +132,7 @@ TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
               tolerance(q, k, v, params) + weight_rounding(gpu, v))
         << matrix_api_name(api);
     EXPECT_TRUE(ctx.take_validation_messages().empty()) << matrix_api_name(api);
-    ++ran;
   }
-  if (ran == 0) GTEST_SKIP() << info.name << " has no matrix units (emulated: the tests above)";
 }
 
 }  // namespace

@@ -417,10 +417,8 @@ Spec choose_tiling(const TilingRequest& request) {
   if (!forced_keys &&
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
-    spec.matrix = request.matrix_api;
+    spec.use_matrix_api(request.matrix_api, info.subgroup_size);
     spec.workgroup = 128;  // four groups of 32, 16 query rows each
-    // Subgroups of 32 on the matrix units: asked for where the device's are another size.
-    if (spec.matrix != MatrixApi::emulated && info.subgroup_size != 32) spec.required_subgroup = 32;
     spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
   }

@@ -109,6 +109,14 @@ struct Spec {
   // Lanes a subgroup must have, and all of them active (VK_EXT_subgroup_size_control); 0: the
   // device's own size.
   uint32_t required_subgroup = 0;
+
+  /// Sets `matrix` and the subgroups the matrix units need: 32 lanes, asked for where the
+  /// device's are another size (the emulated kernel's groups are not subgroups).
+  void use_matrix_api(MatrixApi api, uint32_t device_subgroup) {
+    matrix = api;
+    bool units = api == MatrixApi::khr || api == MatrixApi::nv;
+    required_subgroup = units && device_subgroup != 32 ? 32 : 0;
+  }
 #define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
 #define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
 #include "../../shaders/spec_constants.glsl"

@@ -25,8 +25,7 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.scale = 0.999f;
   detail::Spec spec;
   spec.workgroup = kGroupSize;
-  spec.matrix = matrix;  // the matrix units' calibration: subgroups of 32, as the kernel's
-  if (matrix != MatrixApi::none && ctx.device().subgroup_size != 32) spec.required_subgroup = 32;
+  spec.use_matrix_api(matrix, ctx.device().subgroup_size);  // as the attention kernel's
   detail::KernelKey key{.program = shader, .matrix = matrix};
   plan.add(
       ctx.impl().pipeline(
