@@ -235,8 +235,13 @@ int cmd_devices(const std::vector<std::string>& argv) {
     std::printf("   Vulkan %u.%u.%u, driver %s\n", VK_API_VERSION_MAJOR(d.api_version),
                 VK_API_VERSION_MINOR(d.api_version), VK_API_VERSION_PATCH(d.api_version),
                 d.driver.c_str());
-    std::printf("   shared memory %u B, workgroup %u invocations, subgroup %u\n",
-                d.max_shared_memory, d.max_workgroup_invocations, d.subgroup_size);
+    std::string sizes = d.subgroup_size_control
+                            ? ", may require " + std::to_string(d.min_subgroup_size) + " to " +
+                                  std::to_string(d.max_subgroup_size)
+                            : ", cannot require a size";
+    std::printf("   shared memory %u B, workgroup %u invocations, subgroup %u%s\n",
+                d.max_shared_memory, d.max_workgroup_invocations, d.subgroup_size,
+                sizes.c_str());
     std::printf("   storage buffer range %llu MiB, allocation %llu MiB, device memory %llu MiB\n",
                 static_cast<unsigned long long>(d.max_storage_buffer_range >> 20),
                 static_cast<unsigned long long>(d.max_allocation >> 20),

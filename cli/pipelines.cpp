@@ -70,6 +70,14 @@ options:
   --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
                       `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
                       needed; slow; runs only where --layout coopmat asks) or none
+  --subgroup-size N   build the subgroup kernels for subgroups of N lanes and require it
+                      (the device's `flashvk devices` range: 32 or 64 on AMD); default the
+                      device's own size
+
+The subgroup column: the size a pipeline requires, every subgroup full ("32 full": its kernel
+uses subgroup operations built for that size), or where it assumes none the size the driver
+compiled it at ("any" where the driver does not say). --check also fails where a driver
+compiled a pipeline at another size than it required.
 
 examples:
   flashvk pipelines --variant flash2 --nq 4096 --d 128 --dtype f16 --fp16-arithmetic
@@ -228,8 +236,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     return std::cout << with_modifier_help(kPipelinesHelp), 0;
   Args args(argv,
             with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "json",
-                            "device", "matrix-api", "suite", "layout", "block-rows", "block-keys", "splits",
-                            "spirv", "disassembly"}),
+                            "device", "matrix-api", "subgroup-size", "suite", "layout",
+                            "block-rows", "block-keys", "splits", "spirv", "disassembly"}),
             with_modifier_flags({"check", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));
   std::vector<Case> cases;
@@ -258,6 +266,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   ContextOptions options;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.matrix_api = parse_matrix_api(args.text("matrix-api", "auto"));
+  options.subgroup_size = static_cast<uint32_t>(args.integer("subgroup-size", 0, 1, 1024));
   options.compile_only = true;
   Context ctx = Context::create(options);
 #ifdef FLASHVK_CLI_FLEX
@@ -299,28 +308,37 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   if (tty) std::fprintf(stderr, "\r\033[K");
 
   bool statistics = !entries.empty() && !entries[0].p.executables.empty();
-  std::printf("device: %s (driver %s)\n", dev.name.c_str(), dev.driver.c_str());
+  std::printf("device: %s (driver %s), subgroup kernels at %u lanes (%s)\n", dev.name.c_str(),
+              dev.driver.c_str(), dev.subgroup_size,
+              dev.subgroup_shuffle ? "required, full subgroups"
+                                   : "none: the device cannot require a subgroup size");
   std::printf("%zu pipeline%s for %zu call%s, compiled in %.1f s\n", entries.size(),
               entries.size() == 1 ? "" : "s", total, total == 1 ? "" : "s", seconds);
   if (!statistics)
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
         "shaders and constants only\n");
-  std::printf("\n%3s %-34s %-20s", "#", "shader", "tiles");
+  std::printf("\n%3s %-34s %-20s %-8s", "#", "shader", "tiles", "subgroup");
   if (statistics) {
     for (const StatisticColumn& col : statistic_columns())
       std::printf(" %*s", col.width, col.title);
     std::printf(" %9s", "loop FMA");
   }
   std::printf("\n");
-  int spills = 0;
+  int spills = 0, wrong_sizes = 0;
   Json list = Json::array();
   for (size_t i = 0; i < entries.size(); ++i) {
     const PipelineDescription& p = entries[i].p;
     std::string tiles = tile_layout_name(p.layout);
     if (p.block_keys)
       tiles += ' ' + std::to_string(p.block_rows) + 'x' + std::to_string(p.block_keys);
-    std::printf("%3zu %-34s %-20s", i, p.shader.c_str(), tiles.c_str());
+    // The size it requires, else the one the driver compiled it at.
+    uint32_t compiled = p.executables.empty() ? 0 : p.executables[0].subgroup_size;
+    std::string subgroup = p.required_subgroup ? std::to_string(p.required_subgroup) + " full"
+                           : compiled          ? std::to_string(compiled)
+                                               : "any";
+    std::printf("%3zu %-34s %-20s %-8s", i, p.shader.c_str(), tiles.c_str(), subgroup.c_str());
+    bool wrong_size = p.required_subgroup && compiled && compiled != p.required_subgroup;
     Json x;
     x["shader"] = p.shader;
     x["source"] = p.source;
@@ -328,6 +346,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     x["layout"] = tile_layout_name(p.layout);
     x["block_rows"] = p.block_rows;
     x["block_keys"] = p.block_keys;
+    x["required_subgroup"] = p.required_subgroup;
     Json constants = Json::array();
     for (size_t k = 0; k < p.spec_constants.size(); ++k)
       constants.push_back({{"id", p.spec_constants[k].first},
@@ -379,6 +398,10 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
       ++spills;
       std::printf("  SPILLS");
     }
+    if (wrong_size) {
+      ++wrong_sizes;
+      std::printf("  COMPILED AT %u LANES", compiled);
+    }
     x["spills"] = spilled;
     std::printf("\n");
     list.push_back(x);
@@ -399,11 +422,15 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   if (statistics)
     std::printf("\n%d of %zu pipelines spill registers or use scratch memory\n", spills,
                 entries.size());
+  if (wrong_sizes)
+    std::printf("%d pipelines compiled at another subgroup size than they require\n",
+                wrong_sizes);
   if (args.has("json")) {
     Json doc;
     doc["device"] = {{"name", dev.name},
                      {"driver", dev.driver},
                      {"subgroup_size", dev.subgroup_size},
+                     {"subgroup_kernels", dev.subgroup_shuffle},
                      {"max_shared_memory", dev.max_shared_memory}};
     doc["commit"] = FLASHVK_COMMIT;
     doc["command"] = "flashvk pipelines";
@@ -413,7 +440,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     doc["pipelines"] = list;
     write_text(args.text("json"), doc.dump(1) + "\n");
   }
-  return args.flag("check") && spills > 0 ? 1 : 0;
+  return args.flag("check") && (spills > 0 || wrong_sizes > 0) ? 1 : 0;
 }
 
 }  // namespace flashvk::cli

@@ -2,8 +2,9 @@
 # The pipeline report through AMD's real shader compiler, on any machine: Mesa 25's RADV null
 # device (unpacked by scripts/setup.sh into build/mesa25) compiles every kernel the engine picks
 # (`flashvk pipelines --suite kernels`) for RDNA2 (vangogh, the Steam Deck), RDNA3 (navi31) and
-# RDNA3.5 (gfx1150, a laptop APU). Writes build/pipelines/<family>.txt and .json, and fails if
-# any pipeline spills a register or uses scratch memory. Extra arguments go to
+# RDNA3.5 (gfx1150, a laptop APU), each at wave64 and wave32. Writes build/pipelines/<family>.txt
+# and <family>-wave32.txt with their .json, and fails if any pipeline spills a register, uses
+# scratch memory or runs at another subgroup size than it requires. Extra arguments go to
 # `flashvk pipelines` instead of --suite kernels (e.g. --variant flash2 --d 128 --dtype f16).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -17,20 +18,41 @@ out="$root/build/pipelines"
 mkdir -p "$out"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--suite kernels)
-status=0
-for family in vangogh navi31 gfx1150; do
-  echo "== $family"
+
+# Each family at RADV's own subgroup size for compute (64 lanes) and at 32 (wave32, which every
+# RDNA family also allows): the subgroup kernels are built for the size and require it. One
+# compiler process a run (ACO compiles one pipeline at a time), as many at once as there are
+# cores; a run's tables are <family>.txt (wave64) and <family>-wave32.txt, with .json and .err.
+runs=()
+for family in vangogh navi31 gfx1150; do runs+=("$family:" "$family:32"); done
+one() {
+  local family=${1%%:*} size=${1#*:} name=${1%%:*}
+  local extra=()
+  [ -n "$size" ] && { extra=(--subgroup-size "$size"); name="$family-wave$size"; }
   # RADV alone (VK_ICD_FILENAMES), with Mesa 25's libdrm, and without Debian 12's Mesa device
   # selection layer, which belongs to the other Mesa.
-  if ! env VK_ICD_FILENAMES="$mesa/radeon_icd.json" LD_LIBRARY_PATH="$lib" NODEVICE_SELECT=1 \
-      RADV_FORCE_FAMILY="$family" "$root/build/flashvk" pipelines "${args[@]}" --check \
-      --json "$out/$family.json" > "$out/$family.txt" 2> "$out/$family.err"; then
-    status=1
-  fi
-  grep -v -e "^ac_compute_device_uuid" -e "is not a recognized processor" "$out/$family.err" >&2 || true
-  head -2 "$out/$family.txt"
-  tail -1 "$out/$family.txt"
+  local rc=0
+  env VK_ICD_FILENAMES="$mesa/radeon_icd.json" LD_LIBRARY_PATH="$lib" NODEVICE_SELECT=1 \
+    RADV_FORCE_FAMILY="$family" "$root/build/flashvk" pipelines "${args[@]}" "${extra[@]}" \
+    --check --json "$out/$name.json" > "$out/$name.txt" 2> "$out/$name.err" || rc=$?
+  echo "$rc" > "$out/$name.status"
+}
+jobs_max=$(nproc)
+for run in "${runs[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  one "$run" &
 done
-[ $status -eq 0 ] && echo "no pipeline spills on any family (tables: $out/*.txt)" ||
-  echo "pipelines spill (see the SPILLS rows of $out/*.txt)" >&2
+wait
+status=0
+for run in "${runs[@]}"; do
+  family=${run%%:*} size=${run#*:}
+  name=$family; [ -n "$size" ] && name="$family-wave$size"
+  echo "== $name"
+  [ "$(cat "$out/$name.status")" = 0 ] || status=1
+  grep -v -e "^ac_compute_device_uuid" -e "is not a recognized processor" "$out/$name.err" >&2 || true
+  head -2 "$out/$name.txt"
+  tail -1 "$out/$name.txt"
+done
+[ $status -eq 0 ] && echo "no pipeline spills on any family at either subgroup size (tables: $out/*.txt)" ||
+  echo "pipelines spill or run at a subgroup size they did not require (see SPILLS and COMPILED AT in $out/*.txt)" >&2
 exit $status

@@ -17,8 +17,9 @@
 //   clusters merge once at the end, through shared memory, as splitkv_merge.comp merges chunks.
 // No shared memory in the loop and no barrier but the one before the merge.
 // - A decode step is one dispatch: the workgroup that finishes a row block's chunks last (a
-//   counter per row block in device memory) merges them (chunk_merge.glsl) and resets the counter
-//   for the next run, instead of splitkv_merge.comp after a barrier.
+//   counter per row block in device memory, zeroed before each run) merges them
+//   (chunk_merge.glsl), instead of splitkv_merge.comp after a barrier.
+#extension GL_KHR_memory_scope_semantics : require
 #define SPLIT_KV
 #define LANE_TILE
 #define CHUNK_MERGE
@@ -223,16 +224,21 @@ void main() {
       }
     }
 
-  // The last workgroup of the row block to finish merges its rows' chunks: each invocation's
-  // writes are made visible on the device before the workgroup counts itself done (the classic
-  // last-block pattern; the counter's atomic orders the chunks' writes before the merge's reads).
-  memoryBarrierBuffer();
-  barrier();
+  // The last workgroup of the row block to finish merges its rows' chunks, on the memory model's
+  // terms (GL_KHR_memory_scope_semantics, at device scope): the workgroup's barrier orders every
+  // invocation's chunk writes (scratch1, scratch2: coherent) before invocation 0's count, a
+  // release at device scope; the merging workgroup's count is an acquire, and its barrier orders
+  // the merge's reads after it. The counters start each run at zero: the dispatch list fills
+  // them before this dispatch (Plan::add_fill), so a run that stopped part-way (a lost device)
+  // leaves nothing wrong for the next.
+  controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                 gl_SemanticsAcquireRelease);
   uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (gl_LocalInvocationID.x == 0u) last_sh = atomicAdd(chunks_done[block], 1u) == pc.splits - 1u;
-  barrier();
+  if (gl_LocalInvocationID.x == 0u)
+    last_sh = atomicAdd(chunks_done[block], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                        gl_SemanticsAcquireRelease) == pc.splits - 1u;
+  controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice,
+                 gl_StorageSemanticsBuffer | gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
   if (!last_sh) return;
-  memoryBarrierBuffer();
   merge_rows(gl_LocalInvocationID.x);
-  if (gl_LocalInvocationID.x == 0u) chunks_done[block] = 0u;  // for the next run
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 
+#include "flashvk/pipelines.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {
@@ -41,7 +42,10 @@ struct AppVulkan {
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t family = 0;
 
-  explicit AppVulkan(uint32_t api_version = VK_API_VERSION_1_1) {
+  bool size_control = false;  // subgroupSizeControl and computeFullSubgroups enabled
+
+  /// `want_size_control`: enable VK_EXT_subgroup_size_control's features where the device has them.
+  explicit AppVulkan(uint32_t api_version = VK_API_VERSION_1_1, bool want_size_control = false) {
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
     app.apiVersion = api_version;
     VkInstanceCreateInfo ii{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
@@ -66,6 +70,21 @@ struct AppVulkan {
     di.pNext = &f16;
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sizes{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    const char* size_ext = VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
+    if (want_size_control) {
+      VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+      features.pNext = &sizes;
+      vkGetPhysicalDeviceFeatures2(physical, &features);
+      size_control = sizes.subgroupSizeControl && sizes.computeFullSubgroups;
+      if (size_control) {
+        sizes.pNext = nullptr;
+        f16.pNext = &sizes;
+        di.enabledExtensionCount = 1;
+        di.ppEnabledExtensionNames = &size_ext;
+      }
+    }
     EXPECT_EQ(vkCreateDevice(physical, &di, nullptr, &device), VK_SUCCESS);
     vkGetDeviceQueue(device, family, 0, &queue);
   }
@@ -73,7 +92,11 @@ struct AppVulkan {
     vkDestroyDevice(device, nullptr);
     vkDestroyInstance(instance, nullptr);
   }
-  ExternalDevice external() const { return {instance, physical, device, queue, family, true}; }
+  ExternalDevice external() const {
+    ExternalDevice e{instance, physical, device, queue, family, true};
+    e.subgroup_size_control_enabled = size_control;
+    return e;
+  }
 
   void submit(const std::function<void(VkCommandBuffer)>& fill) {
     submit_frame(device, queue, family, fill);
@@ -711,6 +734,70 @@ TEST(Embedding, AdoptRefusesFeaturesTheDeviceLacksByName) {
   Context ctx = Context::adopt(handles);
   HostTensor x = random_tensor({1, 1, 4, 8}, 1);
   expect_refused([&] { Tensor::upload(ctx, x, DType::f16); }, "16");
+}
+
+// Issue 46: the kernels that use subgroup operations (register tiles here, on a CPU driver)
+// require their subgroup size, so on an application's device they run only where it enabled
+// subgroupSizeControl and computeFullSubgroups; without, shared memory does their work (the same
+// answer), a call asking for them is refused by name, and no pipeline requires a size.
+TEST(Embedding, SubgroupKernelsRunWhereTheAppEnabledSubgroupSizeControl) {
+  HostTensor q = random_tensor({1, 2, 40, 16}, 4), k = random_tensor({1, 2, 70, 16}, 5);
+  AttentionParams params;
+  params.variant = Variant::flash2;
+  reference::Result ref = reference::direct(q, k, k, params);
+  PipelineCall call{1, 2, 2, 40, 70, 16, 16, params, Storage(DType::f32)};
+  {
+    AppVulkan app;
+    ExternalDevice handles = app.external();
+    EXPECT_FALSE(handles.subgroup_size_control_enabled);
+    Context ctx = Context::adopt(handles);
+    EXPECT_FALSE(ctx.device().subgroup_shuffle);
+    EXPECT_LE(max_error(attention(ctx, q, k, k, params).out.data, ref.out),
+              tolerance(q, k, k, params));
+    for (const PipelineDescription& p : describe_pipelines(ctx, call))
+      EXPECT_EQ(p.required_subgroup, 0u) << p.shader;
+    AttentionParams registers = params;
+    registers.hints.tile_layout = TileLayout::registers;
+    expect_refused([&] { attention(ctx, q, k, k, registers); }, "subgroup shuffle");
+    if (!ctx.device().subgroup_size_control) {
+      handles.subgroup_size_control_enabled = true;
+      expect_refused([&] { Context::adopt(handles); }, "subgroup_size_control_enabled is set");
+    }
+  }
+  AppVulkan app(VK_API_VERSION_1_1, true);
+  if (!app.size_control) GTEST_SKIP() << "the device has no subgroup size control";
+  Context ctx = Context::adopt(app.external());
+  DeviceInfo raw = list_devices()[0];
+  EXPECT_EQ(ctx.device().subgroup_shuffle, raw.subgroup_shuffle);
+  if (!ctx.device().subgroup_shuffle || !ctx.device().texel_buffers) return;
+  AttentionParams registers = params;
+  registers.hints.tile_layout = TileLayout::registers;
+  EXPECT_LE(max_error(attention(ctx, q, k, k, registers).out.data, ref.out),
+            tolerance(q, k, k, params));
+  call.params = registers;
+  std::vector<PipelineDescription> pipes = describe_pipelines(ctx, call);
+  ASSERT_FALSE(pipes.empty());
+  EXPECT_EQ(pipes.back().layout, TileLayout::registers);
+  EXPECT_EQ(pipes.back().required_subgroup, ctx.device().subgroup_size);
+}
+
+// ContextOptions::subgroup_size: the device's own size is taken, one outside its range refused
+// naming the range.
+TEST(Devices, ASubgroupSizeOutsideTheDevicesRangeIsRefused) {
+  DeviceInfo info = list_devices()[default_device(list_devices())];
+  ContextOptions options = test_options();
+  options.subgroup_size = info.subgroup_size;
+  if (info.subgroup_size_control) {
+    EXPECT_EQ(Context::create(options).device().subgroup_size, info.subgroup_size);
+    options.subgroup_size = info.max_subgroup_size * 2;
+    std::string range = "allows subgroups of " + std::to_string(info.min_subgroup_size) +
+                        " to " + std::to_string(info.max_subgroup_size) + " lanes";
+    expect_refused([&] { Context::create(options); }, range.c_str());
+    options.subgroup_size = 3;
+    expect_refused([&] { Context::create(options); }, "(powers of two)");
+  } else {
+    expect_refused([&] { Context::create(options); }, "cannot require a subgroup size");
+  }
 }
 
 TEST(Devices, ListsAtLeastOneDeviceWithTheGuaranteedLimits) {

@@ -194,5 +194,47 @@ TEST(DeviceLoss, NamesTheCallAndTheContextIsDestructible) {
   }  // destroyed here, with everything it created
 }
 
+// The one-dispatch decode (lanes) merges a row block's chunks in the workgroup that counts
+// itself last. A run the device lost part-way (testing's "vkCmdDispatch": half the chunks run,
+// so the counters stop at half and no merge happens) must leave nothing wrong for the next: the
+// counters start every run at zero. The lost run attends with other queries, so a merge that
+// took its chunks' partial results would be wrong. Then many runs back to back, recorded in one
+// command buffer and submitted again and again.
+TEST_F(VulkanTest, TheDecodeMergeIsExactAfterARunLostPartWay) {
+  Context& ctx = context();
+  if (!ctx.device().subgroup_shuffle) GTEST_SKIP() << "no subgroup kernels: no lanes";
+  const uint32_t heads = 8, kv_heads = 2, nk = 260, d = 32;
+  HostTensor q = random_tensor({2, heads, 1, d}, 91), other = random_tensor({2, heads, 1, d}, 92),
+             k = random_tensor({2, kv_heads, nk, d}, 93), v = random_tensor({2, kv_heads, nk, d}, 94);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.hints.tile_layout = TileLayout::lanes;
+  params.hints.splits = 6;
+  params.want_lse = true;
+  reference::Result ref = reference::direct(q, k, v, params);
+  auto [tq, tk, tv] = upload_qkv(ctx, other, k, v, Storage(DType::f32));
+  AttentionRecording rec(ctx, tq, tk, tv, params);
+  ASSERT_EQ(rec.tile_layout(), TileLayout::lanes);
+  {
+    testing::inject_failure("vkCmdDispatch", VK_ERROR_DEVICE_LOST);
+    ReusedFrame lost(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+    testing::clear_failures();
+    lost.submit();
+  }
+  tq.write(q);
+  ReusedFrame once(ctx.handles(), [&](VkCommandBuffer cmd) { rec.record(cmd); });
+  once.submit();
+  EXPECT_LE(max_error(rec.out().download().data, ref.out), tolerance(q, k, v, params));
+  EXPECT_LE(max_lse_error(rec.lse().download().data, ref.lse), 1e-5);
+  ReusedFrame many(ctx.handles(), [&](VkCommandBuffer cmd) {
+    for (int step = 0; step < 16; ++step) rec.record(cmd);
+  });
+  for (int submission = 0; submission < 4; ++submission) {
+    many.submit();
+    EXPECT_LE(max_error(rec.out().download().data, ref.out), tolerance(q, k, v, params))
+        << "submission " << submission;
+  }
+}
+
 }  // namespace
 }  // namespace flashvk::test

@@ -243,7 +243,8 @@ TEST(TilingTest, RegisterBlocksAlwaysFitTheDevice) {
               uint64_t bc = std::max<uint64_t>(4, lanes);
               uint64_t element = f16 ? 2 : 4;
               uint64_t smallest =
-                  element * (d * 4 + std::max(d, dv) * bc + bc * 4) + 8 + (shuffle ? 0 : 4 * lanes);
+                  // (a row group of at most 8 lanes is not a whole subgroup of 32: no shuffles)
+                  element * (d * 4 + std::max(d, dv) * bc + bc * 4) + 8 + 4 * lanes;
               try {
                 Spec s = tiling(info, shape, Variant::flash2, DType::f32, TileLayout::blocks, f16);
                 EXPECT_EQ(s.block_f16, f16);
@@ -306,6 +307,50 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
           }
         }
   EXPECT_GT(checked, 100);
+}
+
+// Issue 46: a kernel that uses subgroup operations is built for a subgroup size and its
+// pipeline requires it with every subgroup full (Spec::required_subgroup), so its workgroup is
+// whole subgroups of that size, within the subgroups a workgroup may have; the others require
+// none. Over devices whose subgroups are 8 (a CPU driver), 16 (a phone), 32 (NVIDIA), 64
+// (AMD's wave64) and 128 lanes (a Qualcomm-like GPU), prefill and decoding, fp32 and fp16,
+// every layout the policy picks on its own and fp16 arithmetic's blocks.
+TEST(TilingTest, SubgroupKernelsAreWholeSubgroupsOfTheSizeTheyRequire) {
+  DeviceInfo amd = device("RDNA-like", "discrete", 64 * 1024, 1024, 64, true, false);
+  DeviceInfo qualcomm = device("Adreno-like", "integrated", 32 * 1024, 1024, 128, true, false);
+  for (DeviceInfo* info : {&amd, &qualcomm}) info->max_workgroup_subgroups = 16;
+  int subgroup_kernels = 0, others = 0;
+  const DeviceInfo* infos[] = {&kH100, &kPhone, &kMinimum, &kCpu, &amd, &qualcomm};
+  for (const DeviceInfo* info : infos)
+    for (const Dims& shape : {dims(8, 2, 1000, 1000, 64, 64), dims(32, 8, 1, 4096, 128, 128),
+                              dims(4, 4, 20, 20, 16, 16)})
+      for (Variant variant : all_variants())
+        for (DType dtype : {DType::f32, DType::f16})
+          for (bool f16 : {false, true}) {
+            if (f16 && (dtype == DType::f32 || !variant_info(variant).fused)) continue;
+            Spec s = tiling(*info, shape, variant, dtype, TileLayout::automatic, f16);
+            SCOPED_TRACE(info->name + ", " + variant_name(variant) + ", " + dtype_name(dtype) +
+                         ", " + tile_layout_name(s.layout) + ", Nq=" + std::to_string(shape.nq));
+            bool units = s.matrix == MatrixApi::khr || s.matrix == MatrixApi::nv;
+            bool shuffles = s.layout == TileLayout::registers || s.layout == TileLayout::lanes ||
+                            (s.layout == TileLayout::blocks && s.block_shuffle);
+            EXPECT_EQ(s.required_subgroup, units ? 32u : shuffles ? info->subgroup_size : 0u);
+            if (s.required_subgroup == 0) {
+              ++others;
+              continue;
+            }
+            ++subgroup_kernels;
+            EXPECT_TRUE(info->subgroup_shuffle);
+            EXPECT_EQ(s.workgroup % s.required_subgroup, 0u) << s.workgroup;
+            if (info->max_workgroup_subgroups) {
+              EXPECT_LE(s.workgroup / s.required_subgroup, info->max_workgroup_subgroups);
+            }
+            if (s.layout == TileLayout::lanes) {
+              EXPECT_EQ(s.subgroup, info->subgroup_size);
+            }
+          }
+  EXPECT_GT(subgroup_kernels, 50);
+  EXPECT_GT(others, 50);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace flashvk::viewer {
 namespace {
@@ -58,20 +60,45 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
   VkPhysicalDevice16BitStorageFeatures f16{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
   f16.storageBuffer16BitAccess = VK_TRUE;
-  const char* swapchain_ext = VK_KHR_SWAPCHAIN_EXTENSION_NAME;
+  // And its subgroup kernels need to require their subgroup size (ExternalDevice::
+  // subgroup_size_control_enabled), where the device can.
+  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+  uint32_t n_ext = 0;
+  vkEnumerateDeviceExtensionProperties(physical, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> device_exts(n_ext);
+  vkEnumerateDeviceExtensionProperties(physical, nullptr, &n_ext, device_exts.data());
+  bool has_size_control = false;
+  for (const VkExtensionProperties& e : device_exts)
+    has_size_control |= std::string(e.extensionName) == VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
+  if (has_size_control) {
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    features.pNext = &size_control;
+    vkGetPhysicalDeviceFeatures2(physical, &features);
+    size_control.pNext = nullptr;
+    subgroup_size_control = size_control.subgroupSizeControl && size_control.computeFullSubgroups;
+  }
+  std::vector<const char*> device_extensions;
+  if (swapchain) device_extensions.push_back(VK_KHR_SWAPCHAIN_EXTENSION_NAME);
+  if (subgroup_size_control) {
+    device_extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    f16.pNext = &size_control;
+  }
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   di.pNext = &f16;
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
-  di.enabledExtensionCount = swapchain ? 1 : 0;
-  di.ppEnabledExtensionNames = &swapchain_ext;
+  di.enabledExtensionCount = uint32_t(device_extensions.size());
+  di.ppEnabledExtensionNames = device_extensions.data();
   check(vkCreateDevice(physical, &di, nullptr, &device), "vkCreateDevice");
   vkGetDeviceQueue(device, family, 0, &queue);
   engine_device = device;
   if (qi.queueCount == 2) {
     vkGetDeviceQueue(device, family, 1, &engine_queue);
   } else {
-    di.enabledExtensionCount = 0;
+    if (swapchain) device_extensions.erase(device_extensions.begin());  // no window there
+    di.enabledExtensionCount = uint32_t(device_extensions.size());
+    di.ppEnabledExtensionNames = device_extensions.data();
     check(vkCreateDevice(physical, &di, nullptr, &engine_device), "vkCreateDevice (the engine's)");
     vkGetDeviceQueue(engine_device, family, 0, &engine_queue);
   }

@@ -30,8 +30,12 @@ struct Device {
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
+  bool subgroup_size_control = false;  // enabled on both devices (the engine's subgroup kernels)
+
   ExternalDevice external() const {
-    return {instance, physical, engine_device, engine_queue, family, true};
+    ExternalDevice e{instance, physical, engine_device, engine_queue, family, true};
+    e.subgroup_size_control_enabled = subgroup_size_control;
+    return e;
   }
   /// Records with `fill`, submits on the shared queue and waits.
   void submit(const std::function<void(VkCommandBuffer)>& fill) const;

@@ -197,8 +197,7 @@ struct CoopmatFeatures {
   CoopmatFeatures& operator=(const CoopmatFeatures&) = delete;
 };
 
-// The same for VK_KHR_cooperative_matrix, with the subgroup size control that makes its
-// subgroups 32 lanes where they are not already.
+// The same for VK_KHR_cooperative_matrix.
 struct KhrCoopmatFeatures {
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR coopmat{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
@@ -206,12 +205,9 @@ struct KhrCoopmatFeatures {
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
   VkPhysicalDeviceVulkanMemoryModelFeatures memory_model{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
-  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
   KhrCoopmatFeatures() {
     coopmat.pNext = &float16;
     float16.pNext = &memory_model;
-    memory_model.pNext = &size_control;
   }
   KhrCoopmatFeatures(const KhrCoopmatFeatures&) = delete;
   KhrCoopmatFeatures& operator=(const KhrCoopmatFeatures&) = delete;
@@ -241,13 +237,6 @@ void make_device(ContextImpl& ctx) {
     // With the memory model on, the other kernels' atomics (Device scope) need this too.
     khr.memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
     extensions.assign(std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions));
-    if (ctx.info.subgroup_size != 32) {  // the matrix pipelines ask for 32 lanes
-      khr.size_control.subgroupSizeControl = VK_TRUE;
-      khr.size_control.computeFullSubgroups = VK_TRUE;
-      extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
-    } else {
-      khr.memory_model.pNext = nullptr;
-    }
     storage16.pNext = &khr.coopmat;
   } else if (ctx.matrix_api == MatrixApi::nv) {
     coopmat.coopmat.cooperativeMatrix = VK_TRUE;
@@ -262,6 +251,18 @@ void make_device(ContextImpl& ctx) {
     coopmat.float16.pNext = nullptr;
     storage16.pNext = &coopmat.float16;
     extensions.push_back(kFloat16Extension);
+  }
+  // Pipelines that require their subgroup size (Spec::require_subgroups), wherever the device
+  // lets them: the subgroup kernels run only so (DeviceInfo::subgroup_shuffle).
+  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+  ctx.size_control_enabled = ctx.info.subgroup_size_control;
+  if (ctx.size_control_enabled) {
+    size_control.subgroupSizeControl = VK_TRUE;
+    size_control.computeFullSubgroups = VK_TRUE;
+    size_control.pNext = const_cast<void*>(info.pNext);
+    info.pNext = &size_control;
+    extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
   }
   // A compile-only context keeps what the driver compiled (describe_pipelines).
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executables{
@@ -363,10 +364,12 @@ bool khr_coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
   });
 }
 
-// Whether compute pipelines can be asked for subgroups of 32 full lanes
-// (VK_EXT_subgroup_size_control), where the device's own size is another.
-bool subgroups_of_32(VkPhysicalDevice physical) {
-  if (!has_extensions(physical, {VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME})) return false;
+// The subgroup sizes compute pipelines can require, all lanes active
+// (VK_EXT_subgroup_size_control): DeviceInfo's min/max_subgroup_size, max_workgroup_subgroups
+// and subgroup_size_control.
+void describe_size_control(VkPhysicalDevice physical, DeviceInfo& info) {
+  info.min_subgroup_size = info.max_subgroup_size = info.subgroup_size;
+  if (!has_extensions(physical, {VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME})) return;
   VkPhysicalDeviceSubgroupSizeControlPropertiesEXT size{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
   VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
@@ -374,12 +377,24 @@ bool subgroups_of_32(VkPhysicalDevice physical) {
   vkGetPhysicalDeviceProperties2(physical, &props);
   auto f = device_features(physical, VkPhysicalDeviceSubgroupSizeControlFeaturesEXT{
                                          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT});
-  return f.subgroupSizeControl && f.computeFullSubgroups && size.minSubgroupSize <= 32 &&
-         size.maxSubgroupSize >= 32 && (size.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
+  info.subgroup_size_control = f.subgroupSizeControl && f.computeFullSubgroups &&
+                               (size.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                               size.minSubgroupSize > 0 && size.maxComputeWorkgroupSubgroups > 0;
+  if (!info.subgroup_size_control) return;
+  info.min_subgroup_size = size.minSubgroupSize;
+  info.max_subgroup_size = size.maxSubgroupSize;
+  info.max_workgroup_subgroups = size.maxComputeWorkgroupSubgroups;
+}
+
+// Whether compute pipelines can require subgroups of 32 full lanes, as the matrix units'
+// kernels do.
+bool subgroups_of_32(const DeviceInfo& info) {
+  return info.subgroup_size_control && info.min_subgroup_size <= 32 &&
+         info.max_subgroup_size >= 32;
 }
 
 bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
-                            uint32_t subgroup_size) {
+                            const DeviceInfo& info) {
   if (!has_extensions(physical,
                       {std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions)}))
     return false;
@@ -396,12 +411,11 @@ bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
   return f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
          f.memory_model.vulkanMemoryModel && f.memory_model.vulkanMemoryModelDeviceScope &&
          (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-         khr_coopmat_shape(instance, physical) &&
-         (subgroup_size == 32 || subgroups_of_32(physical));
+         khr_coopmat_shape(instance, physical) && subgroups_of_32(info);
 }
 
-bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, uint32_t subgroup_size) {
-  if (subgroup_size != 32 ||
+bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, const DeviceInfo& info) {
+  if (!subgroups_of_32(info) ||
       !has_extensions(physical, {std::begin(kCoopmatExtensions), std::end(kCoopmatExtensions)}))
     return false;
   CoopmatFeatures f;
@@ -465,9 +479,9 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
           std::max<uint64_t>(info.device_local_memory, memory.memoryHeaps[h].size);
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
   info.fp16_arithmetic = fp16_arithmetic(physical);
-  info.nv_cooperative_matrix =
-      info.fp16_storage && cooperative_matrix(instance, physical, info.subgroup_size);
-  bool khr = info.fp16_storage && khr_cooperative_matrix(instance, physical, info.subgroup_size);
+  describe_size_control(physical, info);
+  info.nv_cooperative_matrix = info.fp16_storage && cooperative_matrix(instance, physical, info);
+  bool khr = info.fp16_storage && khr_cooperative_matrix(instance, physical, info);
   info.matrix_api = khr                          ? MatrixApi::khr
                     : info.nv_cooperative_matrix ? MatrixApi::nv
                                                  : MatrixApi::none;
@@ -577,6 +591,8 @@ bool ContextImpl::save_pipeline_cache() const try {
 }
 
 void ContextImpl::init_shared_objects() {
+  // The subgroup kernels run only where their pipelines can require their subgroup size.
+  info.subgroup_shuffle = info.subgroup_shuffle && size_control_enabled;
   vkGetPhysicalDeviceMemoryProperties(physical, &memory);
   std::array<VkDescriptorSetLayoutBinding, kFlexTableBinding + 1> bindings{};
   for (uint32_t i = 0; i < bindings.size(); ++i) {
@@ -874,6 +890,19 @@ Context Context::create(const ContextOptions& options) {
   if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
+  if (uint32_t n = options.subgroup_size) {
+    const DeviceInfo& d = impl->info;
+    if (!d.subgroup_size_control)
+      throw Error("ContextOptions::subgroup_size " + std::to_string(n) + ": " + d.name +
+                  " cannot require a subgroup size (it lacks VK_EXT_subgroup_size_control with "
+                  "subgroupSizeControl and computeFullSubgroups for compute); its subgroups "
+                  "have " + std::to_string(d.subgroup_size) + " lanes");
+    if (n < d.min_subgroup_size || n > d.max_subgroup_size || (n & (n - 1)) != 0)
+      throw Error("ContextOptions::subgroup_size " + std::to_string(n) + ": " + d.name +
+                  " allows subgroups of " + std::to_string(d.min_subgroup_size) + " to " +
+                  std::to_string(d.max_subgroup_size) + " lanes (powers of two)");
+    impl->info.subgroup_size = n;
+  }
   impl->compile_only = options.compile_only;
   impl->matrix_api = detail::usable_matrix_api(impl->info, options.matrix_api, "ContextOptions");
   detail::make_device(*impl);
@@ -922,6 +951,16 @@ Context Context::adopt(const ExternalDevice& external) {
     throw Error("Context::adopt: fp16_arithmetic_enabled is set, but " + impl->info.name +
                 " does not support shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features); "
                 "leave it false");
+  if (external.subgroup_size_control_enabled && !impl->info.subgroup_size_control)
+    throw Error("Context::adopt: subgroup_size_control_enabled is set, but " + impl->info.name +
+                " lacks VK_EXT_subgroup_size_control with subgroupSizeControl and "
+                "computeFullSubgroups for compute shaders; leave it false");
+  if ((impl->matrix_api == MatrixApi::khr || impl->matrix_api == MatrixApi::nv) &&
+      !external.subgroup_size_control_enabled)
+    throw Error(std::string("Context::adopt: matrix_api ") + matrix_api_name(impl->matrix_api) +
+                " needs subgroup_size_control_enabled (subgroupSizeControl and "
+                "computeFullSubgroups): the matrix kernels require full subgroups of 32");
+  impl->size_control_enabled = external.subgroup_size_control_enabled;
   impl->fp16_enabled = external.fp16_storage_enabled;
   impl->fp16_arithmetic_enabled = external.fp16_arithmetic_enabled ||
                                   impl->matrix_api == MatrixApi::khr ||
@@ -962,6 +1001,7 @@ ExternalDevice Context::handles() const {
   h.fp16_storage_enabled = impl_->fp16_enabled;
   h.matrix_api = impl_->matrix_api;
   h.fp16_arithmetic_enabled = impl_->fp16_arithmetic_enabled;
+  h.subgroup_size_control_enabled = impl_->size_control_enabled;
   h.pipeline_cache_path = impl_->cache_path;
   return h;
 }

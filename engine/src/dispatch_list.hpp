@@ -6,6 +6,7 @@
 // (Plan::set_keys, set_position), so a list recorded once serves every decode step.
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "vk.hpp"
@@ -50,6 +51,10 @@ class DispatchList {
            const void* push_data, uint32_t push_bytes);
   /// Appends a barrier: the dispatches after it see what those before it wrote.
   void add_barrier();
+  /// Fills `range` with `word` each time the list runs, before its first dispatch (all fills
+  /// first, then one barrier): counters that every run must find at zero, whatever an earlier
+  /// run that stopped part-way left in them.
+  void add_fill(Range range, uint32_t word);
   /// Records the list, between two timestamps, then a barrier that makes the outputs visible to
   /// later shaders, transfers and the host.
   void record(VkCommandBuffer cmd) const;
@@ -62,6 +67,7 @@ class DispatchList {
   VkQueryPool queries_ = VK_NULL_HANDLE;
   uint64_t sets_ = 0;  // descriptor sets allocated from pool_ (freed with it)
   std::vector<Dispatch> steps_;
+  std::vector<std::pair<Range, uint32_t>> fills_;
 };
 
 }  // namespace flashvk::detail

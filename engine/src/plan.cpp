@@ -393,6 +393,10 @@ void Plan::add_barrier() {
   dispatches_.add_barrier();
 }
 
+void Plan::add_fill(const Buffer& buffer, uint32_t word) {
+  dispatches_.add_fill(buffer.handle(), word);
+}
+
 uint64_t Plan::loop_iterations(uint64_t keys) const {
   uint64_t tiles = (keys + spec.bc - 1) / spec.bc;
   bool whole_tiles = layout_row(spec.layout).whole_tiles;

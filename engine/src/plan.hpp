@@ -151,6 +151,8 @@ class Plan {
   void add(VkPipeline pipeline, VkDescriptorSet set, std::array<uint32_t, 3> groups,
            const void* push_data = nullptr, uint32_t push_bytes = 0);
   void add_barrier();
+  /// Zeroes (fills with `word`) a buffer of the plan's before each run (DispatchList::add_fill).
+  void add_fill(const Buffer& buffer, uint32_t word);
   Buffer scratch(uint64_t bytes);
 
  private:

@@ -9,6 +9,15 @@ namespace flashvk::detail {
 
 namespace {
 
+// Whether a workgroup of `invocations` is whole subgroups of the context's size, within the
+// subgroups a workgroup may have where the size is required (maxComputeWorkgroupSubgroups; 0:
+// not known, as in the policy's tests): what a pipeline requiring full subgroups needs.
+bool whole_subgroups(const DeviceInfo& info, uint32_t invocations) {
+  uint32_t size = std::max(info.subgroup_size, 1u);
+  return invocations % size == 0 &&
+         (info.max_workgroup_subgroups == 0 || invocations / size <= info.max_workgroup_subgroups);
+}
+
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
 // 32-bit words (word_texel_bytes: the block formats four words a texel), so d and dv must be multiples of 4 and
 // each of K and V must fit one texel-buffer binding.
@@ -53,7 +62,7 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
                    const Storage& kv, bool kv_views, uint32_t rows, bool trace) {
   bool fused = variant_info(params.variant).fused;
   bool usable = info.subgroup_shuffle && info.subgroup_size >= 4 && info.subgroup_size <= 64 &&
-                rows % info.subgroup_size == 0 && kv_views && texels_fit(info, dims, kv) &&
+                whole_subgroups(info, rows) && kv_views && texels_fit(info, dims, kv) &&
                 mask_texels(params, dims) <= info.max_texel_buffer_elements;
   if (params.hints.tile_layout == TileLayout::registers) {
     if (!fused) throw Error("tile_layout registers applies to the fused variants, not naive");
@@ -182,16 +191,17 @@ std::pair<uint32_t, uint32_t> lane_tiles(const DeviceInfo& info, const Dims& dim
   return {0, 0};
 }
 
-// Invocations of a lanes workgroup: 64, or fewer where its subgroups' merge (one state per
-// subgroup, splitkv_lanes.comp) would not fit the shared memory; never fewer than one cluster.
+// Invocations of a lanes workgroup: 64 (or one subgroup where that is more), or fewer where its
+// subgroups' merge (one state per subgroup, splitkv_lanes.comp) would not fit the shared memory;
+// never fewer than one subgroup, so that its pipeline can require full ones.
 uint32_t lanes_workgroup(uint32_t lanes, uint32_t subgroup, uint32_t rows, uint32_t dv,
                          uint32_t shared_bytes) {
-  uint32_t size = std::max(64u, lanes);
+  uint32_t size = std::max({64u, lanes, subgroup});
   auto merge_bytes = [&](uint32_t n) {
     uint32_t subgroups = (n + subgroup - 1) / subgroup;
     return (subgroups > 1 ? subgroups * rows * (dv + 2) * 4 : 0) + 4;  // and a flag
   };
-  while (size > lanes && merge_bytes(size) > shared_bytes) size /= 2;
+  while (size > std::max(lanes, subgroup) && merge_bytes(size) > shared_bytes) size /= 2;
   return size;
 }
 
@@ -296,7 +306,10 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
           if (bc % lanes != 0) continue;
           if (budget && block_registers(dims, br, bc, lanes, f16) > kBlockRegisters) continue;
           for (bool share : {false, true}) {
-            if (block_bytes(dims, br, bc, share, invocations, shuffle, element) > shared_bytes)
+            // Shuffles where the workgroup is whole subgroups (their pipelines require full
+            // ones), shared memory otherwise.
+            bool shuffles = shuffle && whole_subgroups(info, invocations);
+            if (block_bytes(dims, br, bc, share, invocations, shuffles, element) > shared_bytes)
               continue;
             uint64_t score = uint64_t(br) * 1000 + bc * 10 + (share ? 0 : 1);
             if (score <= best_score) continue;
@@ -305,7 +318,7 @@ bool size_blocks(const DeviceInfo& info, const Dims& dims, const AttentionParams
             spec.bc = bc;
             spec.rows = 4;
             spec.lanes = lanes;
-            spec.block_shuffle = shuffle;
+            spec.block_shuffle = shuffles;
             spec.v_at = share ? 0 : dims.d * bc / 4;
             spec.kv_vec4 = (share ? std::max(dims.d, dims.dv) : dims.d + dims.dv) * bc / 4;
           }
@@ -373,9 +386,8 @@ void check_fp16_arithmetic(const TilingRequest& request) {
 // Tile sizes from the device: Br rows per workgroup, and as many keys per tile as the K and V
 // tiles can hold in shared memory. Only Vulkan's guaranteed minimums are assumed (16 KiB shared,
 // 128 invocations); a device with more shared memory gets longer tiles.
-}  // namespace
-
-Spec choose_tiling(const TilingRequest& request) {
+// The layout and its tile sizes (choose_tiling, before the subgroup rule).
+Spec choose_layout(const TilingRequest& request) {
   const DeviceInfo& info = request.info;
   const Dims& dims = request.dims;
   const AttentionParams& params = request.params;
@@ -417,7 +429,7 @@ Spec choose_tiling(const TilingRequest& request) {
   if (!forced_keys &&
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
-    spec.use_matrix_api(request.matrix_api, info.subgroup_size);
+    spec.matrix = request.matrix_api;
     spec.workgroup = 128;  // four groups of 32, 16 query rows each
     spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
@@ -447,6 +459,14 @@ Spec choose_tiling(const TilingRequest& request) {
                 std::to_string(4u * keys * (dims.d + dims.dv)) + " bytes of shared memory; the " +
                 "device's maxComputeSharedMemorySize is " + std::to_string(info.max_shared_memory));
   spec.bc = keys;
+  return spec;
+}
+
+}  // namespace
+
+Spec choose_tiling(const TilingRequest& request) {
+  Spec spec = choose_layout(request);
+  spec.require_subgroups(request.info.subgroup_size);
   return spec;
 }
 

@@ -106,16 +106,21 @@ struct Spec {
   bool block_shuffle = false;  // blocks: rows reduced with subgroup shuffles (BLOCK_SHUFFLE)
   bool block_f16 = false;      // blocks: fp16 products (BLOCK_F16; ExecutionHints::fp16_arithmetic)
   MatrixApi matrix = MatrixApi::none;  // cooperative matrices: the build's API (MAT)
-  // Lanes a subgroup must have, and all of them active (VK_EXT_subgroup_size_control); 0: the
-  // device's own size.
+  // Lanes each subgroup of the pipeline must have, all of them active (VK_EXT_subgroup_size_
+  // control's required size and full subgroups); 0: the kernel assumes no subgroup size.
   uint32_t required_subgroup = 0;
 
-  /// Sets `matrix` and the subgroups the matrix units need: 32 lanes, asked for where the
-  /// device's are another size (the emulated kernel's groups are not subgroups).
-  void use_matrix_api(MatrixApi api, uint32_t device_subgroup) {
-    matrix = api;
-    bool units = api == MatrixApi::khr || api == MatrixApi::nv;
-    required_subgroup = units && device_subgroup != 32 ? 32 : 0;
+  /// Sets `required_subgroup` from the layout, once the layout, `block_shuffle` and `matrix`
+  /// are set: the one rule for which kernels assume a subgroup size. Register tiles, lanes and
+  /// register blocks with shuffles are built for the context's size (`context_subgroup`,
+  /// DeviceInfo::subgroup_size) and require it; the matrix units' kernels require 32; shared
+  /// tiles, blocks without shuffles and the emulated matrix kernel (whose groups are not
+  /// subgroups) require none.
+  void require_subgroups(uint32_t context_subgroup) {
+    bool units = matrix == MatrixApi::khr || matrix == MatrixApi::nv;
+    bool shuffles = layout == TileLayout::registers || layout == TileLayout::lanes ||
+                    (layout == TileLayout::blocks && block_shuffle);
+    required_subgroup = units ? 32 : shuffles ? context_subgroup : 0;
   }
 #define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
 #define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
@@ -175,6 +180,7 @@ struct ContextImpl {
   bool fp16_enabled = false;
   MatrixApi matrix_api = MatrixApi::none;  // the cooperative-matrix kernels' (never automatic)
   bool fp16_arithmetic_enabled = false;  // shaderFloat16 is enabled
+  bool size_control_enabled = false;     // subgroupSizeControl and computeFullSubgroups are
   bool compile_only = false;             // ContextOptions::compile_only: no memory, no queue work
   bool capture = false;  // pipelines keep the driver's statistics (pipeline_executable_properties)
   // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together

@@ -40,8 +40,23 @@ struct DeviceInfo {
   uint32_t max_shared_memory = 0;          // bytes per workgroup
   uint32_t max_workgroup_invocations = 0;  // per workgroup
   uint32_t max_workgroup_count[3] = {0, 0, 0};
+  /// Lanes a subgroup has: the device's default (subgroupSize); for a context, the size its
+  /// subgroup kernels are built for and require (ContextOptions::subgroup_size).
   uint32_t subgroup_size = 0;
-  bool subgroup_shuffle = false;  // compute shaders have subgroup shuffle and arithmetic ops
+  /// The sizes a compute pipeline may require (VK_EXT_subgroup_size_control's
+  /// minSubgroupSize..maxSubgroupSize; both subgroup_size without it), and how many subgroups a
+  /// workgroup may then have (maxComputeWorkgroupSubgroups; 0 without it).
+  uint32_t min_subgroup_size = 0, max_subgroup_size = 0, max_workgroup_subgroups = 0;
+  /// Compute pipelines can require a subgroup size with every subgroup full
+  /// (VK_EXT_subgroup_size_control: subgroupSizeControl, computeFullSubgroups, compute among
+  /// requiredSubgroupSizeStages). Vulkan promises no subgroup size otherwise, so the kernels
+  /// that assume one (register tiles, lanes, register blocks' shuffles, matrix units) need it.
+  bool subgroup_size_control = false;
+  /// Compute shaders have subgroup shuffle and arithmetic operations; for a context, also that
+  /// its kernels may use them: the device has subgroup_size_control and the context enabled it
+  /// (its pipelines require the sizes their kernels were built for). Without, shared memory
+  /// does what the shuffles would.
+  bool subgroup_shuffle = false;
   uint64_t max_storage_buffer_range = 0;      // bytes one storage-buffer binding can see
   uint64_t max_texel_buffer_elements = 0;     // texels one texel-buffer binding can see
   uint64_t min_storage_offset_alignment = 0;  // a storage-buffer binding's offset divides by it
@@ -109,6 +124,11 @@ struct ContextOptions {
   /// is none). khr or nv where the device lacks it, or emulated without fp16 storage, throws
   /// Error.
   MatrixApi matrix_api = MatrixApi::automatic;
+  /// The subgroup size the kernels that use subgroup operations are built for and require
+  /// (0: the device's default, DeviceInfo::subgroup_size): one of min_subgroup_size ..
+  /// max_subgroup_size on a device with subgroup_size_control (wave32 or wave64 on AMD; SIMD8,
+  /// 16 or 32 on Intel), else Error. The matrix units' kernels require 32 whatever it is.
+  uint32_t subgroup_size = 0;
 };
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.
@@ -123,14 +143,19 @@ struct ExternalDevice {
   bool fp16_storage_enabled = false;
   /// What the device was created with for the matrix kernels: khr, VK_KHR_cooperative_matrix
   /// (feature cooperativeMatrix), shaderFloat16, vulkanMemoryModel and
-  /// vulkanMemoryModelDeviceScope, and subgroupSizeControl and computeFullSubgroups
-  /// (VK_EXT_subgroup_size_control or Vulkan 1.3) where the device's subgroups are not 32 lanes; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
-  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; emulated, fp16 storage
-  /// alone (slow; for tests); none (automatic is taken as none).
+  /// vulkanMemoryModelDeviceScope; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
+  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; both also
+  /// subgroup_size_control_enabled; emulated, fp16 storage alone (slow; for tests); none
+  /// (automatic is taken as none).
   MatrixApi matrix_api = MatrixApi::none;
   /// Whether shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features) was enabled:
   /// ExecutionHints::fp16_arithmetic needs it. Implied by matrix_api khr or nv.
   bool fp16_arithmetic_enabled = false;
+  /// Whether subgroupSizeControl and computeFullSubgroups (VkPhysicalDeviceSubgroupSizeControl
+  /// Features, VK_EXT_subgroup_size_control or Vulkan 1.3) were enabled: the kernels that use
+  /// subgroup operations require their subgroup size, so without it they give way to shared
+  /// memory (slower on GPUs), and matrix_api khr or nv is refused.
+  bool subgroup_size_control_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };
 

@@ -53,6 +53,10 @@ struct PipelineDescription {
   std::string source;   ///< the GLSL file it is compiled from ("flash2.comp")
   TileLayout layout = TileLayout::shared;
   uint32_t block_rows = 0, block_keys = 0;  ///< query rows a workgroup covers, keys a tile
+  /// The subgroup size the pipeline requires, every subgroup full (VK_EXT_subgroup_size_
+  /// control), because its kernel uses subgroup operations built for it; 0: it assumes none.
+  /// The size the driver compiled is each executable's subgroup_size.
+  uint32_t required_subgroup = 0;
   /// The specialization constants exactly as the pipeline was created: (ID, value), and the
   /// constants' names in the shaders (shaders/spec_constants.glsl), in ID order.
   std::vector<std::pair<uint32_t, uint32_t>> spec_constants;

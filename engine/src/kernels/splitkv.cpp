@@ -78,9 +78,9 @@ void plan_splitkv(Plan& plan) {
       splitkv_pipelines(plan.spec, plan.dtype, plan.impl.info, plan.options.trace);
   if (choices.size() == 1) {
     // Lanes: one dispatch, whose last workgroup of each row block merges its chunks; a counter a
-    // row block (in the trace slot, which lanes never traces), zero, and left at zero by every run.
+    // row block (in the trace slot, which lanes never traces), zeroed before every run.
     plan.trace = plan.scratch(uint64_t(blocks) * d.batch * d.kv_heads * 4);
-    plan.trace.fill(0);
+    plan.add_fill(plan.trace, 0);
     b[kChunksDone] = plan.trace.handle();
     plan.add(plan.pipeline(choices[0]), plan.make_set(b),
              {blocks, d.batch * d.kv_heads, plan.splits});
