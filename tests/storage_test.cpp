@@ -4,6 +4,7 @@
 // comparison isolates the kernels from the storage's rounding.
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "test_util.hpp"
@@ -198,7 +199,126 @@ TEST(StorageTest, BlockFormatsNeedALastDimensionOf32s) {
   EXPECT_THROW(parse_dtype("q6_k"), Error);
 }
 
+// ggml's block structs, written out here from ggml's own definitions (ggml-common.h) rather
+// than from the engine's table: each block its fp16 d, then m (q4_1, q5_1), then the fifth bits
+// qh as 4 bytes (q5_0, q5_1), then its quants qs; and ggml's dequantize_row_* of them. Blocks of
+// random fields (every bit pattern of the quants, scales of both signs) are a cache ggml could
+// have written.
+struct GgmlLayout {
+  DType dtype;
+  bool has_m, has_qh;
+  uint32_t quant_bytes;
+};
+constexpr GgmlLayout kGgmlLayouts[] = {
+    {DType::q8_0, false, false, 32}, {DType::q4_0, false, false, 16},
+    {DType::q4_1, true, false, 16},  {DType::q5_0, false, true, 16},
+    {DType::q5_1, true, true, 16},   {DType::iq4_nl, false, false, 16},
+};
+constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};  // kvalues_iq4nl
+
+uint16_t half_bits(float x) {
+  std::vector<uint8_t> b = encode({x}, DType::f16);
+  return uint16_t(b[0] | b[1] << 8);
+}
+float half_value(uint16_t bits) {
+  return decode({uint8_t(bits & 0xff), uint8_t(bits >> 8)}, DType::f16, 1)[0];
+}
+
+// `blocks` random blocks in ggml's layout, and ggml's dequantisation of them.
+std::pair<std::vector<uint8_t>, std::vector<float>> ggml_blocks(const GgmlLayout& g, int blocks,
+                                                                uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+  for (int b = 0; b < blocks; ++b) {
+    uint16_t d = half_bits(scale(rng)), m = half_bits(scale(rng) * 10.0f);
+    uint32_t qh = uint32_t(rng());
+    uint8_t qs[32];
+    for (uint32_t j = 0; j < g.quant_bytes; ++j) qs[j] = uint8_t(rng());
+    auto put16 = [&](uint16_t x) { bytes.push_back(uint8_t(x & 0xff)), bytes.push_back(uint8_t(x >> 8)); };
+    put16(d);
+    if (g.has_m) put16(m);
+    if (g.has_qh)
+      for (int i = 0; i < 4; ++i) bytes.push_back(uint8_t(qh >> (8 * i)));  // memcpy'd by ggml
+    bytes.insert(bytes.end(), qs, qs + g.quant_bytes);
+    float df = half_value(d), mf = half_value(m);
+    float y[32];
+    for (int j = 0; j < 16; ++j) {
+      int lo = qs[j] & 0x0f, hi = qs[j] >> 4;
+      int xh0 = int(((qh >> j) << 4) & 0x10), xh1 = int((qh >> (j + 12)) & 0x10);
+      switch (g.dtype) {
+        case DType::q8_0:
+          y[j] = df * float(int8_t(qs[j]));
+          y[j + 16] = df * float(int8_t(qs[j + 16]));
+          break;
+        case DType::q4_0: y[j] = float(lo - 8) * df, y[j + 16] = float(hi - 8) * df; break;
+        case DType::q4_1: y[j] = float(lo) * df + mf, y[j + 16] = float(hi) * df + mf; break;
+        case DType::q5_0:
+          y[j] = float((lo | xh0) - 16) * df, y[j + 16] = float((hi | xh1) - 16) * df;
+          break;
+        case DType::q5_1:
+          y[j] = float(lo | xh0) * df + mf, y[j + 16] = float(hi | xh1) * df + mf;
+          break;
+        default: y[j] = df * float(kIq4nl[lo]), y[j + 16] = df * float(kIq4nl[hi]); break;
+      }
+    }
+    values.insert(values.end(), y, y + 32);
+  }
+  return {bytes, values};
+}
+
+// Issue 42: a cache ggml wrote reads the same. ggml's blocks converted into the engine's storage
+// decode to ggml's own dequantisation, exactly, and convert back bit for bit; sizes that are not
+// whole blocks are refused by name.
+TEST(StorageTest, GgmlsBlocksReadAsGgmlDequantisesThem) {
+  for (const GgmlLayout& g : kGgmlLayouts) {
+    SCOPED_TRACE(dtype_name(g.dtype));
+    auto [blocks, values] = ggml_blocks(g, 5, 40 + uint32_t(g.dtype));
+    EXPECT_EQ(blocks.size(), ggml_bytes(g.dtype, 160));
+    std::vector<uint8_t> ours = from_ggml_blocks(blocks, g.dtype, 160);
+    std::vector<float> got = decode(ours, g.dtype, 160);
+    for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(got[i], values[i]) << "value " << i;
+    EXPECT_EQ(to_ggml_blocks(ours, g.dtype, 160), blocks);
+    // The engine's own quantisation, in ggml's layout, reads back the same.
+    HostTensor x = random_tensor({160}, 41);
+    std::vector<uint8_t> encoded = encode(x.data, g.dtype);
+    EXPECT_EQ(from_ggml_blocks(to_ggml_blocks(encoded, g.dtype, 160), g.dtype, 160), encoded);
+    blocks.pop_back();
+    expect_refused([&] { from_ggml_blocks(blocks, g.dtype, 160); }, "do not hold 160 values");
+  }
+  std::vector<uint8_t> halves = encode({1.0f, 2.0f}, DType::f16);
+  EXPECT_EQ(from_ggml_blocks(halves, DType::f16, 2), halves);  // element formats as they are
+}
+
 class StorageDeviceTest : public VulkanTest {};
+
+// A KV cache ggml wrote, K and V in its block formats, uploaded as they are
+// (Tensor::write_storage of from_ggml_blocks) and attended: the float64 reference on ggml's own
+// dequantisation of them.
+TEST_F(StorageDeviceTest, AttentionOverACacheGgmlWrote) {
+  HostTensor q = random_tensor({1, 4, 3, 64}, 42);
+  AttentionParams params;
+  params.variant = Variant::flash2;
+  params.mods.causal = true;
+  for (const GgmlLayout& g : kGgmlLayouts) {
+    SCOPED_TRACE(dtype_name(g.dtype));
+    auto [k_blocks, k_values] = ggml_blocks(g, 2 * 40 * 2, 50 + uint32_t(g.dtype));
+    auto [v_blocks, v_values] = ggml_blocks(g, 2 * 40 * 2, 60 + uint32_t(g.dtype));
+    Tensor k(context(), {1, 2, 40, 64}, g.dtype), v(context(), {1, 2, 40, 64}, g.dtype);
+    k.write_storage(from_ggml_blocks(k_blocks, g.dtype, 2 * 40 * 64));
+    v.write_storage(from_ggml_blocks(v_blocks, g.dtype, 2 * 40 * 64));
+    Tensor tq = Tensor::upload(context(), q, DType::f32);
+    HostTensor kh({1, 2, 40, 64}, k_values), vh({1, 2, 40, 64}, v_values);
+    EXPECT_EQ(k.download().data, k_values);
+    AttentionResult r = attention(context(), tq, k, v, params);
+    EXPECT_LE(max_error(r.out.download().data, reference::direct(q, kh, vh, params).out),
+              tolerance(q, kh, vh, params));
+  }
+  Tensor k(context(), {1, 1, 2, 32}, DType::q4_0);
+  expect_refused([&] { k.write_storage(std::vector<uint8_t>(10)); }, "which takes 36");
+}
 
 TEST_F(StorageDeviceTest, UploadThenDownloadGivesTheStoredValues) {
   HostTensor x = random_tensor({2, 3, 64}, 3);

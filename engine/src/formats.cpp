@@ -135,21 +135,21 @@ float dequantise_iq4_nl(const uint8_t* q, const uint16_t* h, uint32_t j) {
 
 // In DType's order (checked below against shaders/formats.glsl's IDs).
 constexpr Format kFormats[] = {
-    {DType::f32, "f32", 1, 32, true, true, "32-bit floats", 0, nullptr, nullptr},
-    {DType::f16, "f16", 1, 16, true, true, "IEEE half precision", 0, nullptr, nullptr},
-    {DType::bf16, "bf16", 1, 16, false, false, "bfloat16", 0, nullptr, nullptr},
+    {DType::f32, "f32", 1, 32, true, true, "32-bit floats", 0, nullptr, nullptr, 0},
+    {DType::f16, "f16", 1, 16, true, true, "IEEE half precision", 0, nullptr, nullptr, 0},
+    {DType::bf16, "bf16", 1, 16, false, false, "bfloat16", 0, nullptr, nullptr, 0},
     {DType::q8_0, "q8_0", 32, 8, false, true, "int8 and a scale", 1, quantise_q8_0,
-     dequantise_q8_0},
+     dequantise_q8_0, 0b1},
     {DType::q4_0, "q4_0", 32, 4, false, true, "4 bits and a scale", 1, quantise_symmetric<16>,
-     dequantise_q4_0},
+     dequantise_q4_0, 0b1},
     {DType::q4_1, "q4_1", 32, 4, false, true, "4 bits, a scale and a minimum", 2,
-     quantise_affine<16>, dequantise_q4_1},
+     quantise_affine<16>, dequantise_q4_1, 0b11},
     {DType::q5_0, "q5_0", 32, 4, false, true, "5 bits and a scale", 4, quantise_symmetric<32>,
-     dequantise_q5_0},
+     dequantise_q5_0, 0b1101},
     {DType::q5_1, "q5_1", 32, 4, false, true, "5 bits, a scale and a minimum", 4,
-     quantise_affine<32>, dequantise_q5_1},
+     quantise_affine<32>, dequantise_q5_1, 0b1111},
     {DType::iq4_nl, "iq4_nl", 32, 4, false, true, "4-bit indices of 16 non-linear levels and a scale",
-     1, quantise_iq4_nl, dequantise_iq4_nl},
+     1, quantise_iq4_nl, dequantise_iq4_nl, 0b1},
 };
 
 #define FORMAT_ID(NAME, type, id)                                                   \
@@ -300,6 +300,55 @@ std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_
     }
   }
   return values;
+}
+
+uint64_t ggml_bytes(DType dtype, int64_t numel) {
+  const detail::Format& f = format(dtype);
+  if (!f.blocked()) return storage_bytes(dtype, numel);
+  return static_cast<uint64_t>(numel) / f.block * f.ggml_block_bytes();
+}
+
+namespace {
+// Between ggml's array of blocks and the struct of arrays the engine stores: block b's quants
+// and its head's halves (those ggml_halves names, in order), the other halves 0.
+std::vector<uint8_t> convert_ggml(const std::vector<uint8_t>& in, DType dtype, int64_t numel,
+                                  bool to_ggml) {
+  const detail::Format& f = format(dtype);
+  uint64_t ours = storage_bytes(dtype, numel), theirs = ggml_bytes(dtype, numel);
+  if (numel < 0 || numel % f.block || in.size() != (to_ggml ? ours : theirs))
+    throw Error(std::string(to_ggml ? "to_ggml_blocks" : "from_ggml_blocks") + ": " +
+                std::to_string(in.size()) + " bytes do not hold " + std::to_string(numel) +
+                " values of " + f.name + (f.blocked() ? " (blocks of 32)" : ""));
+  if (!f.blocked()) return in;
+  std::vector<uint8_t> out(to_ggml ? theirs : ours);
+  uint64_t blocks = uint64_t(numel) / f.block, quant = f.quant_bytes();
+  uint64_t heads = blocks * quant;  // where our heads start
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = (to_ggml ? out.data() : const_cast<uint8_t*>(in.data())) +
+                     b * f.ggml_block_bytes();
+    uint8_t* soa = to_ggml ? const_cast<uint8_t*>(in.data()) : out.data();
+    uint64_t at = 0;
+    for (uint32_t h = 0; h < f.head_halves; ++h) {
+      if (!(f.ggml_halves >> h & 1u)) continue;  // not in ggml's block: 0 in ours
+      uint8_t* half = soa + heads + 2 * (b * f.head_halves + h);
+      to_ggml ? std::memcpy(block + at, half, 2) : std::memcpy(half, block + at, 2);
+      at += 2;
+    }
+    uint8_t* quants = soa + b * quant;
+    to_ggml ? std::memcpy(block + at, quants, quant) : std::memcpy(quants, block + at, quant);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<uint8_t> from_ggml_blocks(const std::vector<uint8_t>& blocks, DType dtype,
+                                      int64_t numel) {
+  return convert_ggml(blocks, dtype, numel, false);
+}
+
+std::vector<uint8_t> to_ggml_blocks(const std::vector<uint8_t>& bytes, DType dtype,
+                                    int64_t numel) {
+  return convert_ggml(bytes, dtype, numel, true);
 }
 
 void check_blocks(const std::vector<int64_t>& shape, DType dtype) {

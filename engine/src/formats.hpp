@@ -2,6 +2,7 @@
 // The storage formats' table, the one place the host learns what a format is (its twin for the
 // kernels is shaders/formats.glsl): sizes, names, how a tensor lays it out, its quantiser and
 // decoder. No Vulkan here, so the .npy reader and its fuzz target can use it alone.
+#include <bit>
 #include <cstdint>
 
 #include "flashvk/tensor.hpp"
@@ -29,6 +30,10 @@ struct Format {
   /// bytes) and its head (head_halves); dequantises value j of a block.
   void (*quantise)(const float* x, uint8_t* quants, uint16_t* head);
   float (*dequantise)(const uint8_t* quants, const uint16_t* head, uint32_t j);
+  /// Block formats: which of the head's halves ggml's block struct holds, in its order, before
+  /// its quants (bit i: half i): d (block_q8_0, q4_0, iq4_nl); d, m (q4_1); d, qh (q5_0: no m);
+  /// d, m, qh (q5_1).
+  uint32_t ggml_halves;
 
   bool blocked() const { return block > 1; }
   /// Bytes of a block's quants.
@@ -38,6 +43,10 @@ struct Format {
   /// 32-bit words of one texel of K or V in this format (register tiles' KV_QUANT builds): the
   /// block formats' sixteen values of a block in four words, else one word.
   uint32_t texel_words() const { return blocked() ? 4 : 1; }
+  /// Bytes of one of ggml's blocks: its head's halves, then its quants.
+  uint32_t ggml_block_bytes() const {
+    return 2 * static_cast<uint32_t>(std::popcount(ggml_halves)) + quant_bytes();
+  }
   /// Bytes a tensor's buffer rounds its values to: whole texels.
   uint32_t buffer_align() const { return 4 * texel_words(); }
 };

@@ -288,21 +288,32 @@ void Tensor::write(const HostTensor& host) {
   if (host.data.size() != uint64_t(flashvk::numel(host.shape)))
     throw Error("write of a host tensor of shape " + shape_string(host.shape) + " holding " +
                 std::to_string(host.data.size()) + " values");
+  if (host.shape != shape_)
+    throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
+                shape_string(shape_));
+  if (dtype_ == DType::f32) return write_bytes(host.data.data(), host.data.size() * 4);
+  std::vector<uint8_t> bytes = encode(host.data, dtype_);
+  write_bytes(bytes.data(), bytes.size());
+}
+
+void Tensor::write_storage(const std::vector<uint8_t>& bytes) {
+  if (!buffer_) throw Error("write to an empty tensor");
+  uint64_t want = storage_bytes(dtype_, flashvk::numel(shape_));
+  if (bytes.size() != want)
+    throw Error("write_storage of " + std::to_string(bytes.size()) + " bytes into a " +
+                shape_string(shape_) + " tensor of " + dtype_name(dtype_) + ", which takes " +
+                std::to_string(want));
+  write_bytes(bytes.data(), bytes.size());
+}
+
+void Tensor::write_bytes(const void* data, uint64_t size) {
   if (!is_dense())
     throw Error(is_prefix() ? "write into a prefix() view, whose rows are not contiguous; write "
                               "the whole tensor it views"
                             : "write into a strided view, whose values are not contiguous; write "
                               "its buffer as the application lays it out");
-  if (host.shape != shape_)
-    throw Error("write of a " + shape_string(host.shape) + " tensor into one of shape " +
-                shape_string(shape_));
   if (!(usage() & VK_BUFFER_USAGE_TRANSFER_DST_BIT))
     throw Error("write into a view whose buffer lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT");
-  std::vector<uint8_t> bytes =
-      dtype_ == DType::f32 ? std::vector<uint8_t>() : encode(host.data, dtype_);
-  const void* data =
-      dtype_ == DType::f32 ? static_cast<const void*>(host.data.data()) : bytes.data();
-  uint64_t size = dtype_ == DType::f32 ? host.data.size() * 4 : bytes.size();
   if (size == 0) return;
   if (buffer_->foreign)
     detail::copy_to_buffer(ctx_->impl(), buffer_->foreign, buffer_->offset, data, size);

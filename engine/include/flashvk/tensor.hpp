@@ -67,6 +67,17 @@ uint64_t buffer_bytes(DType dtype, int64_t numel);
 /// per block of 32 as ggml's quantize_row_*_ref do.
 std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype);
 std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel);
+/// Bytes that `numel` values take as ggml stores them: its array of block structs (block_q8_0,
+/// block_q4_1, ...: a block's fp16 d, then m and qh where the format has them, then its quants
+/// qs) for the block formats, else storage_bytes().
+uint64_t ggml_bytes(DType dtype, int64_t numel);
+/// Blocks as ggml writes them (a tensor, or a KV cache, of ggml's `dtype`), bit for bit, into
+/// the struct of arrays the engine stores (encode()'s bytes, for Tensor::write_storage), and
+/// back: the same quants and heads moved, nothing rounded. Element formats are returned as they
+/// are. Throws Error where the bytes are not `numel` values' worth.
+std::vector<uint8_t> from_ggml_blocks(const std::vector<uint8_t>& blocks, DType dtype,
+                                      int64_t numel);
+std::vector<uint8_t> to_ggml_blocks(const std::vector<uint8_t>& bytes, DType dtype, int64_t numel);
 
 /// Row-major float32 data with its shape, as read from or written to .npy files.
 struct HostTensor {
@@ -137,6 +148,9 @@ class Tensor {
   static Tensor upload(Context& ctx, const HostTensor& host, DType dtype);
   /// Encodes `host` (of this tensor's shape) into this tensor's storage and waits for the copy.
   void write(const HostTensor& host);
+  /// Copies values already in this tensor's storage (encode()'s bytes, storage_bytes(dtype,
+  /// numel) of them: e.g. from_ggml_blocks() of a cache ggml wrote) and waits for the copy.
+  void write_storage(const std::vector<uint8_t>& bytes);
   HostTensor download() const;
 
   Tensor(Tensor&&) noexcept;
@@ -169,6 +183,7 @@ class Tensor {
   Context* context() const { return ctx_; }
 
  private:
+  void write_bytes(const void* data, uint64_t size);  // checks, then the copy
   struct Storage;
   Context* ctx_ = nullptr;
   std::vector<int64_t> shape_;
