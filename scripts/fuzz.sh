@@ -13,12 +13,21 @@ CXX=clang++ cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASH
   -DFLASHVK_WERROR=ON -DFLASHVK_CLI=OFF -DFLASHVK_VIEWER=OFF -DFLASHVK_TESTS=OFF \
   -DFLASHVK_INSTALL=OFF >/dev/null
 cmake --build "$out" -j "$(nproc)" --target npy_fuzz args_fuzz >/dev/null
-for target in npy args; do
-  corpus="$out/corpus_$target"
+# Both targets at once (a fuzzer runs on one core), each printing when it is done.
+fuzz_one() {
+  local target=$1 corpus="$out/corpus_$1" rc=0
   mkdir -p "$corpus"
   cp -n "$root/fuzz/corpus/$target/"* "$corpus/" 2>/dev/null || true
-  echo "fuzz: $target for ${seconds}s"
   "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
-    -artifact_prefix="$out/${target}_" \
-    "$corpus" 2>&1 | tail -n 12
-done
+    -artifact_prefix="$out/${target}_" "$corpus" > "$out/$target.log" 2>&1 || rc=$?
+  echo "fuzz: $target for ${seconds}s"
+  tail -n 12 "$out/$target.log"
+  return $rc
+}
+echo "fuzz: npy and args, ${seconds}s each, side by side"
+fuzz_one npy & npy=$!
+fuzz_one args & args=$!
+status=0
+wait $npy || status=1
+wait $args || status=1
+exit $status

@@ -7,7 +7,8 @@
 //   products or keys shows as an error several times that bound (about 6x at Nk = 300);
 // - on random inputs, within the first-order bound of docs/algorithms.md ("fp16 arithmetic").
 // Every fused variant, fp32 and fp16 storage, a quantised K, at the device's limits and at
-// Vulkan's minimums (rows reduced through shared memory); and the refusals.
+// Vulkan's minimums (rows reduced through shared memory, fp32 and fp16 storage taking turns);
+// and the refusals.
 #include <algorithm>
 #include <tuple>
 
@@ -94,7 +95,13 @@ TEST_P(Fp16ArithmeticTest, ExactScoresOnDyadicInputs) {
   params.mods.causal = s.causal;
   reference::Result ref = reference::direct(q, k, v, params);
   double tol = tolerance(q, k, v, params) + (kRun + 1) * kU16 * max_abs(v);
+  // At Vulkan's minimums each variant and shape in one storage, fp32 and fp16 taking turns over
+  // the shapes (each is another pipeline for llvmpipe to compile).
+  size_t index = 0;
+  while (index < std::size(kShapes) && std::string(kShapes[index].name) != s.name) ++index;
+  bool minimums_turn = (index + size_t(variant)) % 2 == (dtype == DType::f16 ? 1u : 0u);
   for (Context* ctx : {&context(), &minimum_context()}) {
+    if (ctx == &minimum_context() && !minimums_turn) continue;
     SCOPED_TRACE(ctx == &context() ? "device limits" : "Vulkan's minimum limits");
     HostAttentionResult gpu = run(*ctx, q, k, v, params, Storage(dtype));
     double error = max_error(gpu.out.data, ref.out);
