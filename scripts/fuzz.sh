@@ -20,8 +20,6 @@ fuzz_one() {
   cp -n "$root/fuzz/corpus/$target/"* "$corpus/" 2>/dev/null || true
   "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
     -artifact_prefix="$out/${target}_" "$corpus" > "$out/$target.log" 2>&1 || rc=$?
-  echo "fuzz: $target for ${seconds}s"
-  tail -n 12 "$out/$target.log"
   return $rc
 }
 echo "fuzz: npy and args, ${seconds}s each, side by side"
@@ -30,4 +28,8 @@ fuzz_one args & args=$!
 status=0
 wait $npy || status=1
 wait $args || status=1
+for target in npy args; do
+  echo "fuzz: $target for ${seconds}s"
+  tail -n 12 "$out/$target.log"
+done
 exit $status

@@ -38,6 +38,7 @@ one() {
   echo "$rc" > "$out/$name.status"
 }
 jobs_max=$(nproc)
+rm -f "$out"/*.status  # a run that dies before writing its own leaves none
 for run in "${runs[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
   one "$run" &
@@ -48,7 +49,7 @@ for run in "${runs[@]}"; do
   family=${run%%:*} size=${run#*:}
   name=$family; [ -n "$size" ] && name="$family-wave$size"
   echo "== $name"
-  [ "$(cat "$out/$name.status")" = 0 ] || status=1
+  [ "$(cat "$out/$name.status" 2>/dev/null)" = 0 ] || status=1
   grep -v -e "^ac_compute_device_uuid" -e "is not a recognized processor" "$out/$name.err" >&2 || true
   head -2 "$out/$name.txt"
   tail -1 "$out/$name.txt"

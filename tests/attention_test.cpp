@@ -75,17 +75,11 @@ TEST_P(OtherTileLayoutTest, MatchesFloat64Reference) {
 // the shapes (their tilings are the same; each is another pipeline for llvmpipe to compile).
 class BlocksLayoutTest : public AttentionTest {};
 
-// Whether (variant, shape) takes its turn at Vulkan's minimums in `dtype`.
-bool minimums_turn(Variant variant, DType dtype, const Shape& s) {
-  size_t index = 0;
-  while (index < std::size(kShapes) && std::string(kShapes[index].name) != s.name) ++index;
-  return (index + size_t(variant)) % 2 == (dtype == DType::f16 ? 1u : 0u);
-}
-
 TEST_P(BlocksLayoutTest, MatchesFloat64ReferenceAtTheDevicesAndTheMinimumLimits) {
   auto [variant, dtype, s] = GetParam();
   for (Context* ctx : {&context(), &minimum_context()}) {
-    if (ctx == &minimum_context() && !minimums_turn(variant, dtype, s)) continue;
+    bool turn = fp16_turn(index_of(kShapes, s.name), variant) == (dtype == DType::f16);
+    if (ctx == &minimum_context() && !turn) continue;
     SCOPED_TRACE(ctx == &context() ? "device limits" : "Vulkan's minimum limits");
     if (s.d % 4 != 0 || s.dv % 4 != 0) {
       AttentionParams params;

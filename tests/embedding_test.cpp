@@ -73,17 +73,12 @@ struct AppVulkan {
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sizes{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
     const char* size_ext = VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
-    if (want_size_control) {
-      VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-      features.pNext = &sizes;
-      vkGetPhysicalDeviceFeatures2(physical, &features);
-      size_control = sizes.subgroupSizeControl && sizes.computeFullSubgroups;
-      if (size_control) {
-        sizes.pNext = nullptr;
-        f16.pNext = &sizes;
-        di.enabledExtensionCount = 1;
-        di.ppEnabledExtensionNames = &size_ext;
-      }
+    if (want_size_control && list_devices()[0].subgroup_size_control) {
+      size_control = true;
+      sizes.subgroupSizeControl = sizes.computeFullSubgroups = VK_TRUE;
+      f16.pNext = &sizes;
+      di.enabledExtensionCount = 1;
+      di.ppEnabledExtensionNames = &size_ext;
     }
     EXPECT_EQ(vkCreateDevice(physical, &di, nullptr, &device), VK_SUCCESS);
     vkGetDeviceQueue(device, family, 0, &queue);
@@ -795,6 +790,10 @@ TEST(Devices, ASubgroupSizeOutsideTheDevicesRangeIsRefused) {
     expect_refused([&] { Context::create(options); }, range.c_str());
     options.subgroup_size = 3;
     expect_refused([&] { Context::create(options); }, "(powers of two)");
+    if (info.max_subgroup_size > info.min_subgroup_size) {  // in the range, not a power of two
+      options.subgroup_size = info.min_subgroup_size + info.max_subgroup_size / 2 + 1;
+      expect_refused([&] { Context::create(options); }, "(powers of two)");
+    }
   } else {
     expect_refused([&] { Context::create(options); }, "cannot require a subgroup size");
   }

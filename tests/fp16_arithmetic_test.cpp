@@ -97,9 +97,7 @@ TEST_P(Fp16ArithmeticTest, ExactScoresOnDyadicInputs) {
   double tol = tolerance(q, k, v, params) + (kRun + 1) * kU16 * max_abs(v);
   // At Vulkan's minimums each variant and shape in one storage, fp32 and fp16 taking turns over
   // the shapes (each is another pipeline for llvmpipe to compile).
-  size_t index = 0;
-  while (index < std::size(kShapes) && std::string(kShapes[index].name) != s.name) ++index;
-  bool minimums_turn = (index + size_t(variant)) % 2 == (dtype == DType::f16 ? 1u : 0u);
+  bool minimums_turn = fp16_turn(index_of(kShapes, s.name), variant) == (dtype == DType::f16);
   for (Context* ctx : {&context(), &minimum_context()}) {
     if (ctx == &minimum_context() && !minimums_turn) continue;
     SCOPED_TRACE(ctx == &context() ? "device limits" : "Vulkan's minimum limits");

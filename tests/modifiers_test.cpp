@@ -237,8 +237,7 @@ std::vector<TileLayout> layouts_for(Variant v, const ModCase& c, DType dtype) {
       if (l != TileLayout::cooperative_matrix) out.push_back(l);
     return out;
   }
-  size_t index = 0;
-  while (index < std::size(kCases) && std::string(kCases[index].name) != c.name) ++index;
+  size_t index = index_of(kCases, c.name);
   std::vector<TileLayout> others;
   for (TileLayout l : all)
     (l == TileLayout::cooperative_matrix ? out : others).push_back(l);

@@ -75,6 +75,20 @@ struct Shape {
   bool causal;
   const char* name;
 };
+/// The position of the row named `name` in a test's table of cases (its size if none is).
+template <class Row, size_t N>
+size_t index_of(const Row (&table)[N], const char* name) {
+  size_t i = 0;
+  while (i < N && std::string(table[i].name) != name) ++i;
+  return i;
+}
+/// For a check run in one storage of two per case (CI time: each is another set of pipelines
+/// for llvmpipe): whether case `index` of `variant` takes fp32 (false) or fp16 (true), the two
+/// taking turns over the cases and the variants.
+inline bool fp16_turn(size_t index, Variant variant) {
+  return (index + size_t(variant)) % 2 == 1;
+}
+
 /// The variants with one fused kernel over K/V tiles (all but naive).
 inline std::vector<Variant> fused_variants() {
   std::vector<Variant> fused;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "test_util.hpp"
+#include "plan.hpp"
 #include "tiling.hpp"
 
 namespace flashvk {
@@ -351,6 +352,12 @@ TEST(TilingTest, SubgroupKernelsAreWholeSubgroupsOfTheSizeTheyRequire) {
           }
   EXPECT_GT(subgroup_kernels, 50);
   EXPECT_GT(others, 50);
+  // A pass derived from the kernel's Spec (mask_mod's tile bitmap, 32 invocations, no subgroup
+  // operations) requires nothing of the kernel's subgroups: at wave64 32 invocations are not
+  // whole subgroups (a validation error, found by a read of the diff).
+  Spec blocks = tiling(amd, dims(8, 2, 1000, 1000, 64, 64), Variant::flash2, DType::f32);
+  ASSERT_EQ(blocks.required_subgroup, 64u);
+  EXPECT_EQ(detail::flex_tiles_spec(blocks).required_subgroup, 0u);
 }
 
 }  // namespace

@@ -61,23 +61,11 @@ Device::Device(const std::vector<const char*>& extensions, bool swapchain, int i
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
   f16.storageBuffer16BitAccess = VK_TRUE;
   // And its subgroup kernels need to require their subgroup size (ExternalDevice::
-  // subgroup_size_control_enabled), where the device can.
+  // subgroup_size_control_enabled), where the engine finds the device can (DeviceInfo).
   VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
-  uint32_t n_ext = 0;
-  vkEnumerateDeviceExtensionProperties(physical, nullptr, &n_ext, nullptr);
-  std::vector<VkExtensionProperties> device_exts(n_ext);
-  vkEnumerateDeviceExtensionProperties(physical, nullptr, &n_ext, device_exts.data());
-  bool has_size_control = false;
-  for (const VkExtensionProperties& e : device_exts)
-    has_size_control |= std::string(e.extensionName) == VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
-  if (has_size_control) {
-    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    features.pNext = &size_control;
-    vkGetPhysicalDeviceFeatures2(physical, &features);
-    size_control.pNext = nullptr;
-    subgroup_size_control = size_control.subgroupSizeControl && size_control.computeFullSubgroups;
-  }
+  size_control.subgroupSizeControl = size_control.computeFullSubgroups = VK_TRUE;
+  subgroup_size_control = list_devices()[size_t(std::max(0, index))].subgroup_size_control;
   std::vector<const char*> device_extensions;
   if (swapchain) device_extensions.push_back(VK_KHR_SWAPCHAIN_EXTENSION_NAME);
   if (subgroup_size_control) {

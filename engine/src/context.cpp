@@ -665,6 +665,10 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
                                  const std::lock_guard<std::mutex>&) {
   auto key = std::make_pair(std::string(blob.name), spec);
   if (auto it = pipelines.find(key); it != pipelines.end()) return it->second;
+  if (spec.required_subgroup && spec.workgroup % spec.required_subgroup != 0)
+    throw Error(std::string("internal: ") + blob.name + " would require subgroups of " +
+                std::to_string(spec.required_subgroup) + " lanes in a workgroup of " +
+                std::to_string(spec.workgroup));
   VkShaderModule& module = modules[key.first];
   if (module == VK_NULL_HANDLE) {
     VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};

@@ -69,7 +69,9 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
     if (!usable)
       throw Error(
           "tile_layout registers needs subgroup shuffle and arithmetic operations in "
-          "compute shaders, block_rows a multiple of the subgroup size (" +
+          "compute shaders with a subgroup size pipelines can require (an adopted device: "
+          "ExternalDevice::subgroup_size_control_enabled), block_rows a multiple of the "
+          "subgroup size (" +
           std::to_string(info.subgroup_size) +
           "), RGBA uniform texel buffers holding all of K and V (views: buffers with "
           "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT at offsets that are multiples of "
@@ -220,7 +222,9 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
       throw Error(
           "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
           "block_keys (keys a cluster of lanes takes a step) at most " +
-          std::to_string(kLaneKeys) + ", on devices with subgroup shuffles, d a multiple of " +
+          std::to_string(kLaneKeys) + ", on devices with subgroup shuffles and subgroup size "
+          "control (an adopted device: ExternalDevice::subgroup_size_control_enabled), d a "
+          "multiple of " +
           std::to_string(lane_vec(kv.k)) + " and dv a multiple of " +
           std::to_string(lane_vec(kv.v)) + " (16-byte loads of K stored as " + dtype_name(kv.k) +
           " and V as " + dtype_name(kv.v) + "); " + info.name + " with this call does not qualify");
