@@ -53,7 +53,9 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
 }
 
 // The fused kernels have two tile layouts (shared memory, registers) and a device runs one by
-// default; this runs the other, so both are checked on every device (lavapipe included).
+// default; this runs the other, so both are checked on every device (lavapipe included). Each
+// variant and shape in one storage, fp32 and fp16 taking turns over the shapes (fp16 storage in
+// every layout is also AttentionTest's, ModifierTest's and StorageVariantTest's; CI time).
 class OtherTileLayoutTest : public AttentionTest {};
 
 TEST_P(OtherTileLayoutTest, MatchesFloat64Reference) {
@@ -117,11 +119,16 @@ INSTANTIATE_TEST_SUITE_P(FusedVariants, BlocksLayoutTest,
 TEST_F(VulkanTest, BlocksTakeLongHeadDims) {
   expect_matches_reference(Variant::flash2, DType::f32, kShapes[6], TileLayout::blocks);
 }
+// Each fused variant and shape in the storage whose turn it is (fp16_turn).
+std::vector<Case> other_layout_cases() {
+  std::vector<Case> out;
+  for (Variant v : fused_variants())
+    for (size_t i = 0; i < std::size(kShapes); ++i)
+      out.emplace_back(v, fp16_turn(i, v) ? DType::f16 : DType::f32, kShapes[i]);
+  return out;
+}
 INSTANTIATE_TEST_SUITE_P(FusedVariants, OtherTileLayoutTest,
-                         ::testing::Combine(::testing::ValuesIn(fused_variants()),
-                                            ::testing::Values(DType::f32, DType::f16),
-                                            ::testing::ValuesIn(kShapes)),
-                         case_name);
+                         ::testing::ValuesIn(other_layout_cases()), case_name);
 
 // The decoding kernel (TileLayout::lanes, the default for splitkv on GPUs when a KV head has at
 // most 8 query rows), forced on every device: every ragged shape whose head dims are whole
