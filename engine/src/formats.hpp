@@ -31,8 +31,7 @@ struct Format {
   void (*quantise)(const float* x, uint8_t* quants, uint16_t* head);
   float (*dequantise)(const uint8_t* quants, const uint16_t* head, uint32_t j);
   /// Block formats: which of the head's halves ggml's block struct holds, in its order, before
-  /// its quants (bit i: half i): d (block_q8_0, q4_0, iq4_nl); d, m (q4_1); d, qh (q5_0: no m);
-  /// d, m, qh (q5_1).
+  /// its quants (bit i: half i): d alone, or d and m, or d and qh (m is 0), or d, m and qh.
   uint32_t ggml_halves;
 
   bool blocked() const { return block > 1; }
