@@ -252,7 +252,7 @@ void make_device(ContextImpl& ctx) {
     storage16.pNext = &coopmat.float16;
     extensions.push_back(kFloat16Extension);
   }
-  // Pipelines that require their subgroup size (Spec::require_subgroups), wherever the device
+  // Pipelines that require their subgroup size (Spec::required_subgroup), wherever the device
   // lets them: the subgroup kernels run only so (DeviceInfo::subgroup_shuffle).
   VkPhysicalDeviceSubgroupSizeControlFeaturesEXT size_control{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
@@ -665,9 +665,10 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
                                  const std::lock_guard<std::mutex>&) {
   auto key = std::make_pair(std::string(blob.name), spec);
   if (auto it = pipelines.find(key); it != pipelines.end()) return it->second;
-  if (spec.required_subgroup && spec.workgroup % spec.required_subgroup != 0)
+  const uint32_t required = spec.required_subgroup(info.subgroup_size);
+  if (required && spec.workgroup % required != 0)
     throw Error(std::string("internal: ") + blob.name + " would require subgroups of " +
-                std::to_string(spec.required_subgroup) + " lanes in a workgroup of " +
+                std::to_string(required) + " lanes in a workgroup of " +
                 std::to_string(spec.workgroup));
   VkShaderModule& module = modules[key.first];
   if (module == VK_NULL_HANDLE) {
@@ -690,8 +691,8 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
   create.stage.pSpecializationInfo = &spec_info;
   VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT subgroup{
       VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT};
-  if (spec.required_subgroup) {  // the kernel's subgroups, all lanes active (vk.hpp, Spec)
-    subgroup.requiredSubgroupSize = spec.required_subgroup;
+  if (required) {  // the kernel's subgroups, all lanes active (vk.hpp, Spec)
+    subgroup.requiredSubgroupSize = required;
     create.stage.pNext = &subgroup;
     create.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
   }

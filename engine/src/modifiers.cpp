@@ -644,10 +644,6 @@ Spec flex_tiles_spec(const Spec& attention) {
   spec.rows = 1;
   spec.lanes = 1;
   spec.tile_rows = attention.block();
-  // A pass of its own, with no subgroup operations: nothing of the kernel's subgroups.
-  spec.block_shuffle = false;
-  spec.matrix = MatrixApi::none;
-  spec.require_subgroups(0);
   return spec;
 }
 

@@ -184,7 +184,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     p.program = c.key.program;
     p.source = detail::kernel_source(c.key.program, c.key.layout);
     p.layout = c.spec.layout;
-    p.required_subgroup = c.spec.required_subgroup;
+    p.required_subgroup = c.spec.required_subgroup(impl.info.subgroup_size);
     if (fused && c.key.program == variant_name(params.variant)) {  // the tiled kernel
       p.block_rows = c.spec.block();
       p.block_keys = c.spec.bc;

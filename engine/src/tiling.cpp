@@ -469,9 +469,7 @@ Spec choose_layout(const TilingRequest& request) {
 }  // namespace
 
 Spec choose_tiling(const TilingRequest& request) {
-  Spec spec = choose_layout(request);
-  spec.require_subgroups(request.info.subgroup_size);
-  return spec;
+  return choose_layout(request);
 }
 
 }  // namespace flashvk::detail

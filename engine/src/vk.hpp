@@ -106,21 +106,19 @@ struct Spec {
   bool block_shuffle = false;  // blocks: rows reduced with subgroup shuffles (BLOCK_SHUFFLE)
   bool block_f16 = false;      // blocks: fp16 products (BLOCK_F16; ExecutionHints::fp16_arithmetic)
   MatrixApi matrix = MatrixApi::none;  // cooperative matrices: the build's API (MAT)
-  // Lanes each subgroup of the pipeline must have, all of them active (VK_EXT_subgroup_size_
-  // control's required size and full subgroups); 0: the kernel assumes no subgroup size.
-  uint32_t required_subgroup = 0;
-
-  /// Sets `required_subgroup` from the layout, once the layout, `block_shuffle` and `matrix`
-  /// are set: the one rule for which kernels assume a subgroup size. Register tiles, lanes and
-  /// register blocks with shuffles are built for the context's size (`context_subgroup`,
-  /// DeviceInfo::subgroup_size) and require it; the matrix units' kernels require 32; shared
-  /// tiles, blocks without shuffles and the emulated matrix kernel (whose groups are not
-  /// subgroups) require none.
-  void require_subgroups(uint32_t context_subgroup) {
-    bool units = matrix == MatrixApi::khr || matrix == MatrixApi::nv;
+  /// The lanes each subgroup of its pipeline must have, all of them active (VK_EXT_subgroup_size_
+  /// control's required size and full subgroups), derived from the layout: the one rule for
+  /// which kernels assume a subgroup size. Register tiles, lanes and register blocks with
+  /// shuffles are built for the context's size (`context_subgroup`, DeviceInfo::subgroup_size);
+  /// the matrix units' kernels need 32; shared tiles (and every pass that is not a tile layout),
+  /// blocks without shuffles and the emulated matrix kernel (whose groups are not subgroups)
+  /// need none (0).
+  uint32_t required_subgroup(uint32_t context_subgroup) const {
+    bool units = layout == TileLayout::cooperative_matrix &&
+                 (matrix == MatrixApi::khr || matrix == MatrixApi::nv);
     bool shuffles = layout == TileLayout::registers || layout == TileLayout::lanes ||
                     (layout == TileLayout::blocks && block_shuffle);
-    required_subgroup = units ? 32 : shuffles ? context_subgroup : 0;
+    return units ? 32 : shuffles ? context_subgroup : 0;
   }
 #define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
 #define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
@@ -144,8 +142,7 @@ struct Spec {
   uint32_t block() const { return layout_row(layout).workgroup_rows(workgroup, rows, lanes); }
   bool operator<(const Spec& o) const {
     auto fields = [](const Spec& s) {
-      return std::tie(s.layout, s.kv_quant, s.block_shuffle, s.block_f16, s.matrix,
-                      s.required_subgroup);
+      return std::tie(s.layout, s.kv_quant, s.block_shuffle, s.block_f16, s.matrix);
     };
     return fields(*this) < fields(o) || (fields(*this) == fields(o) && constants() < o.constants());
   }

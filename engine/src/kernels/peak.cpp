@@ -25,8 +25,8 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   push.scale = 0.999f;
   detail::Spec spec;
   spec.workgroup = kGroupSize;
+  spec.layout = TileLayout::cooperative_matrix;  // its subgroups as the attention kernel's
   spec.matrix = matrix;
-  spec.require_subgroups(ctx.device().subgroup_size);  // as the attention kernel's
   detail::KernelKey key{.program = shader, .matrix = matrix};
   plan.add(
       ctx.impl().pipeline(
