@@ -23,6 +23,9 @@ namespace flashvk::test {
 ContextOptions test_options();
 /// The context every test shares (test_options()).
 Context& context();
+/// A context of its own whose kernels are built as shipped on llvmpipe too (the shared ones
+/// leave unrolling to llvmpipe to build faster; its loop cap then comes sooner): for long rows.
+Context shipped_kernels_context();
 /// The same device with Vulkan's guaranteed minimum limits for compute
 /// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
 /// operations), as the smallest device an app may meet.

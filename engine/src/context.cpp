@@ -536,6 +536,17 @@ ContextImpl::~ContextImpl() {
 
 namespace {
 
+// Clears the Unroll bit of every OpLoopMerge's loop control (testing::
+// clear_unroll_hints_on_llvmpipe): a hint, whose bit takes no operands, so nothing else moves.
+void clear_unroll_hints(std::vector<uint32_t>& words) {
+  constexpr uint32_t kOpLoopMerge = 246, kUnroll = 0x1, kHeader = 5;
+  for (size_t i = kHeader; i < words.size();) {
+    uint32_t opcode = words[i] & 0xffffu, count = words[i] >> 16;
+    if (opcode == kOpLoopMerge && count >= 4) words[i + 3] &= ~kUnroll;
+    i += count ? count : words.size();  // a malformed count ends the walk (the driver checks)
+  }
+}
+
 // The saved cache if it was written for this device and driver, else nothing: the header
 // (VkPipelineCacheHeaderVersionOne) is checked here rather than trusting every driver to
 // reject a foreign or damaged file.
@@ -675,6 +686,12 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
     VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
     module_info.codeSize = blob.bytes;
     module_info.pCode = blob.words;
+    std::vector<uint32_t> words;
+    if (clear_unroll) {  // testing::clear_unroll_hints_on_llvmpipe
+      words.assign(blob.words, blob.words + blob.bytes / 4);
+      clear_unroll_hints(words);
+      module_info.pCode = words.data();
+    }
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
@@ -892,6 +909,7 @@ Context Context::create(const ContextOptions& options) {
   impl->info = infos[static_cast<size_t>(index)];
   detail::apply_overrides(impl->info, options.limits);
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
+  impl->clear_unroll = impl->loop_limited && detail::unroll_hints_cleared();
   if (VK_API_VERSION_MINOR(impl->info.api_version) < 1 &&
       VK_API_VERSION_MAJOR(impl->info.api_version) == 1)
     throw Error("device " + impl->info.name + " supports only Vulkan 1.0; flashvk needs 1.1");
@@ -940,6 +958,7 @@ Context Context::adopt(const ExternalDevice& external) {
         "VkInstance with VkApplicationInfo::apiVersion VK_API_VERSION_1_1 or later (flashvk "
         "needs Vulkan 1.1)");
   impl->loop_limited = impl->info.name.rfind("llvmpipe", 0) == 0;
+  impl->clear_unroll = impl->loop_limited && detail::unroll_hints_cleared();
   // What the application says it enabled must be there to enable: a claim the device cannot
   // back would fail later, in a kernel, with the validation layers' words at best.
   if (external.fp16_storage_enabled && !impl->info.fp16_storage)

@@ -3,6 +3,7 @@
 // elsewhere.
 #include "testing.hpp"
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -24,6 +25,11 @@ Fault& fault() {
 }  // namespace
 
 namespace detail {
+std::atomic<bool>& unroll_hints_cleared() {
+  static std::atomic<bool> clear{false};
+  return clear;
+}
+
 VkResult injected(const char* call) {
   Fault& f = fault();
   std::lock_guard lock(f.mutex);
@@ -45,6 +51,9 @@ void inject_failure(const std::string& call, VkResult result, int skip) {
 }
 void clear_failures() {
   inject_failure("", VK_SUCCESS, 0);
+}
+void clear_unroll_hints_on_llvmpipe(bool clear) {
+  detail::unroll_hints_cleared() = clear;
 }
 }  // namespace testing
 

@@ -14,4 +14,11 @@ namespace flashvk::testing {
 void inject_failure(const std::string& call, VkResult result, int skip = 0);
 void clear_failures();
 
+/// Whether contexts created from now on over llvmpipe (lavapipe) build their kernels with the
+/// SPIR-V's Unroll loop hints cleared, leaving unrolling to the driver: the same programs, which
+/// llvmpipe compiles about 3x faster (the suite's time is its compiles). Their loops then run
+/// more iterations than the plans count against llvmpipe's loop cap, so long rows need the
+/// kernels as shipped (false, the default). Other drivers always get the hints.
+void clear_unroll_hints_on_llvmpipe(bool clear);
+
 }  // namespace flashvk::testing

@@ -1,6 +1,7 @@
 #pragma once
 // Internal Vulkan plumbing: result checks, buffers, and the context's shared objects.
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -23,11 +24,16 @@ namespace flashvk::detail {
 void check(VkResult result, const char* call);
 /// The failure armed by testing::inject_failure for `call` (testing.hpp), or VK_SUCCESS; the
 /// check compiles away unless the engine is built for tests (FLASHVK_FAULT_INJECTION).
+/// testing::clear_unroll_hints_on_llvmpipe's setting (false unless built for tests).
 #ifdef FLASHVK_FAULT_INJECTION
 VkResult injected(const char* call);
+std::atomic<bool>& unroll_hints_cleared();
 #else
 inline VkResult injected(const char*) {
   return VK_SUCCESS;
+}
+inline bool unroll_hints_cleared() {
+  return false;
 }
 #endif
 void apply_overrides(DeviceInfo& info, const LimitOverrides& overrides);
@@ -183,6 +189,7 @@ struct ContextImpl {
   // llvmpipe ends every loop of a shader invocation once they have run 65535 iterations together
   // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
   bool loop_limited = false;
+  bool clear_unroll = false;  // testing::clear_unroll_hints_on_llvmpipe, on llvmpipe
   VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
   DeviceInfo info;
   VkPhysicalDeviceMemoryProperties memory{};
