@@ -484,6 +484,55 @@ TEST_F(LessonTest, StepButtonsStayPutAcrossLessonNotes) {
   ImGui::DestroyContext();
 }
 
+// falling-rising's point where the paper's FLASH-D fails shows a weight of ~1e-27 beside 0:
+// arriving there (a button, a step, --step) puts the weight plot on a log scale once; a click
+// back to linear stays while the cursor does; playing through the point changes nothing.
+TEST_F(LessonTest, ThePaperFormsFailureShowsItsWeightOnALogScale) {
+  viewer::Model model(context());
+  model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
+  viewer::Lesson lesson = viewer::lesson_for(model);
+  int fail = viewer::literal_flashd_underflow(model);
+  ASSERT_GE(fail, 0);
+  const viewer::PointOfInterest* p = point_at(lesson, fail);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->log_weights);
+  ASSERT_GT(model.ref_of(Variant::flashd).w[size_t(fail)], 1e-30) << "the true weight is there";
+  for (const auto& other : lesson.points) {
+    EXPECT_EQ(other.log_weights, other.step == fail) << other.title;
+  }
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;
+  io.DisplaySize = ImVec2(1280.0f, 720.0f);
+  unsigned char* pixels = nullptr;
+  int w = 0, h = 0;
+  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+  viewer::UiState ui;
+  auto frame_at = [&](int step) {
+    model.cursor = step;
+    io.DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    viewer::draw_ui(model, ui, 0.0);
+    ImGui::Render();
+  };
+  frame_at(5);
+  EXPECT_FALSE(ui.log_w);
+  frame_at(fail);
+  EXPECT_TRUE(ui.log_w) << "arriving at step " << fail;
+  ui.log_w = false;  // the click on the plot
+  frame_at(fail);
+  EXPECT_FALSE(ui.log_w) << "the click stays while the cursor does";
+  frame_at(5);
+  frame_at(fail);
+  EXPECT_TRUE(ui.log_w) << "arriving again";
+  ui.log_w = false;
+  frame_at(5);
+  ui.playing = true;
+  frame_at(fail);
+  EXPECT_FALSE(ui.log_w) << "playing through";
+  ImGui::DestroyContext();
+}
+
 // The keyboard: arrows step one key and stop playback, space plays and pauses (not past the end).
 TEST_F(LessonTest, ArrowsStepAndSpacePlays) {
   viewer::Model model(context());

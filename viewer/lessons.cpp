@@ -112,11 +112,14 @@ void lesson_falling_rising(Lesson& l, const Model& model) {
       "The lowest score. Both forms give this key no weight, rightly: it is e^-2000 times the "
       "first.");
   int fail = literal_flashd_underflow(model);
-  if (fail >= 0)
+  if (fail >= 0) {
     add(l, fail, "the paper form fails",
         format("The true weight of this key is %.3g, and the kernel's stable w agrees; the "
-               "paper form's w is still 0 (red), so its output keeps the first keys' values.",
+               "paper form's w is still 0 (red), so its output keeps the first keys' values. "
+               "The weight plot is on a log scale here (click it for linear).",
                model.ref_of(Variant::flashd).w[size_t(fail)]));
+    l.points.back().log_weights = true;
+  }
   add_end(l, model,
           "The last key has the largest score and takes almost all the weight: the stable output "
           "is its value row; the paper form in fp32 would still give the first key's.");

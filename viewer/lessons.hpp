@@ -12,6 +12,9 @@ struct PointOfInterest {
   int step = 0;       ///< the cursor position it goes to: the state after key `step`
   std::string title;  ///< a few words, for the button row and the summary
   std::string look;   ///< what to look at there, in a sentence or two
+  /// The weight to see is far below a linear axis (e.g. 1e-27 beside 0): arriving there puts
+  /// the weight plot on a log scale.
+  bool log_weights = false;
 };
 
 struct Lesson {

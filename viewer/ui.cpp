@@ -405,6 +405,10 @@ void controls_lesson(Model& model, UiState& ui) {
   int at = -1;  // the point the cursor is on, if any
   for (int i = 0; i < int(lesson.points.size()); ++i)
     if (lesson.points[size_t(i)].step == model.cursor && (at < 0 || i == ui.point)) at = i;
+  if (at >= 0 && lesson.points[size_t(at)].log_weights && !ui.playing &&
+      ui.log_point != model.cursor)
+    ui.log_w = true;  // once on arriving, by a button, a step or --step; a click undoes it
+  ui.log_point = at >= 0 && lesson.points[size_t(at)].log_weights ? model.cursor : -1;
   if (at >= 0) {
     const PointOfInterest& p = lesson.points[size_t(at)];
     colored_wrapped(kCursor, "%d of %zu, step %d: %s", at + 1, lesson.points.size(), p.step,

@@ -35,6 +35,7 @@ struct UiState {
   Lesson lesson;
   std::string lesson_of;        // what `lesson` was made for
   int point = -1;               // the point of interest last gone to
+  int log_point = -1;           // the step whose point put the weight plot on a log scale
   bool literal_flashd = false;  // draw FLASH-D as the seed writes it (fp32) in the weight plot
   // The step plots' window of keys (key_window): 0 keys = chosen from the plots' width; set by
   // the mouse wheel (zoom) and dragging (pan), kept until the cursor leaves it.
