@@ -222,7 +222,7 @@ using Param = std::tuple<Variant, ModCase>;
 class ModifierTest : public VulkanTest, public ::testing::WithParamInterface<Param> {};
 
 // The layouts a case runs in each storage: fp32 in every layout the device runs; fp16 in the
-// matrix units' (fp16 only) and in one other, which moves with the case and the variant, so that
+// matrix kernel's (fp16 only; emulated on devices without matrix units) and in one other, which moves with the case and the variant, so that
 // every layout meets fp16 under several modifiers. The modifiers act on fp32 scores whatever Q,
 // K and V are stored as, and fp16 storage in every layout and shape is AttentionTest's and the
 // layout tests'; each fp16 layout here is another set of pipelines for llvmpipe to compile (a

@@ -1,6 +1,8 @@
 #include "test_util.hpp"
 
 #include "testing.hpp"
+#include "tiling.hpp"
+#include "vk.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -176,9 +178,28 @@ std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32
   if (d % 4 == 0 && dv % 4 == 0) l.push_back(TileLayout::blocks);
   if (variant_info(v).splits_keys && info.subgroup_shuffle && d % 8 == 0 && dv % 8 == 0)
     l.push_back(TileLayout::lanes);
-  if (variant_info(v).matrix && info.cooperative_matrix && d % 16 == 0 && dv % 16 == 0 &&
-      d <= 128 && dv <= 128)
-    l.push_back(TileLayout::cooperative_matrix);
+  // The matrix kernel on the device's units, else emulated (a context's default: it runs where
+  // asked for by name), so that CPU drivers run its logic too; where the engine's tiling takes it
+  // (the head dimensions, the shared memory).
+  if (variant_info(v).matrix) {
+    AttentionParams params;
+    params.variant = v;
+    params.hints.tile_layout = TileLayout::cooperative_matrix;
+    Dims shape = check_shapes({1, 1, 16, d}, {1, 1, 64, d}, {1, 1, 64, dv});
+    shape.kv_rows = shape.nk;
+    shape.kv_keys = shape.nk;
+    try {
+      detail::choose_tiling({.info = info,
+                             .matrix_api =
+                                 detail::usable_matrix_api(info, MatrixApi::automatic, "tests"),
+                             .dims = shape,
+                             .params = params,
+                             .dtype = DType::f16,
+                             .kv = Storage(DType::f16)});
+      l.push_back(TileLayout::cooperative_matrix);
+    } catch (const Error&) {  // not on this device, or not at this shape
+    }
+  }
   return l;
 }
 

@@ -280,6 +280,16 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
   };
   EXPECT_FALSE(has(h100_online, TileLayout::cooperative_matrix));
   EXPECT_TRUE(has(h100_flash2, TileLayout::cooperative_matrix));
+  // Without matrix units the matrix kernel is emulated, so CPU drivers run its logic: at d = 32
+  // and 128, not where d is no multiple of 16 or the shared memory is Vulkan's minimum.
+  EXPECT_TRUE(has(test::device_layouts(kCpu, Variant::flashd, 32, 32),
+                  TileLayout::cooperative_matrix));
+  EXPECT_TRUE(has(test::device_layouts(kCpu, Variant::splitkv, 128, 128),
+                  TileLayout::cooperative_matrix));
+  EXPECT_FALSE(has(test::device_layouts(kCpu, Variant::flash2, 24, 24),
+                   TileLayout::cooperative_matrix));
+  EXPECT_FALSE(has(test::device_layouts(kMinimum, Variant::flash2, 32, 32),
+                   TileLayout::cooperative_matrix));
   int checked = 0;
   for (const DeviceInfo* info : {&kH100, &kPhone, &kMinimum, &kCpu})
     for (Variant variant : all_variants())
@@ -290,8 +300,17 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
                        ", nq=" + std::to_string(nq));
           for (TileLayout layout : test::device_layouts(*info, variant, d, d)) {
             DType dtype = layout == TileLayout::cooperative_matrix ? DType::f16 : DType::f32;
-            try {
-              Spec s = tiling(*info, shape, variant, dtype, layout);
+            try {  // as a context asks: the matrix kernel emulated where there are no units
+              AttentionParams params;
+              params.variant = variant;
+              params.hints.tile_layout = layout;
+              Spec s = detail::choose_tiling(
+                  {.info = *info,
+                   .matrix_api = detail::usable_matrix_api(*info, MatrixApi::automatic, "tests"),
+                   .dims = shape,
+                   .params = params,
+                   .dtype = dtype,
+                   .kv = Storage(dtype)});
               if (layout != TileLayout::automatic) {
                 EXPECT_EQ(s.layout, layout);
               }
