@@ -380,5 +380,30 @@ TEST(TilingTest, SubgroupKernelsAreWholeSubgroupsOfTheSizeTheyRequire) {
   EXPECT_EQ(detail::flex_tiles_spec(blocks).required_subgroup(64), 0u);
 }
 
+// A per-key trace (Bc = 1, shared tiles) of a few rows, as the viewer's one-row call, runs in a
+// workgroup no larger than the rows or a subgroup, whichever is larger (llvmpipe ran 63 idle
+// rows under a mask: 0.4 s a trace of 16384 keys); longer trace tiles and calls keep 64.
+TEST(TilingTest, PerKeyTracesOfFewRowsRunSmallWorkgroups) {
+  auto traced = [](const DeviceInfo& info, uint32_t heads, uint32_t nq, uint32_t keys) {
+    AttentionParams params;
+    params.variant = Variant::flash2;
+    Dims shape = dims(heads, 1, nq, 16384, 64, 64);
+    return detail::choose_tiling({.info = info,
+                                  .dims = shape,
+                                  .params = params,
+                                  .kv = Storage(DType::f32),
+                                  .forced_keys = keys,
+                                  .trace = true});
+  };
+  Spec one = traced(kCpu, 1, 1, 1);
+  EXPECT_EQ(one.layout, TileLayout::shared);
+  EXPECT_EQ(one.bc, 1u);
+  EXPECT_EQ(one.workgroup, 8u);                     // llvmpipe's subgroup
+  EXPECT_EQ(traced(kH100, 1, 1, 1).workgroup, 32u);   // a warp
+  EXPECT_EQ(traced(kCpu, 2, 5, 1).workgroup, 16u);    // 10 rows
+  EXPECT_EQ(traced(kCpu, 1, 300, 1).workgroup, 64u);  // many rows
+  EXPECT_EQ(traced(kCpu, 1, 1, 63).workgroup, 64u);   // a tile of 63 keys
+}
+
 }  // namespace
 }  // namespace flashvk

@@ -443,6 +443,16 @@ Spec choose_layout(const TilingRequest& request) {
     if (use_blocks(info, dims, params, shared_bytes, trace, blocks)) return blocks;
   }
   spec.workgroup = params.hints.block_rows ? params.hints.block_rows : 64;
+  // A per-key trace (Bc = 1; usually one row's call, as the viewer's) in a workgroup no larger
+  // than its rows, or a subgroup: rows past the problem are work under a mask on a CPU driver (16384
+  // keys took 0.4 s at 64 invocations on lavapipe). Not longer tiles: their loads, unrolled over
+  // fewer invocations, would take llvmpipe minutes to build.
+  if (trace && forced_keys == 1 && !params.hints.block_rows) {
+    uint64_t rows = uint64_t(dims.batch) * dims.heads * dims.nq;
+    uint32_t fit = std::max(info.subgroup_size, 1u);
+    while (fit < 64 && fit < rows) fit *= 2;
+    spec.workgroup = std::min(spec.workgroup, fit);
+  }
   uint32_t max_rows = std::min(info.max_workgroup_invocations, 1024u);
   if (spec.workgroup > max_rows)
     throw Error("block_rows " + std::to_string(spec.workgroup) + " exceeds the device's " +
