@@ -2,12 +2,14 @@
 #include <stb/stb_image.h>
 #include <sys/wait.h>
 #include <array>
+#include <chrono>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include <imgui.h>
 
@@ -531,6 +533,41 @@ TEST_F(LessonTest, ThePaperFormsFailureShowsItsWeightOnALogScale) {
   frame_at(fail);
   EXPECT_FALSE(ui.log_w) << "playing through";
   ImGui::DestroyContext();
+}
+
+// A window's first frames come while the worker traces what it opened with (draw_opening):
+// the model says what it traces until the trace is shown, and the frames go on meanwhile.
+TEST_F(LessonTest, TheWindowDrawsWhileItsFirstTraceRuns) {
+  viewer::Model model(context());
+  viewer::Request first;
+  first.inputs = viewer::make_preset("falling-rising", FLASHVK_ASSETS);
+  first.selected = {Variant::flash2, Variant::flashd};
+  first.fresh = true;
+  model.submit(std::move(first));
+  EXPECT_TRUE(model.busy());
+  EXPECT_EQ(model.progress().rfind("falling-rising, row ", 0), 0u) << model.progress();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;
+  io.DisplaySize = ImVec2(1280.0f, 720.0f);
+  unsigned char* pixels = nullptr;
+  int w = 0, h = 0;
+  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+  int frames = 0;
+  while (!model.poll()) {
+    io.DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    viewer::draw_opening(model);
+    ImGui::Render();
+    ++frames;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ImGui::DestroyContext();
+  EXPECT_GT(frames, 0);
+  EXPECT_FALSE(model.busy());
+  EXPECT_EQ(model.progress(), "");
+  EXPECT_EQ(model.steps(), 240);
+  EXPECT_EQ(model.traces().size(), 2u);
 }
 
 // The keyboard: arrows step one key and stop playback, space plays and pauses (not past the end).

@@ -707,6 +707,26 @@ void legend(const Model& model, const UiState& ui) {
   tip("Lines that agree lie on top of each other. Hover a plot for its values at a key.");
 }
 
+}  // namespace
+
+void draw_opening(const Model& model) {
+  const ImGuiIO& io = ImGui::GetIO();
+  ImGui::SetNextWindowPos(ImVec2(io.DisplaySize.x * 0.5f, io.DisplaySize.y * 0.5f),
+                          ImGuiCond_Always, ImVec2(0.5f, 0.5f));
+  ImGui::SetNextWindowSize(ImVec2(std::min(ImGui::GetFontSize() * 40, io.DisplaySize.x - 20), 0));
+  ImGui::Begin("Opening", nullptr,
+               ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
+                   ImGuiWindowFlags_NoSavedSettings);
+  float fraction = 0;
+  std::string what = model.progress(&fraction);
+  wrapped("Tracing %s.", what.empty() ? "..." : what.c_str());
+  ImGui::ProgressBar(fraction, ImVec2(-1, 0));
+  ImGui::TextDisabled("The first run on a machine also compiles the kernels (Mesa keeps them).");
+  ImGui::End();
+}
+
+namespace {
+
 // While the worker traces: what, how far, and that the plots still show what was traced before.
 void progress_line(const Model& model) {
   float fraction = 0;

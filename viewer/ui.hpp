@@ -73,6 +73,9 @@ const char* const* panel_names(int* count);
 /// Puts the cursor on `step` (--step; clamped to the row), or leaves it on the row's last
 /// visible key for -1: as the viewer opens, in a window and headless alike.
 void open_at_step(Model& model, int step);
+/// The window's first frames, while the worker traces the inputs it opened with: what it
+/// traces and how far (Model::progress), centred.
+void draw_opening(const Model& model);
 
 /// The keyboard's steps: left and right arrows one key (and stop playing), space plays or pauses.
 void step_keys(Model& model, UiState& ui, bool left, bool right, bool space);

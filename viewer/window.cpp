@@ -130,8 +130,15 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   Context ctx = Context::adopt(dev.external());  // the engine runs on the viewer's device
   Model model(ctx);
   model.selected = variants;
-  model.load(std::move(inputs));
-  open_at_step(model, step);
+  // The first trace runs on the worker as every later one does: the window draws meanwhile
+  // (draw_opening), which on a machine that has not compiled the kernels yet is a while.
+  Request first;
+  first.inputs = std::move(inputs);
+  first.selected = variants;
+  first.fresh = true;
+  model.submit(std::move(first));
+  bool opened = false;
+  std::string failed;  // the first trace's error: nothing to show, so the viewer ends with it
   VkSurfaceKHR surface;
   check(glfwCreateWindowSurface(dev.instance, window, nullptr, &surface),
         "glfwCreateWindowSurface");
@@ -148,7 +155,15 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   int frames = 0, settle = 3;
   if (!screenshot.empty()) std::snprintf(ui.png_path, sizeof ui.png_path, "%s", screenshot.c_str());
   while (!glfwWindowShouldClose(window)) {
-    if (!screenshot.empty() && ++frames == 4) ui.png_requested = true;  // layout has settled
+    if (!opened) {
+      try {
+        if (model.poll()) opened = true, open_at_step(model, step);
+      } catch (const Error& e) {
+        failed = e.what();
+        break;
+      }
+    }
+    if (!screenshot.empty() && opened && ++frames == 4) ui.png_requested = true;  // settled
     if (!screenshot.empty() && frames == 6) break;
     // Idle (nothing plays, nothing is traced): wait for input, so that an idle window costs
     // no CPU; a few frames after each event let ImGui settle (hover, double clicks).
@@ -181,7 +196,10 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
     ImGui_ImplVulkan_NewFrame();
     ImGui_ImplGlfw_NewFrame();
     ImGui::NewFrame();
-    draw_ui(model, ui, dt);
+    if (opened)
+      draw_ui(model, ui, dt);
+    else
+      draw_opening(model);
     ImGui::Render();
     if (ImGui::GetDrawData()->DisplaySize.x > 0) render_frame(dev, sc);
     if (ui.png_requested) export_png(dev, sc, ui);
@@ -193,6 +211,7 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
   ImGui_ImplVulkanH_DestroyWindow(dev.instance, dev.device, &sc.wd, nullptr);
   glfwDestroyWindow(window);
   glfwTerminate();
+  if (!failed.empty()) throw Error(failed);
   return 0;
 }
 
