@@ -435,6 +435,7 @@ TEST_F(VulkanTest, LongKeySequencesStayExact) {
     EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, k, v, params))
         << variant_name(variant);
   }
+  expect_no_validation_messages(ctx);
 }
 
 // On llvmpipe a per-key trace (Bc = 1) of 70000 keys would pass the loop cap: it must be refused

@@ -235,8 +235,8 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
           {TileLayout::automatic});
 #endif
 
-  // fp16 (on devices with matrix units also the cooperative-matrix kernel, for the variants that
-  // have one), and block formats for K and V under fp16 Q.
+  // fp16 (also the cooperative-matrix kernel, for the variants that have one: on the device's
+  // matrix units, else emulated), and block formats for K and V under fp16 Q.
   if (!info.fp16_storage) return;
   params.mods.causal = true;
   std::vector<TileLayout> f16_layouts = {TileLayout::automatic};

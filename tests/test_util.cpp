@@ -74,9 +74,11 @@ Context& context() {
 }
 
 Context shipped_kernels_context() {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
   testing::clear_unroll_hints_on_llvmpipe(false);
   struct Restore {
-    ~Restore() { testing::clear_unroll_hints_on_llvmpipe(true); }
+    ~Restore() { testing::clear_unroll_hints_on_llvmpipe(kFewerUnrolls); }
   } restore;
   return Context::create(test_options());
 }
@@ -85,6 +87,11 @@ Context& minimum_context() {
   return make_shared_context(1);
 }
 
+
+void expect_no_validation_messages(Context& ctx) {
+  for (const std::string& m : ctx.take_validation_messages())
+    ADD_FAILURE() << "validation layer (a test's own context): " << m;
+}
 
 void expect_no_validation_messages() {
   for (const std::string& m : context().take_validation_messages())
@@ -168,6 +175,10 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
   return out;
 }
 
+MatrixApi matrix_api_of(const DeviceInfo& info) {
+  return detail::usable_matrix_api(info, test_options().matrix_api, "tests");
+}
+
 std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32_t d,
                                        uint32_t dv) {
   std::vector<TileLayout> l = {TileLayout::automatic};
@@ -190,8 +201,7 @@ std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32
     shape.kv_keys = shape.nk;
     try {
       detail::choose_tiling({.info = info,
-                             .matrix_api =
-                                 detail::usable_matrix_api(info, MatrixApi::automatic, "tests"),
+                             .matrix_api = matrix_api_of(info),
                              .dims = shape,
                              .params = params,
                              .dtype = DType::f16,

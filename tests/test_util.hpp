@@ -33,6 +33,8 @@ Context& minimum_context();
 
 /// Fails the current test if the validation layers said anything since the last call.
 void expect_no_validation_messages();
+/// The same for a context the test made (VulkanTest checks the shared ones when it ends).
+void expect_no_validation_messages(Context& ctx);
 
 /// Each test checks the validation layers when it ends.
 class VulkanTest : public ::testing::Test {
@@ -105,6 +107,10 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   auto [variant, dtype, s] = info.param;
   return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
 }
+
+/// The matrix API a context made from test_options() picks on `info`: its units, else emulated
+/// (where it has fp16 storage), else none.
+MatrixApi matrix_api_of(const DeviceInfo& info);
 
 /// Every layout a device runs for the variant at head dims d and dv: the default, shared
 /// tiles, register tiles where they run, register blocks, lanes for splitkv, and cooperative

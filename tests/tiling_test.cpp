@@ -306,7 +306,7 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
               params.hints.tile_layout = layout;
               Spec s = detail::choose_tiling(
                   {.info = *info,
-                   .matrix_api = detail::usable_matrix_api(*info, MatrixApi::automatic, "tests"),
+                   .matrix_api = test::matrix_api_of(*info),
                    .dims = shape,
                    .params = params,
                    .dtype = dtype,

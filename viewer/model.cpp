@@ -281,6 +281,14 @@ Model::~Model() {
   if (job_.valid()) job_.wait();
 }
 
+void Model::wait() {
+  next_.reset();
+  if (!job_.valid()) return;
+  job_.wait();
+  job_ = {};
+  job_request_.reset();
+}
+
 void Model::show(std::unique_ptr<Traced> traced) {
   bool fresh = traced->request.fresh;
   t_ = std::move(traced);

@@ -93,6 +93,9 @@ class Model {
   /// (what was shown stays).
   bool poll();
   bool busy() const { return job_.valid() || next_.has_value(); }
+  /// Drops the waiting request and waits for the one in flight, whose result (or error) is
+  /// dropped too: before the device is waited on or destroyed.
+  void wait();
   /// What is being traced, for a progress line: "row 5 of head 0: flash2 (2 of 3), 1.2 s";
   /// `fraction`: the share of its variants done. "" when nothing is.
   std::string progress(float* fraction = nullptr) const;

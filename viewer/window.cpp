@@ -158,7 +158,7 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
     if (!opened) {
       try {
         if (model.poll()) opened = true, open_at_step(model, step);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         failed = e.what();
         break;
       }
@@ -167,7 +167,7 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
     if (!screenshot.empty() && frames == 6) break;
     // Idle (nothing plays, nothing is traced): wait for input, so that an idle window costs
     // no CPU; a few frames after each event let ImGui settle (hover, double clicks).
-    if (ui.playing || !screenshot.empty()) {
+    if (opened && (ui.playing || !screenshot.empty())) {
       glfwPollEvents();
     } else if (model.busy()) {
       glfwWaitEventsTimeout(kBusyFrame);  // the progress line moves; input is still answered
@@ -204,6 +204,8 @@ int run_window(int device, Inputs inputs, UiState ui, const std::vector<Variant>
     if (ImGui::GetDrawData()->DisplaySize.x > 0) render_frame(dev, sc);
     if (ui.png_requested) export_png(dev, sc, ui);
   }
+  glfwHideWindow(window);
+  model.wait();  // the worker's queue is the device's too: vkDeviceWaitIdle needs it idle
   vkDeviceWaitIdle(dev.device);
   ImGui_ImplVulkan_Shutdown();
   ImGui_ImplGlfw_Shutdown();

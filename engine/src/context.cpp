@@ -542,8 +542,9 @@ void clear_unroll_hints(std::vector<uint32_t>& words) {
   constexpr uint32_t kOpLoopMerge = 246, kUnroll = 0x1, kHeader = 5;
   for (size_t i = kHeader; i < words.size();) {
     uint32_t opcode = words[i] & 0xffffu, count = words[i] >> 16;
+    if (count == 0 || i + count > words.size()) break;  // malformed: the driver will say so
     if (opcode == kOpLoopMerge && count >= 4) words[i + 3] &= ~kUnroll;
-    i += count ? count : words.size();  // a malformed count ends the walk (the driver checks)
+    i += count;
   }
 }
 

@@ -448,7 +448,7 @@ Spec choose_layout(const TilingRequest& request) {
   // keys took 0.4 s at 64 invocations on lavapipe). Not longer tiles: their loads, unrolled over
   // fewer invocations, would take llvmpipe minutes to build.
   if (trace && forced_keys == 1 && !params.hints.block_rows) {
-    uint64_t rows = uint64_t(dims.batch) * dims.heads * dims.nq;
+    uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // of a (batch, KV head)
     uint32_t fit = std::max(info.subgroup_size, 1u);
     while (fit < 64 && fit < rows) fit *= 2;
     spec.workgroup = std::min(spec.workgroup, fit);

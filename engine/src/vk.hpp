@@ -23,7 +23,7 @@ namespace flashvk::detail {
 /// Throws VulkanError naming `call` unless `result` is VK_SUCCESS.
 void check(VkResult result, const char* call);
 /// The failure armed by testing::inject_failure for `call` (testing.hpp), or VK_SUCCESS; the
-/// check compiles away unless the engine is built for tests (FLASHVK_FAULT_INJECTION).
+/// check compiles away unless the engine is built for tests (FLASHVK_FAULT_INJECTION). And
 /// testing::clear_unroll_hints_on_llvmpipe's setting (false unless built for tests).
 #ifdef FLASHVK_FAULT_INJECTION
 VkResult injected(const char* call);
