@@ -627,6 +627,12 @@ TEST(Viewer, DoubleClickShowsTheWholeRowAndZoomedPlotsRescale) {
   viewer::YRange tiny = viewer::y_range({&w}, {2, 6}, true);
   EXPECT_DOUBLE_EQ(tiny.lo, 1e-27);
   EXPECT_DOUBLE_EQ(tiny.hi, 2e-27);
+  // A log axis stops at 1e-30 (fp32's edge), not at float64's subnormals (falling-rising's
+  // float64 weights reach 1.4e-315).
+  std::vector<double> deep = {1.0, 1.4e-315, 1e-200, 1e-27};
+  viewer::YRange floor = viewer::y_range({&deep}, {0, 4}, true);
+  EXPECT_NEAR(std::log10(floor.lo), -30.0, 1e-9);
+  EXPECT_DOUBLE_EQ(floor.hi, 1.0);
 }
 
 // --step places the cursor in a window as headless (open_at_step), clamped to the row.

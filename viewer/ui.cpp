@@ -181,16 +181,21 @@ std::string number(double v) {
 
 YRange y_range(const std::vector<const std::vector<double>*>& series, KeyWindow win, bool log_y,
                double hline) {
-  auto tr = [&](double v) { return log_y ? (v > 0 ? std::log10(v) : NAN) : v; };
+  // A log axis reaches down to kUnderflowFloor (1e-30, the edge of fp32), not to float64's
+  // subnormals: where values lie below it, the axis starts there and they are drawn on it.
+  auto tr = [&](double v) { return log_y ? (v >= kUnderflowFloor ? std::log10(v) : NAN) : v; };
   double lo = INFINITY, hi = -INFINITY;
+  bool below = false;
   for (const auto* y : series) {
     int from = win.hi > win.lo ? std::max(0, win.lo) : 0;
     int to = win.hi > win.lo ? std::min(int(y->size()), win.hi) : int(y->size());
     for (int i = from; i < to; ++i) {
       double v = tr((*y)[size_t(i)]);
       if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+      below |= log_y && (*y)[size_t(i)] > 0 && (*y)[size_t(i)] < kUnderflowFloor;
     }
   }
+  if (below && lo <= hi) lo = std::min(lo, std::log10(kUnderflowFloor));
   if (std::isfinite(hline) && std::isfinite(tr(hline)))
     lo = std::min(lo, tr(hline)), hi = std::max(hi, tr(hline));
   if (!(lo <= hi)) lo = 0, hi = 1;
@@ -235,7 +240,10 @@ void plot(const char* title, const char* about, const std::vector<Series>& serie
     return float(x0 + (x1 - x0) * (span > 1 ? (i - win.lo) / (span - 1) : 0.5));
   };
   auto inside = [&](int i) { return i >= win.lo && i < win.hi; };
-  auto Y = [&](double v) { return float(y1 - (y1 - y0) * (tr(v) - lo) / (hi - lo)); };
+  auto Y = [&](double v) {  // on a log axis, values below it on its floor (y_range)
+    double t = log_y && tr(v) < lo ? lo : tr(v);
+    return float(y1 - (y1 - y0) * (t - lo) / (hi - lo));
+  };
   // The title on top; the axis's ends as plain numbers at its top and bottom right.
   ImVec2 title_size = ImGui::CalcTextSize(title);
   if (title_size.x > size.x - 8)
