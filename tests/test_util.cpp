@@ -175,6 +175,13 @@ HostTensor rows_of(const HostTensor& x, int64_t begin, int64_t end) {
   return out;
 }
 
+Dims dims(uint32_t heads, uint32_t kv_heads, uint32_t nq, uint32_t nk, uint32_t d, uint32_t dv) {
+  Dims x = check_shapes({1, heads, nq, d}, {1, kv_heads, nk, d}, {1, kv_heads, nk, dv});
+  x.kv_rows = x.nk;
+  x.kv_keys = uint64_t(x.batch) * x.kv_heads * x.kv_rows;
+  return x;
+}
+
 MatrixApi matrix_api_of(const DeviceInfo& info) {
   return detail::usable_matrix_api(info, test_options().matrix_api, "tests");
 }
@@ -196,9 +203,7 @@ std::vector<TileLayout> device_layouts(const DeviceInfo& info, Variant v, uint32
     AttentionParams params;
     params.variant = v;
     params.hints.tile_layout = TileLayout::cooperative_matrix;
-    Dims shape = check_shapes({1, 1, 16, d}, {1, 1, 64, d}, {1, 1, 64, dv});
-    shape.kv_rows = shape.nk;
-    shape.kv_keys = shape.nk;
+    Dims shape = dims(1, 1, 16, 64, d, dv);
     try {
       detail::choose_tiling({.info = info,
                              .matrix_api = matrix_api_of(info),

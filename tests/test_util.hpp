@@ -108,6 +108,9 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(variant_name(variant)) + "_" + dtype_name(dtype) + "_" + s.name;
 }
 
+/// The shape of a call with B = 1 and dense K and V (the engine's tiling reads kv_rows and
+/// kv_keys too).
+Dims dims(uint32_t heads, uint32_t kv_heads, uint32_t nq, uint32_t nk, uint32_t d, uint32_t dv);
 /// The matrix API a context made from test_options() picks on `info`: its units, else emulated
 /// (where it has fp16 storage), else none.
 MatrixApi matrix_api_of(const DeviceInfo& info);

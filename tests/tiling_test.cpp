@@ -42,12 +42,7 @@ const DeviceInfo kPhone = device("phone-like", "integrated", 32 * 1024, 512, 16,
 const DeviceInfo kMinimum = device("Vulkan minimums", "integrated", 16384, 128, 1, false, false);
 const DeviceInfo kCpu = device("llvmpipe-like", "cpu", 32 * 1024, 1024, 8, true, false);
 
-Dims dims(uint32_t heads, uint32_t kv_heads, uint32_t nq, uint32_t nk, uint32_t d, uint32_t dv) {
-  Dims x = check_shapes({1, heads, nq, d}, {1, kv_heads, nk, d}, {1, kv_heads, nk, dv});
-  x.kv_rows = x.nk;
-  x.kv_keys = uint64_t(x.batch) * x.kv_heads * x.kv_rows;
-  return x;
-}
+using test::dims;
 
 Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dtype,
             TileLayout layout = TileLayout::automatic, bool fp16_arithmetic = false) {

@@ -325,6 +325,32 @@ TEST(Viewer, EveryPresetFitsAt1280x720And1920x1080) {
 // Each preset's lesson has points of interest inside its trace, at the steps its text names.
 class LessonTest : public VulkanTest {};
 
+// An ImGui context with its fonts built and no display (the controls are laid out and drawn
+// in-process, no device needed), and frames of whatever `draw` draws.
+class ImGuiFrames {
+ public:
+  explicit ImGuiFrames(float width = 1280.0f, float height = 720.0f) {
+    ImGui::CreateContext();
+    ImGuiIO& io = ImGui::GetIO();
+    io.IniFilename = nullptr;
+    unsigned char* pixels = nullptr;
+    int w = 0, h = 0;
+    io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+    size(width, height);
+  }
+  ~ImGuiFrames() { ImGui::DestroyContext(); }
+  ImGuiFrames(const ImGuiFrames&) = delete;
+  ImGuiFrames& operator=(const ImGuiFrames&) = delete;
+  void size(float width, float height) { ImGui::GetIO().DisplaySize = ImVec2(width, height); }
+  template <class Draw>
+  void frame(Draw draw) {
+    ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    draw();
+    ImGui::Render();
+  }
+};
+
 const viewer::PointOfInterest* point_at(const viewer::Lesson& lesson, int step) {
   for (const auto& p : lesson.points)
     if (p.step == step) return &p;
@@ -449,14 +475,9 @@ TEST_F(LessonTest, StepButtonsStayPutAcrossLessonNotes) {
   viewer::Model model(context());
   model.load(viewer::make_preset("falling-rising", FLASHVK_ASSETS));
   viewer::Lesson lesson = viewer::lesson_for(model);
-  ImGui::CreateContext();
-  ImGuiIO& io = ImGui::GetIO();
-  io.IniFilename = nullptr;
-  unsigned char* pixels = nullptr;
-  int w = 0, h = 0;
-  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+  ImGuiFrames imgui;
   for (auto [width, height] : {std::pair{1280.0f, 720.0f}, std::pair{1920.0f, 1080.0f}}) {
-    io.DisplaySize = ImVec2(width, height);
+    imgui.size(width, height);
     viewer::UiState ui;
     std::vector<int> steps = {5};  // a step with no note, then each point's
     for (const auto& p : lesson.points) steps.push_back(p.step);
@@ -464,12 +485,7 @@ TEST_F(LessonTest, StepButtonsStayPutAcrossLessonNotes) {
     for (size_t k = 0; k <= steps.size(); ++k) {
       model.cursor = k < steps.size() ? steps[k] : 5;
       ui.playing = k == steps.size();  // and "Pause" in Play's place
-      for (int frame = 0; frame < 2; ++frame) {
-        io.DeltaTime = 1.0f / 60.0f;
-        ImGui::NewFrame();
-        viewer::draw_ui(model, ui, 0.0);
-        ImGui::Render();
-      }
+      for (int frame = 0; frame < 2; ++frame) imgui.frame([&] { viewer::draw_ui(model, ui, 0.0); });
       for (int b = 0; b < 5; ++b) {
         float rect[4];
         ASSERT_TRUE(viewer::step_button_rect(b, rect)) << b;
@@ -483,7 +499,6 @@ TEST_F(LessonTest, StepButtonsStayPutAcrossLessonNotes) {
       }
     }
   }
-  ImGui::DestroyContext();
 }
 
 // falling-rising's point where the paper's FLASH-D fails shows a weight of ~1e-27 beside 0:
@@ -502,20 +517,11 @@ TEST_F(LessonTest, ThePaperFormsFailureShowsItsWeightOnALogScale) {
   for (const auto& other : lesson.points) {
     EXPECT_EQ(other.log_weights, other.step == fail) << other.title;
   }
-  ImGui::CreateContext();
-  ImGuiIO& io = ImGui::GetIO();
-  io.IniFilename = nullptr;
-  io.DisplaySize = ImVec2(1280.0f, 720.0f);
-  unsigned char* pixels = nullptr;
-  int w = 0, h = 0;
-  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
+  ImGuiFrames imgui;
   viewer::UiState ui;
   auto frame_at = [&](int step) {
     model.cursor = step;
-    io.DeltaTime = 1.0f / 60.0f;
-    ImGui::NewFrame();
-    viewer::draw_ui(model, ui, 0.0);
-    ImGui::Render();
+    imgui.frame([&] { viewer::draw_ui(model, ui, 0.0); });
   };
   frame_at(5);
   EXPECT_FALSE(ui.log_w);
@@ -532,7 +538,6 @@ TEST_F(LessonTest, ThePaperFormsFailureShowsItsWeightOnALogScale) {
   ui.playing = true;
   frame_at(fail);
   EXPECT_FALSE(ui.log_w) << "playing through";
-  ImGui::DestroyContext();
 }
 
 // A window's first frames come while the worker traces what it opened with (draw_opening):
@@ -546,21 +551,13 @@ TEST_F(LessonTest, TheWindowDrawsWhileItsFirstTraceRuns) {
   model.submit(std::move(first));
   EXPECT_TRUE(model.busy());
   EXPECT_EQ(model.progress().rfind("falling-rising, row ", 0), 0u) << model.progress();
-  ImGui::CreateContext();
-  ImGuiIO& io = ImGui::GetIO();
-  io.IniFilename = nullptr;
-  io.DisplaySize = ImVec2(1280.0f, 720.0f);
-  unsigned char* pixels = nullptr;
-  int w = 0, h = 0;
-  io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);
-  do {  // at least one frame, however fast the device
-    io.DeltaTime = 1.0f / 60.0f;
-    ImGui::NewFrame();
-    viewer::draw_opening(model);
-    ImGui::Render();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  } while (!model.poll());
-  ImGui::DestroyContext();
+  {
+    ImGuiFrames imgui;
+    do {  // at least one frame, however fast the device
+      imgui.frame([&] { viewer::draw_opening(model); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (!model.poll());
+  }
   EXPECT_FALSE(model.busy());
   EXPECT_EQ(model.progress(), "");
   EXPECT_EQ(model.steps(), 240);
