@@ -18,6 +18,9 @@
 //   cm_load_bt(b, arr, off, stride) b as the transpose of a row-major array (K^T from K's rows)
 //   cm_mul_add(c, a, b)            c += a b
 //   cm_store(c, arr, off, stride)  c into a row-major array (fp32)
+//   cm_load_acc(c, arr, off, stride) c from a row-major array (fp32)
+//   cm_scale(c, f)                 c *= f, element by element (f a CmAcc)
+//   cm_blend(c, f, x, g)           c = c * f + x * g, element by element (all CmAcc)
 // and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
 // cm_sync() (the group's shared-memory writes before it are seen by the group after it), and
 // cm_xor1(x) (x of lane CM_LANE ^ 1). cm_sync and cm_xor1 are workgroup barriers when emulated:
@@ -55,6 +58,10 @@
 #define cm_mul_add(c, a, b) c = coopMatMulAdd(a, b, c)
 #define cm_store(c, arr, off, stride) \
   coopMatStore(c, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define cm_load_acc(c, arr, off, stride) \
+  coopMatLoad(c, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define cm_scale(c, f) c = c * (f)
+#define cm_blend(c, f, x, g) c = c * (f) + (x) * (g)
 
 #elif defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
@@ -71,6 +78,14 @@
 #define cm_load_bt(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, true)
 #define cm_mul_add(c, a, b) c = coopMatMulAddNV(a, b, c)
 #define cm_store(c, arr, off, stride) coopMatStoreNV(c, arr, off, stride, false)
+#define cm_load_acc(c, arr, off, stride) coopMatLoadNV(c, arr, off, stride, false)
+// Element by element through each invocation's own elements (the first extension has no
+// product of two matrices); matrices of one type share the element layout.
+#define cm_scale(c, f) \
+  for (int cm_i = 0; cm_i < c.length(); ++cm_i) c[cm_i] *= (f)[cm_i]
+#define cm_blend(c, f, x, g)                       \
+  for (int cm_i = 0; cm_i < c.length(); ++cm_i) \
+    c[cm_i] = c[cm_i] * (f)[cm_i] + (x)[cm_i] * (g)[cm_i]
 
 #elif defined(CM_EMULATE)
 struct CmA {
@@ -126,6 +141,17 @@ void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
     arr[(off) + (CM_LANE / 2u) * (stride) + (CM_LANE % 2u) * 2u + cm_h] =               \
         floatBitsToUint(vec4(c.v[cm_h * 4u], c.v[cm_h * 4u + 1u], c.v[cm_h * 4u + 2u],  \
                              c.v[cm_h * 4u + 3u]))
+#define cm_load_acc(c, arr, off, stride)                                              \
+  [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h) {                                \
+    uint cm_at = (off) + (CM_LANE / 2u) * (stride) + (CM_LANE % 2u) * 2u + cm_h;         \
+    vec4 cm_x = uintBitsToFloat(arr[cm_at]);                                          \
+    [[unroll]] for (uint cm_i = 0u; cm_i < 4u; ++cm_i) c.v[cm_h * 4u + cm_i] = cm_x[cm_i]; \
+  }
+#define cm_scale(c, f) \
+  [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i) c.v[cm_i] *= (f).v[cm_i]
+#define cm_blend(c, f, x, g)                          \
+  [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i) \
+    c.v[cm_i] = c.v[cm_i] * (f).v[cm_i] + (x).v[cm_i] * (g).v[cm_i]
 
 #else
 #error "coopmat.glsl: build with CM_KHR, CM_NV or CM_EMULATE (shaders/builds.def, MAT)"

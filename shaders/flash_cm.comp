@@ -7,14 +7,19 @@
 // partial pass, each for every matrix API.
 //
 // A workgroup is 4 groups of 32 lanes (subgroups on the matrix units); each group owns 16 packed
-// query rows (64 per workgroup) and keeps their queries as D/16 matrices. Per tile of BC keys,
+// query rows (64 per workgroup), keeps their queries as D/16 matrices and their output as DV/16
+// accumulator matrices (16 x 16, fp32) from the first tile to the last. Per tile of BC keys,
 // staged in shared memory as fp16 and read by all four groups:
 //   1. S (16 x BC) = Q K^T as 16 x 16 products, stored to the group's scratch in shared memory
 //      (a matrix's element layout is the driver's, so rows are read back through memory);
 //   2. two lanes per row take the row's max and sum over the tile (one exchange each), run the
-//      variant's recurrence, and write P (fp16, at most 1: relative to a max) back;
-//   3. O_tile = P V, 16 x 16 at a time, again through the scratch, into each lane's share of the
-//      output row (DV / 2 values, kept in fp32 registers): o <- o * keep + coef * O_tile.
+//      variant's recurrence, and write P (fp16, at most 1: relative to a max) and the rows'
+//      factors back over S (keep and coef, each as a 16 x 16 matrix whose row r is row r's
+//      factor);
+//   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
+//      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
+//      coef is 1: P V accumulates straight into O.
+// The output leaves the accumulators once, at the end, through the scratch.
 // Rounding P to fp16 moves each weight by at most 2^-11 of itself, so the output by at most
 // 2^-11 of max |v|; the tests allow for it.
 // Every array the matrices are loaded from or stored to is of 16-byte elements (uvec4: 8 fp16
@@ -27,21 +32,21 @@ const uint SG_ROWS = 16u;            // query rows per group (the matrices' M)
 const uint NSG = 4u;                 // groups per workgroup: local size 128
 const uint WG_ROWS = SG_ROWS * NSG;  // query rows per workgroup
 const uint HALF = BC / 2u;           // keys of a tile each of a row's two lanes takes
-const uint OH = DV / 2u;             // output values a lane keeps: half of its row
 // Row strides in shared memory, each padded by 16 bytes so that the 16 rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
 // in the same ones; padding made the kernel 2.5x faster on an H100).
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
 const uint VS = DV + 8u;                     // V tile, fp16
-const uint PS = BC + 8u;                     // P, fp16
-const uint SS = (BC > 16u ? BC : 16u) + 4u;  // S, fp32
-const uint OS = 20u;                         // a 16 x 16 piece of P V, fp32
+// A group's scratch row: S (BC fp32), then P (BC fp16) in its first BC / 2 words and the
+// factors keep and coef (16 fp32 each) after them.
+const uint FC = BC / 2u;                          // where the factors start, in fp32
+const uint SS = (BC > FC + 32u ? BC : FC + 32u) + 4u;
+const uint OS = 20u;                         // a 16 x 16 piece of the output, fp32
 const uint VB = BC * KS;                     // where the V tile starts, in fp16 values
 
 // K tile, then V tile (the queries pass through the same space first); zeros past the keys.
 shared uvec4 kv_sh[BC * (KS + VS) / 8u];
-shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, then pieces of P V (fp32)
-shared uvec4 p_sh[NSG * SG_ROWS * PS / 8u];
+shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors, the output
 
 // Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
 layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
@@ -52,7 +57,7 @@ layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 #include "coopmat.glsl"
 
 CmA q_frag[D / 16u];
-float o_reg[OH];
+CmAcc o_acc[DV / 16u];  // the group's 16 rows of output (unnormalised for FlashAttention-2)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -140,9 +145,9 @@ void tile_scores() {
 #include "flash2_step.glsl"
 #endif
 
-// Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, P into p_sh. Returns
-// the factors of step 3: o <- o * keep + coef * (P V).
-void tile_softmax(uint j0, uint n, out float keep, out float coef) {
+// Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, then over S in the
+// scratch P and the factors of step 3 (o <- o * keep + coef * (P V)).
+void tile_softmax(uint j0, uint n) {
   uint r = lane() / 2u, first = (lane() % 2u) * HALF;
   uint s_base = (sg() * SG_ROWS * SS + r * SS + first) / 4u;
   float s[HALF];
@@ -153,9 +158,11 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
     s[c] = row_score(0u, j, seen, uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
+  cm_sync();  // every row's scores are read before P and the factors overwrite them
   float m_tile = max(m_loc, cm_xor1(m_loc));
   float ref = tile_ref(0u, m_tile);  // FLASH-D: the tile's own max; else the running one
-  uint p_base = (sg() * SG_ROWS * PS + r * PS + first) / 8u;
+  uint row_base = (sg() * SG_ROWS * SS + r * SS) / 4u;  // in uvec4: 8 fp16 or 4 fp32
+  uint p_base = row_base + first / 8u;
   float l_loc = 0.0;
   float p[HALF];
   [[unroll]] for (uint c = 0u; c < HALF; ++c) {
@@ -163,36 +170,50 @@ void tile_softmax(uint j0, uint n, out float keep, out float coef) {
     l_loc += p[c];
   }
   [[unroll]] for (uint c = 0u; c < HALF; c += 8u)
-    p_sh[p_base + c / 8u] =
+    s_sh[p_base + c / 8u] =
         uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
               packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
   float l_tile = l_loc + cm_xor1(l_loc);
+  float keep, coef;
   tile_step(0u, ref, l_tile, keep, coef);
+  uint f_base = row_base + FC / 4u + (lane() % 2u) * 2u;
+  s_sh[f_base] = s_sh[f_base + 1u] = floatBitsToUint(vec4(keep));
+#ifndef CM_FLASH2
+  s_sh[f_base + 4u] = s_sh[f_base + 5u] = floatBitsToUint(vec4(coef));
+#endif
   cm_sync();
 }
 
-// Step 3: o <- o * keep + coef * P V, one 16-column piece of the output at a time.
-void tile_accumulate(float keep, float coef) {
-  [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] *= keep;
-  CmA p_frag[BC / 16u];
+// Step 3: O <- O * keep + coef * P V on the accumulators, one 16-column piece at a time.
+void tile_accumulate() {
+  uint f = sg() * SG_ROWS * SS;
+  CmAcc keep;
+  cm_load_acc(keep, s_sh, (f + FC) / 4u, SS / 4u);
+#ifndef CM_FLASH2
+  CmAcc coef;
+  cm_load_acc(coef, s_sh, (f + FC + 16u) / 4u, SS / 4u);
+#endif
+  CmA p_frag[BC / 16u];  // P's rows are SS fp32 apart, 2 SS fp16
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)
-    cm_load_a(p_frag[kc], p_sh, (sg() * SG_ROWS * PS + kc * 16u) / 8u, PS / 8u);
-  uint r = lane() / 2u, half_col = (lane() % 2u) * 8u;
-  uint piece = sg() * SG_ROWS * SS;
+    cm_load_a(p_frag[kc], s_sh, f / 4u + kc * 2u, SS / 4u);
   [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
-    CmAcc acc;
-    cm_zero(acc);
+#ifdef CM_FLASH2
+    cm_scale(o_acc[nv], keep);  // coef is 1
     [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
       CmB vb;
       cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
-      cm_mul_add(acc, p_frag[kc], vb);
+      cm_mul_add(o_acc[nv], p_frag[kc], vb);
     }
-    cm_store(acc, s_sh, piece / 4u, OS / 4u);
-    cm_sync();
-    uint at = (piece + r * OS + half_col) / 4u;
-    [[unroll]] for (uint e = 0u; e < 8u; ++e)
-      o_reg[nv * 8u + e] += coef * uintBitsToFloat(s_sh[at + e / 4u][e % 4u]);
-    cm_sync();  // read before the next piece overwrites it
+#else
+    CmAcc pv;
+    cm_zero(pv);
+    [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
+      CmB vb;
+      cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
+      cm_mul_add(pv, p_frag[kc], vb);
+    }
+    cm_blend(o_acc[nv], keep, pv, coef);
+#endif
   }
 }
 
@@ -204,34 +225,38 @@ void key_range(out uint begin, out uint end) {
   walk_bounds(lo, hi, begin, end);
 }
 
-// This lane's half of its row's output, times mul, from element offset base of dst.
-void store_row(uint base, float mul) {
-  uint half_col = (lane() % 2u) * 8u;
-  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv)
-    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-      float x = o_reg[nv * 8u + e] * mul;
-#ifdef SPLIT_KV
-      scratch1[base + nv * 16u + half_col + e] = x;
-#else
-      o_buf[base + nv * 16u + half_col + e] = x;
-#endif
-    }
-}
-
+// The output, times out_scale, from the accumulators through the group's scratch: each lane
+// writes 8 values of its row a piece. Called by every lane (the scratch is shared by the group).
 void finish(Row row) {
-  if (!row.valid) return;
   uint index = row.bh * pc.nq + row.i;
-  bool writer = lane() % 2u == 0u;
 #ifdef SPLIT_KV
   uint part = index * pc.splits + gl_WorkGroupID.z;  // as splitkv's chunks: normalised o', m and d'
-  store_row(part * DV, out_scale(0u));
-  if (writer) {
-    scratch2[part * 2u] = m_run[0];
-    scratch2[part * 2u + 1u] = l_run[0];
-  }
+  uint base = part * DV;
 #else
-  store_row(o_at(row.bh, row.i), out_scale(0u));
-  if ((pc.flags & FLAG_LSE) != 0u && writer) lse_buf[index] = row_lse(0u);
+  uint base = o_at(row.bh, row.i);
+#endif
+  float mul = out_scale(0u);
+  uint piece = sg() * SG_ROWS * SS, half_col = (lane() % 2u) * 8u;
+  uint at = (piece + (lane() / 2u) * OS + half_col) / 4u;
+  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
+    cm_store(o_acc[nv], s_sh, piece / 4u, OS / 4u);
+    cm_sync();
+    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+      float x = uintBitsToFloat(s_sh[at + e / 4u][e % 4u]) * mul;
+#ifdef SPLIT_KV
+      if (row.valid) scratch1[base + nv * 16u + half_col + e] = x;
+#else
+      if (row.valid) o_buf[base + nv * 16u + half_col + e] = x;
+#endif
+    }
+    cm_sync();  // read before the next piece overwrites it
+  }
+  if (!row.valid || lane() % 2u != 0u) return;
+#ifdef SPLIT_KV
+  scratch2[part * 2u] = m_run[0];
+  scratch2[part * 2u + 1u] = l_run[0];
+#else
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[index] = row_lse(0u);
 #endif
 }
 
@@ -239,7 +264,7 @@ void main() {
   Row row = local_row(sg() * SG_ROWS + lane() / 2u);
   rows[0] = row;
   state_start(0u);
-  [[unroll]] for (uint e = 0u; e < OH; ++e) o_reg[e] = 0.0;
+  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) cm_zero(o_acc[nv]);
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
@@ -255,9 +280,8 @@ void main() {
     uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
     tile_scores();
-    float keep, coef;
-    tile_softmax(j0, n, keep, coef);
-    tile_accumulate(keep, coef);
+    tile_softmax(j0, n);
+    tile_accumulate();
     j0 = next;
   }
   finish(row);

@@ -90,16 +90,20 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K/V tile and four groups' scratch (S in fp32, P in fp16) fit the shared memory,
+// 16 whose fp16 K/V tile and four groups' scratch (16 rows of S in fp32, over which P in fp16
+// and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory,
 // and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every row is
 // padded by 16 bytes, as in the shader; emulated, coopmat.glsl's exchange takes 512 bytes more.
+// A tile of 64 keys is taken only within 36 KiB, so that RDNA3 keeps 4 subgroups a SIMD (the
+// pipeline report: 3 at d = 96 with 64 keys); NVIDIA's occupancy here is bound by registers.
 uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv, MatrixApi api) {
   uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * keys * (d + 8 + dv + 8);
-    uint32_t scratch = 4 * 16 * (4 * (std::max(keys, 16u) + 4) + 2 * (keys + 8));
-    if (kv + scratch + exchange + 64 <= shared_bytes && 64 * (d + 8) <= keys * (d + dv + 16))
-      return keys;
+    uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
+    uint32_t bytes = kv + scratch + exchange + 64;
+    uint32_t budget = keys == 64 ? std::min(shared_bytes, 36u * 1024) : shared_bytes;
+    if (bytes <= budget && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
   }
   return 0;
 }
