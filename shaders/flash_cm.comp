@@ -236,6 +236,7 @@ void finish(Row row) {
   uint base = o_at(row.bh, row.i);
 #endif
   float mul = out_scale(0u);
+  cm_sync();  // the last tile's P and factors are read before the pieces overwrite them
   uint piece = sg() * SG_ROWS * SS, half_col = (lane() % 2u) * 8u;
   uint at = (piece + (lane() / 2u) * OS + half_col) / 4u;
   [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {

@@ -96,6 +96,22 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(decode.lanes, 16u);  // 128 halves: 16 loads of 16 bytes
 }
 
+// RDNA3 (AMD: the driver tells its register file): 64-key matrix tiles only within 32 KiB, so
+// that 4 workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's
+// K/V (2 * 64 * (72 + 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys.
+TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
+  DeviceInfo navi31 = device("RDNA3-like", "discrete", 64 * 1024, 1024, 64, true, true);
+  navi31.nv_cooperative_matrix = false;
+  navi31.registers_per_simd = 768;
+  Dims prefill64 = dims(8, 8, 4096, 4096, 64, 64);
+  Spec amd = tiling(navi31, prefill64, Variant::flash2, DType::f16);
+  EXPECT_EQ(amd.layout, TileLayout::cooperative_matrix);
+  EXPECT_EQ(amd.bc, 32u);
+  uint64_t k64 = 2 * 64 * (72 + 72) + 64 * 4 * 68;
+  EXPECT_GT(k64, 32u * 1024);
+  EXPECT_EQ(tiling(kH100, prefill64, Variant::flash2, DType::f16).bc, 64u);  // not AMD
+}
+
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {
   Spec s = tiling(kPhone, dims(8, 2, 1000, 1000, 64, 64), Variant::flashd, DType::f16);
   EXPECT_EQ(s.layout, TileLayout::blocks);

@@ -94,15 +94,18 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
 // and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory,
 // and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every row is
 // padded by 16 bytes, as in the shader; emulated, coopmat.glsl's exchange takes 512 bytes more.
-// A tile of 64 keys is taken only within 36 KiB, so that RDNA3 keeps 4 subgroups a SIMD (the
-// pipeline report: 3 at d = 96 with 64 keys); NVIDIA's occupancy here is bound by registers.
-uint32_t coopmat_keys(uint32_t shared_bytes, uint32_t d, uint32_t dv, MatrixApi api) {
+// On AMD (DeviceInfo::registers_per_simd known), a tile of 64 keys is taken only within 32 KiB:
+// 4 workgroups of 4 subgroups then share a WGP's 128 KiB of LDS, 4 subgroups a SIMD on RDNA3
+// (above it, at d = 64, 3). Elsewhere (NVIDIA: registers bound these kernels) the most that fits.
+uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
+                      MatrixApi api) {
   uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * keys * (d + 8 + dv + 8);
     uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    uint32_t budget = keys == 64 ? std::min(shared_bytes, 36u * 1024) : shared_bytes;
+    bool amd_wide = info.registers_per_simd != 0 && keys == 64;
+    uint32_t budget = amd_wide ? std::min(shared_bytes, 32u * 1024) : shared_bytes;
     if (bytes <= budget && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
   }
   return 0;
@@ -116,7 +119,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
               dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
               params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
-              coopmat_keys(shared_bytes, dims.d, dims.dv, api) > 0;
+              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api) > 0;
   if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
     if (api == MatrixApi::none)
       throw Error(
@@ -439,7 +442,7 @@ Spec choose_layout(const TilingRequest& request) {
     spec.layout = TileLayout::cooperative_matrix;
     spec.matrix = request.matrix_api;
     spec.workgroup = 128;  // four groups of 32, 16 query rows each
-    spec.bc = coopmat_keys(shared_bytes, dims.d, dims.dv, spec.matrix);
+    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
   }
   if (!forced_keys) {
