@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -176,6 +177,15 @@ std::vector<std::optional<double>> column_values(const std::vector<PipelineStati
   return values;
 }
 
+double rdna_whole_workgroup_subgroups(double driver, uint64_t lds_bytes, uint32_t invocations,
+                                      uint32_t subgroup) {
+  if (lds_bytes == 0 || subgroup == 0) return driver;
+  uint64_t workgroups = (128u * 1024u) / lds_bytes;
+  uint64_t subgroups = (invocations + subgroup - 1) / subgroup;
+  double per_simd = double(workgroups * subgroups) * (subgroup / 32.0) / 4.0;
+  return std::min(driver, per_simd);
+}
+
 IsaMix isa_mix(const std::string& assembly) {
   // ACO's assembly: an instruction a line ("  v_fma_f32 v1, v2, v3, v4 ; d2..."), blocks
   // labelled "BB<n>:", branches naming them ("s_cbranch_scc1 BB3", "s_branch BB2"). A branch
@@ -318,6 +328,12 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
         "shaders and constants only\n");
+  // RDNA (AMD, 512 or more registers a SIMD: RDNA2 on): waves by whole workgroups.
+  const bool rdna = statistics && dev.registers_per_simd >= 512;
+  if (rdna)
+    std::printf(
+        "waves: subgroups of 32 a SIMD by whole workgroups in a WGP's 128 KiB of LDS (the "
+        "driver's own figure, in the JSON's statistics, may round up)\n");
   std::printf("\n%3s %-34s %-20s %-8s", "#", "shader", "tiles", "subgroup");
   if (statistics) {
     for (const StatisticColumn& col : statistic_columns())
@@ -371,12 +387,28 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     if (!p.executables.empty()) {
       const PipelineExecutable& e = p.executables[0];
       std::vector<std::optional<double>> values = column_values(e.statistics);
+      if (rdna) {  // the driver's subgroups a SIMD, by whole workgroups
+        size_t lds = 0, waves = 0;
+        for (size_t c = 0; c < values.size(); ++c) {
+          std::string key = statistic_columns()[c].key;
+          if (key == "shared_bytes") lds = c;
+          if (key == "subgroups_per_simd") waves = c;
+        }
+        uint32_t invocations = 0;
+        for (size_t k = 0; k < p.spec_names.size(); ++k)
+          if (p.spec_names[k] == "local_size_x") invocations = p.spec_constants[k].second;
+        uint32_t lanes = p.required_subgroup ? p.required_subgroup : compiled;
+        if (values[waves] && values[lds] && invocations)
+          values[waves] = rdna_whole_workgroup_subgroups(
+              *values[waves], uint64_t(*values[lds]), invocations, lanes);
+      }
       Json summary = Json::object();
       for (size_t c = 0; c < values.size(); ++c) {
         const StatisticColumn& col = statistic_columns()[c];
         summary[col.key] = values[c] ? Json(*values[c]) : Json(nullptr);
-        if (values[c])
-          std::printf(" %*.0f", col.width, *values[c]);
+        if (values[c])  // whole numbers, but for waves by whole workgroups (1.5: 3 over 2)
+          std::printf(" %*.*f", col.width, *values[c] == std::floor(*values[c]) ? 0 : 1,
+                      *values[c]);
         else
           std::printf(" %*s", col.width, "-");
       }

@@ -993,6 +993,22 @@ BB2:
   EXPECT_EQ(mix.loop_fma, 3u);
 }
 
+// RDNA's subgroups a SIMD by whole workgroups in a WGP's 128 KiB of LDS, over 4 SIMDs, in
+// subgroups of 32 lanes: RADV's own figure rounds the LDS bound up (ceil(32768 / (36352 / 4))
+// = 4), where floor(131072 / 36352) = 3 workgroups of 4 subgroups give 3.
+TEST(StatisticColumns, RdnaSubgroupsASimdCountWholeWorkgroups) {
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 36352, 128, 32), 3.0);
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(3, 45568, 128, 32), 2.0);
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(5, 23040, 128, 32), 5.0);
+  // 64 lanes: 4 workgroups of 2 subgroups over 4 SIMDs, each counting twice.
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 27136, 128, 64), 4.0);
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 45568, 256, 64), 4.0);
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(8, 45568, 256, 64), 4.0);
+  // Registers bound it (the driver's figure), or no LDS at all.
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(2, 1024, 64, 32), 2.0);
+  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(16, 0, 64, 32), 16.0);
+}
+
 // The report's columns from each driver's own names: RADV's, AMD's own driver's and NVIDIA's
 // (as yuzu and RenderDoc show them), a name in another case, and a column whose only candidates
 // are ambiguous or missing stays empty, never a wrong number.
