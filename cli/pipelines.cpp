@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -35,7 +35,8 @@ const char* kPipelinesHelp = R"(usage: flashvk pipelines [options]
 Lists every pipeline the engine builds for the calls `flashvk bench` would time with the same
 options (one shape, or a suite), without running any: the shader, the tile layout and sizes,
 the specialization constants, and what the driver compiled (VK_KHR_pipeline_executable_
-properties: registers, spills, scratch, shared memory, occupancy, instructions, code size, read
+properties: registers, spills, scratch, shared memory, occupancy (on RDNA by whole workgroups:
+rdna_subgroups_per_simd), instructions, code size, read
 from each driver's own names for them, RADV's, AMD's or NVIDIA's; '-' where the driver gives
 none; every statistic by its own name in the JSON). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
 instructions (v_fma*, v_pk_fma*, v_dot2*) among the VALU instructions of the kernel's largest
@@ -175,15 +176,6 @@ std::vector<std::optional<double>> column_values(const std::vector<PipelineStati
     values.push_back(value);
   }
   return values;
-}
-
-double rdna_whole_workgroup_subgroups(double driver, uint64_t lds_bytes, uint32_t invocations,
-                                      uint32_t subgroup) {
-  if (lds_bytes == 0 || subgroup == 0) return driver;
-  uint64_t workgroups = (128u * 1024u) / lds_bytes;
-  uint64_t subgroups = (invocations + subgroup - 1) / subgroup;
-  double per_simd = double(workgroups * subgroups) * (subgroup / 32.0) / 4.0;
-  return std::min(driver, per_simd);
 }
 
 IsaMix isa_mix(const std::string& assembly) {
@@ -328,8 +320,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
         "shaders and constants only\n");
-  // RDNA (AMD, 512 or more registers a SIMD: RDNA2 on): waves by whole workgroups.
-  const bool rdna = statistics && dev.registers_per_simd >= 512;
+  // RDNA: waves by whole workgroups (rdna_subgroups_per_simd).
+  const bool rdna = statistics && is_rdna(dev);
   if (rdna)
     std::printf(
         "waves: subgroups of 32 a SIMD by whole workgroups in a WGP's 128 KiB of LDS (the "
@@ -399,8 +391,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
           if (p.spec_names[k] == "local_size_x") invocations = p.spec_constants[k].second;
         uint32_t lanes = p.required_subgroup ? p.required_subgroup : compiled;
         if (values[waves] && values[lds] && invocations)
-          values[waves] = rdna_whole_workgroup_subgroups(
-              *values[waves], uint64_t(*values[lds]), invocations, lanes);
+          values[waves] =
+              rdna_subgroups_per_simd(uint64_t(*values[lds]), invocations, lanes, *values[waves]);
       }
       Json summary = Json::object();
       for (size_t c = 0; c < values.size(); ++c) {

@@ -35,11 +35,4 @@ const std::vector<StatisticColumn>& statistic_columns();
 /// Each column's value among a pipeline's statistics (nullopt: the driver does not give it).
 std::vector<std::optional<double>> column_values(const std::vector<PipelineStatistic>& stats);
 
-/// Subgroups a SIMD by whole workgroups on AMD's RDNA, whose WGP shares 128 KiB of LDS among 4
-/// SIMDs: RADV's "Subgroups per SIMD" (`driver`) rounds its LDS bound up (radv_get_max_waves),
-/// as if part of a workgroup could be resident. Counted as RADV counts, in subgroups of 32 lanes
-/// (one of 64 counts twice); the driver's figure where the LDS is not what bounds it.
-double rdna_whole_workgroup_subgroups(double driver, uint64_t lds_bytes, uint32_t invocations,
-                                      uint32_t subgroup);
-
 }  // namespace flashvk::cli

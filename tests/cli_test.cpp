@@ -993,20 +993,26 @@ BB2:
   EXPECT_EQ(mix.loop_fma, 3u);
 }
 
-// RDNA's subgroups a SIMD by whole workgroups in a WGP's 128 KiB of LDS, over 4 SIMDs, in
-// subgroups of 32 lanes: RADV's own figure rounds the LDS bound up (ceil(32768 / (36352 / 4))
-// = 4), where floor(131072 / 36352) = 3 workgroups of 4 subgroups give 3.
+// RDNA's subgroups a SIMD by whole workgroups in a WGP's 128 KiB of LDS (1 KiB steps), over 4
+// SIMDs, in subgroups of 32 lanes: RADV's own figure rounds the LDS bound up (ceil(32768 /
+// (36864 / 4)) = 4), where floor(131072 / 36864) = 3 workgroups of 4 subgroups give 3.
 TEST(StatisticColumns, RdnaSubgroupsASimdCountWholeWorkgroups) {
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 36352, 128, 32), 3.0);
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(3, 45568, 128, 32), 2.0);
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(5, 23040, 128, 32), 5.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(36352, 128, 32, 4), 3.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(45568, 128, 32, 3), 2.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(23040, 128, 32, 5), 5.0);
+  // 1 KiB steps: 43520 B takes 44032, 2 workgroups of 8; 8704 B takes 9216, 14 of 2.
+  EXPECT_EQ(rdna_subgroups_per_simd(43520, 256, 32, 5), 4.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(8704, 64, 32, 8), 7.0);
   // 64 lanes: 4 workgroups of 2 subgroups over 4 SIMDs, each counting twice.
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 27136, 128, 64), 4.0);
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(4, 45568, 256, 64), 4.0);
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(8, 45568, 256, 64), 4.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(27136, 128, 64, 6), 4.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(45568, 256, 64, 6), 4.0);
   // Registers bound it (the driver's figure), or no LDS at all.
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(2, 1024, 64, 32), 2.0);
-  EXPECT_EQ(cli::rdna_whole_workgroup_subgroups(16, 0, 64, 32), 16.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(1024, 64, 32, 2), 2.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(0, 64, 32, 16), 16.0);
+  DeviceInfo gcn, rdna2;
+  gcn.registers_per_simd = 256, rdna2.registers_per_simd = 512;
+  EXPECT_FALSE(is_rdna(gcn));
+  EXPECT_TRUE(is_rdna(rdna2));
 }
 
 // The report's columns from each driver's own names: RADV's, AMD's own driver's and NVIDIA's

@@ -96,9 +96,10 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(decode.lanes, 16u);  // 128 halves: 16 loads of 16 bytes
 }
 
-// RDNA3 (AMD: the driver tells its register file): 64-key matrix tiles only within 32 KiB, so
-// that 4 workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's
-// K/V (2 * 64 * (72 + 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys.
+// RDNA3 (AMD: the driver tells its register file): 64-key matrix tiles only where 4 whole
+// workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's K/V
+// (2 * 64 * (72 + 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys. At d = 32
+// (2 * 64 * (40 + 40) bytes and the same scratch, 27 KiB) 64 keys.
 TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
   DeviceInfo navi31 = device("RDNA3-like", "discrete", 64 * 1024, 1024, 64, true, true);
   navi31.nv_cooperative_matrix = false;
@@ -110,6 +111,7 @@ TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
   uint64_t k64 = 2 * 64 * (72 + 72) + 64 * 4 * 68;
   EXPECT_GT(k64, 32u * 1024);
   EXPECT_EQ(tiling(kH100, prefill64, Variant::flash2, DType::f16).bc, 64u);  // not AMD
+  EXPECT_EQ(tiling(navi31, dims(8, 8, 4096, 4096, 32, 32), Variant::flash2, DType::f16).bc, 64u);
 }
 
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {

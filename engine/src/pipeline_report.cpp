@@ -198,4 +198,15 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
   return out;
 }
 
+bool is_rdna(const DeviceInfo& info) { return info.registers_per_simd >= 512; }
+
+double rdna_subgroups_per_simd(uint64_t lds_bytes, uint32_t invocations, uint32_t subgroup,
+                               double bound) {
+  if (lds_bytes == 0 || subgroup == 0) return bound;
+  uint64_t allocated = (lds_bytes + 1023) / 1024 * 1024;
+  uint64_t workgroups = (128u * 1024u) / allocated;
+  uint64_t subgroups = (invocations + subgroup - 1) / subgroup;
+  return std::min(bound, double(workgroups * subgroups) * (subgroup / 32.0) / 4.0);
+}
+
 }  // namespace flashvk

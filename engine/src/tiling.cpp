@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "flashvk/pipelines.hpp"
+
 namespace flashvk::detail {
 
 namespace {
@@ -94,9 +96,9 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
 // and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory,
 // and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every row is
 // padded by 16 bytes, as in the shader; emulated, coopmat.glsl's exchange takes 512 bytes more.
-// On AMD (DeviceInfo::registers_per_simd known), a tile of 64 keys is taken only within 32 KiB:
-// 4 workgroups of 4 subgroups then share a WGP's 128 KiB of LDS, 4 subgroups a SIMD on RDNA3
-// (above it, at d = 64, 3). Elsewhere (NVIDIA: registers bound these kernels) the most that fits.
+// On RDNA a tile of 64 keys is taken only where whole workgroups leave 4 subgroups a SIMD
+// (rdna_subgroups_per_simd: at d = 64 it would leave 3). Elsewhere (NVIDIA: registers bound
+// these kernels) the most keys that fit.
 uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                       MatrixApi api) {
   uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
@@ -104,9 +106,8 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
     uint32_t kv = 2 * keys * (d + 8 + dv + 8);
     uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool amd_wide = info.registers_per_simd != 0 && keys == 64;
-    uint32_t budget = amd_wide ? std::min(shared_bytes, 32u * 1024) : shared_bytes;
-    if (bytes <= budget && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
+    bool thin = keys == 64 && is_rdna(info) && rdna_subgroups_per_simd(bytes, 128, 32, 8) < 4;
+    if (bytes <= shared_bytes && !thin && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
   }
   return 0;
 }

@@ -73,4 +73,14 @@ struct PipelineDescription {
 /// refuse.
 std::vector<PipelineDescription> describe_pipelines(Context& ctx, const PipelineCall& call);
 
+/// AMD's RDNA 2 and later, by what the driver tells (DeviceInfo::registers_per_simd: 512 or
+/// more vector registers a SIMD; GCN has 256).
+bool is_rdna(const DeviceInfo& info);
+/// Subgroups of 32 lanes a SIMD (one of 64 counts twice, as RADV counts) that whole workgroups
+/// of `invocations`, in subgroups of `subgroup` lanes, each using `lds_bytes` of LDS, leave on
+/// RDNA: a WGP shares 128 KiB among 4 SIMDs, allocated in 1 KiB steps. At most `bound`, what
+/// else limits it (the registers; RADV's "Subgroups per SIMD", which rounds the LDS bound up).
+double rdna_subgroups_per_simd(uint64_t lds_bytes, uint32_t invocations, uint32_t subgroup,
+                               double bound);
+
 }  // namespace flashvk
