@@ -320,8 +320,14 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
         "shaders and constants only\n");
-  // RDNA: waves by whole workgroups (rdna_subgroups_per_simd).
+  // RDNA: waves by whole workgroups (rdna_subgroups_per_simd), from the LDS column.
   const bool rdna = statistics && is_rdna(dev);
+  size_t lds = 0, waves = 0;
+  for (size_t c = 0; c < statistic_columns().size(); ++c) {
+    std::string key = statistic_columns()[c].key;
+    if (key == "shared_bytes") lds = c;
+    if (key == "subgroups_per_simd") waves = c;
+  }
   if (rdna)
     std::printf(
         "waves: subgroups of 32 a SIMD by whole workgroups in a WGP's 128 KiB of LDS (the "
@@ -380,12 +386,6 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
       const PipelineExecutable& e = p.executables[0];
       std::vector<std::optional<double>> values = column_values(e.statistics);
       if (rdna) {  // the driver's subgroups a SIMD, by whole workgroups
-        size_t lds = 0, waves = 0;
-        for (size_t c = 0; c < values.size(); ++c) {
-          std::string key = statistic_columns()[c].key;
-          if (key == "shared_bytes") lds = c;
-          if (key == "subgroups_per_simd") waves = c;
-        }
         uint32_t invocations = 0;
         for (size_t k = 0; k < p.spec_names.size(); ++k)
           if (p.spec_names[k] == "local_size_x") invocations = p.spec_constants[k].second;

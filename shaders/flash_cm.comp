@@ -57,6 +57,7 @@ layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 #include "coopmat.glsl"
 
 CmA q_frag[D / 16u];
+CmA p_frag[BC / 16u];   // the tile's P (step 2), as left operands of P V
 CmAcc o_acc[DV / 16u];  // the group's 16 rows of output (unnormalised for FlashAttention-2)
 
 uint lane() { return CM_LANE; }
@@ -184,6 +185,15 @@ void tile_softmax(uint j0, uint n) {
   cm_sync();
 }
 
+// acc += the 16 columns of P V from column 16 nv.
+void add_pv(inout CmAcc acc, uint nv) {
+  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
+    CmB vb;
+    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
+    cm_mul_add(acc, p_frag[kc], vb);
+  }
+}
+
 // Step 3: O <- O * keep + coef * P V on the accumulators, one 16-column piece at a time.
 void tile_accumulate() {
   uint f = sg() * SG_ROWS * SS;
@@ -193,25 +203,16 @@ void tile_accumulate() {
   CmAcc coef;
   cm_load_acc(coef, s_sh, (f + FC + 16u) / 4u, SS / 4u);
 #endif
-  CmA p_frag[BC / 16u];  // P's rows are SS fp32 apart, 2 SS fp16
-  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)
+  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
     cm_load_a(p_frag[kc], s_sh, f / 4u + kc * 2u, SS / 4u);
   [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
 #ifdef CM_FLASH2
-    cm_scale(o_acc[nv], keep);  // coef is 1
-    [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
-      CmB vb;
-      cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
-      cm_mul_add(o_acc[nv], p_frag[kc], vb);
-    }
+    cm_scale(o_acc[nv], keep);  // coef is 1: P V accumulates into O
+    add_pv(o_acc[nv], nv);
 #else
     CmAcc pv;
     cm_zero(pv);
-    [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
-      CmB vb;
-      cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
-      cm_mul_add(pv, p_frag[kc], vb);
-    }
+    add_pv(pv, nv);
     cm_blend(o_acc[nv], keep, pv, coef);
 #endif
   }
