@@ -23,7 +23,7 @@
 //   cm_blend(c, f, x, g)           c = c * f + x * g, element by element (all CmAcc)
 // and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
 // cm_sync() (the group's shared-memory writes before it are seen by the group after it), and
-// cm_xor1(x) (x of lane CM_LANE ^ 1). cm_sync and cm_xor1 are workgroup barriers when emulated:
+// cm_xor(x, m) (x of lane CM_LANE ^ m, m below 32). cm_sync and cm_xor are workgroup barriers when emulated:
 // the kernel calls them in uniform control flow.
 //
 // Emulated, a lane holds its row of CmA whole (row CM_LANE / 2), and of CmAcc the 8 columns
@@ -158,15 +158,15 @@ void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
 #endif
 
 #ifdef CM_EMULATE
-shared float cm_pair[NSG * 32u];  // cm_xor1's exchange (NSG: the kernel's groups)
+shared float cm_pair[NSG * 32u];  // cm_xor's exchange (NSG: the kernel's groups)
 void cm_sync() {
   memoryBarrierShared();
   barrier();
 }
-float cm_xor1(float x) {
+float cm_xor(float x, uint m) {
   cm_pair[gl_LocalInvocationID.x] = x;
   cm_sync();
-  float y = cm_pair[gl_LocalInvocationID.x ^ 1u];
+  float y = cm_pair[gl_LocalInvocationID.x ^ m];
   barrier();  // read before the next exchange writes
   return y;
 }
@@ -175,7 +175,7 @@ void cm_sync() {
   subgroupMemoryBarrierShared();
   subgroupBarrier();
 }
-float cm_xor1(float x) {
-  return subgroupShuffleXor(x, 1u);
+float cm_xor(float x, uint m) {
+  return subgroupShuffleXor(x, m);
 }
 #endif

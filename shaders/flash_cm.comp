@@ -6,16 +6,19 @@
 // per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's
 // partial pass, each for every matrix API.
 //
-// A workgroup is 4 groups of 32 lanes (subgroups on the matrix units); each group owns 16 packed
-// query rows (64 per workgroup), keeps their queries as D/16 matrices and their output as DV/16
-// accumulator matrices (16 x 16, fp32) from the first tile to the last. Per tile of BC keys,
-// staged in shared memory as fp16 and read by all four groups:
-//   1. S (16 x BC) = Q K^T as 16 x 16 products, stored to the group's scratch in shared memory
-//      (a matrix's element layout is the driver's, so rows are read back through memory);
-//   2. two lanes per row take the row's max and sum over the tile (one exchange each), run the
-//      variant's recurrence, and write P (fp16, at most 1: relative to a max) and the rows'
-//      factors back over S (keep and coef, each as a 16 x 16 matrix whose row r is row r's
-//      factor);
+// A workgroup is 4 groups of 32 lanes (subgroups on the matrix units). A row block of 16 packed
+// query rows belongs to SPLIT groups (LANES: 1, or 2 where d or dv is over 128), each of which
+// keeps 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT
+// of its output columns as accumulator matrices (16 x 16, fp32) from the first tile to the last,
+// so that at d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per
+// tile of BC keys, staged in shared memory as fp16 and read by all four groups:
+//   1. each group's part of S (16 x BC) = Q K^T as 16 x 16 products, stored to its scratch in
+//      shared memory (a matrix's element layout is the driver's, so rows are read back through
+//      memory);
+//   2. 2 * SPLIT lanes per row add the parts, take the row's max and sum over the tile (exchanges
+//      within the group: a split block's groups take half of its rows each), run the variant's
+//      recurrence, and write P (fp16, at most 1: relative to a max) and the rows' factors over the
+//      block's first S (keep and coef, each as a 16 x 16 matrix whose row r is row r's factor);
 //   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
 //      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
 //      coef is 1: P V accumulates straight into O.
@@ -28,10 +31,14 @@
 #define FP16
 #include "common.glsl"
 
-const uint SG_ROWS = 16u;            // query rows per group (the matrices' M)
+const uint SG_ROWS = 16u;            // query rows per row block (the matrices' M)
 const uint NSG = 4u;                 // groups per workgroup: local size 128
-const uint WG_ROWS = SG_ROWS * NSG;  // query rows per workgroup
-const uint HALF = BC / 2u;           // keys of a tile each of a row's two lanes takes
+const uint SPLIT = LANES;            // groups per row block, each with D / SPLIT and DV / SPLIT
+const uint QD = D / SPLIT;           // head dims of Q and K a group multiplies
+const uint OD = DV / SPLIT;          // output columns a group holds
+const uint WG_ROWS = SG_ROWS * (NSG / SPLIT);  // query rows per workgroup
+const uint LPR = 2u * SPLIT;         // lanes a row's softmax takes, all in one group
+const uint PART = BC / LPR;          // keys of a tile each of them takes
 // Row strides in shared memory, each padded by 16 bytes so that the 16 rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
 // in the same ones; padding made the kernel 2.5x faster on an H100).
@@ -44,8 +51,10 @@ const uint SS = (BC > FC + 32u ? BC : FC + 32u) + 4u;
 const uint OS = 20u;                         // a 16 x 16 piece of the output, fp32
 const uint VB = BC * KS;                     // where the V tile starts, in fp16 values
 
-// K tile, then V tile (the queries pass through the same space first); zeros past the keys.
-shared uvec4 kv_sh[BC * (KS + VS) / 8u];
+// K tile, then V tile (the queries pass through the same space first, so at least WG_ROWS rows
+// of KS); zeros past the keys.
+const uint KV_SIZE = BC * (KS + VS) > WG_ROWS * KS ? BC * (KS + VS) : WG_ROWS * KS;  // fp16
+shared uvec4 kv_sh[KV_SIZE / 8u];
 shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors, the output
 
 // Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
@@ -56,12 +65,39 @@ layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
 
-CmA q_frag[D / 16u];
+CmA q_frag[QD / 16u];   // the group's head dims of its block's queries
 CmA p_frag[BC / 16u];   // the tile's P (step 2), as left operands of P V
-CmAcc o_acc[DV / 16u];  // the group's 16 rows of output (unnormalised for FlashAttention-2)
+CmAcc o_acc[OD / 16u];  // the group's columns of its block's output (unnormalised for FlashAttention-2)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
+uint block() { return sg() / SPLIT; }  // the group's row block
+uint part() { return sg() % SPLIT; }   // which 1 / SPLIT of the head dims it holds
+// Where the block's scratch starts, in fp32 (its first group's: S, then P and the factors).
+// (In s_sh's uvec4 elements, 4 fp32 each: SS, FC and OS are multiples of 4.)
+uint block_scratch() { return (block() * SPLIT * SG_ROWS * SS) / 4u; }
+uint group_scratch() { return (sg() * SG_ROWS * SS) / 4u; }  // the group's own
+// The row in its block whose softmax (and state) this lane's: a split block's groups take half each.
+uint softmax_row() { return part() * (SG_ROWS / SPLIT) + lane() / LPR; }
+
+// The shared-memory writes of a block's groups before it are seen by them after it.
+void block_sync() {
+  if (SPLIT == 1u) {
+    cm_sync();
+  } else {
+    memoryBarrierShared();
+    barrier();
+  }
+}
+// x's maximum and sum over the LPR lanes of this lane's row.
+float row_max(float x) {
+  [[unroll]] for (uint m = 1u; m < LPR; m *= 2u) x = max(x, cm_xor(x, m));
+  return x;
+}
+float row_sum(float x) {
+  [[unroll]] for (uint m = 1u; m < LPR; m *= 2u) x += cm_xor(x, m);
+  return x;
+}
 
 // The packed row (head in group, query) of local row r of this workgroup (see packed_row()).
 Row local_row(uint r) {
@@ -75,8 +111,8 @@ Row local_row(uint r) {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-// Stages the workgroup's queries in kv_sh (the host checks WG_ROWS * KS fits) and loads each
-// group's rows as matrices; rows past the problem are zeros.
+// Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices;
+// rows past the problem are zeros.
 void load_queries() {
   for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += gl_WorkGroupSize.x) {
     uint r = e / (D / 8u), t = e % (D / 8u);
@@ -85,8 +121,8 @@ void load_queries() {
     kv_sh[r * KS / 8u + t] = x;
   }
   barrier();
-  [[unroll]] for (uint k = 0u; k < D / 16u; ++k)
-    cm_load_a(q_frag[k], kv_sh, (sg() * SG_ROWS * KS + k * 16u) / 8u, KS / 8u);
+  [[unroll]] for (uint k = 0u; k < QD / 16u; ++k)
+    cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
 }
 
 // A tile's K and V as each invocation fetches them (8 fp16 values per element): the next tile
@@ -121,19 +157,20 @@ void store_tile() {
   }
 }
 
-// Step 1: this group's scores against the tile, unscaled, into its scratch.
+// Step 1: this group's part of its block's scores against the tile (over its head dims),
+// unscaled, into its scratch.
 void tile_scores() {
   [[unroll]] for (uint n = 0u; n < BC / 16u; ++n) {
     CmAcc acc;
     cm_zero(acc);
-    [[unroll]] for (uint k = 0u; k < D / 16u; ++k) {
+    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
       CmBt kt;  // K^T: dims down, keys across
-      cm_load_bt(kt, kv_sh, (n * 16u * KS + k * 16u) / 8u, KS / 8u);
+      cm_load_bt(kt, kv_sh, (n * 16u * KS + part() * QD + k * 16u) / 8u, KS / 8u);
       cm_mul_add(acc, q_frag[k], kt);
     }
-    cm_store(acc, s_sh, (sg() * SG_ROWS * SS + n * 16u) / 4u, SS / 4u);
+    cm_store(acc, s_sh, group_scratch() + n * 4u, SS / 4u);
   }
-  cm_sync();
+  block_sync();
 }
 
 // The variant's recurrence (the same hooks the fused kernels call), on this lane's row (both
@@ -146,66 +183,81 @@ void tile_scores() {
 #include "flash2_step.glsl"
 #endif
 
-// Step 2: the row's scores of keys j0.. (n in the tile), the recurrence, then over S in the
-// scratch P and the factors of step 3 (o <- o * keep + coef * (P V)).
+// This lane's row's two factors, each over 16 / LPR of its 16 columns in the block's scratch.
+void write_factors(float keep, float coef) {
+  uint f_base = block_scratch() + (softmax_row() * SS + FC) / 4u + (lane() % LPR) * (4u / LPR);
+  [[unroll]] for (uint w = 0u; w < 4u / LPR; ++w) {
+    s_sh[f_base + w] = floatBitsToUint(vec4(keep));
+#ifndef CM_FLASH2
+    s_sh[f_base + 4u + w] = floatBitsToUint(vec4(coef));
+#endif
+  }
+}
+
+// Step 2: the row's scores of keys j0.. (n in the tile), the parts added, the recurrence, then
+// over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)).
 void tile_softmax(uint j0, uint n) {
-  uint r = lane() / 2u, first = (lane() % 2u) * HALF;
-  uint s_base = (sg() * SG_ROWS * SS + r * SS + first) / 4u;
-  float s[HALF];
+  uint first = (lane() % LPR) * PART;
+  uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
+  float s[PART];
   float m_loc = NEG_INF;
-  [[unroll]] for (uint c = 0u; c < HALF; ++c) {
+  [[unroll]] for (uint c = 0u; c < PART; ++c) {
     uint j = j0 + first + c;
     bool seen = first + c < n && key_visible(0u, j);
-    s[c] = row_score(0u, j, seen, uintBitsToFloat(s_sh[s_base + c / 4u][c % 4u]) * pc.scale);
+    float dot = 0.0;
+    [[unroll]] for (uint g = 0u; g < SPLIT; ++g) {
+      dot += uintBitsToFloat(s_sh[s_at + g * SG_ROWS * SS / 4u + c / 4u][c % 4u]);
+    }
+    s[c] = row_score(0u, j, seen, dot * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
-  cm_sync();  // every row's scores are read before P and the factors overwrite them
-  float m_tile = max(m_loc, cm_xor1(m_loc));
-  float ref = tile_ref(0u, m_tile);  // FLASH-D: the tile's own max; else the running one
-  uint row_base = (sg() * SG_ROWS * SS + r * SS) / 4u;  // in uvec4: 8 fp16 or 4 fp32
-  uint p_base = row_base + first / 8u;
+  cm_sync();  // the row's scores are read (by its lanes, all in this group) before P overwrites them
+  float ref = tile_ref(0u, row_max(m_loc));  // FLASH-D: the tile's own max; else the running one
+  uint p_at = softmax_row() * SS + first / 2u;  // in the block's scratch, in fp32: 2 fp16 each
   float l_loc = 0.0;
-  float p[HALF];
-  [[unroll]] for (uint c = 0u; c < HALF; ++c) {
+  float p[PART];
+  [[unroll]] for (uint c = 0u; c < PART; ++c) {
     p[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - ref);  // exp(-inf) spelled out as 0
     l_loc += p[c];
   }
-  [[unroll]] for (uint c = 0u; c < HALF; c += 8u)
-    s_sh[p_base + c / 8u] =
-        uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
-              packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
-  float l_tile = l_loc + cm_xor1(l_loc);
+  if (PART % 8u == 0u) {  // whole uvec4s (first / 2 is a multiple of 4)
+    [[unroll]] for (uint c = 0u; c < PART; c += 8u)
+      s_sh[block_scratch() + (p_at + c / 2u) / 4u] =
+          uvec4(packHalf2x16(vec2(p[c], p[c + 1u])), packHalf2x16(vec2(p[c + 2u], p[c + 3u])),
+                packHalf2x16(vec2(p[c + 4u], p[c + 5u])), packHalf2x16(vec2(p[c + 6u], p[c + 7u])));
+  } else {
+    [[unroll]] for (uint c = 0u; c < PART; c += 2u) {
+      uint at = p_at + c / 2u;
+      s_sh[block_scratch() + at / 4u][at % 4u] = packHalf2x16(vec2(p[c], p[c + 1u]));
+    }
+  }
   float keep, coef;
-  tile_step(0u, ref, l_tile, keep, coef);
-  uint f_base = row_base + FC / 4u + (lane() % 2u) * 2u;
-  s_sh[f_base] = s_sh[f_base + 1u] = floatBitsToUint(vec4(keep));
-#ifndef CM_FLASH2
-  s_sh[f_base + 4u] = s_sh[f_base + 5u] = floatBitsToUint(vec4(coef));
-#endif
-  cm_sync();
+  tile_step(0u, ref, row_sum(l_loc), keep, coef);
+  write_factors(keep, coef);
+  block_sync();
 }
 
-// acc += the 16 columns of P V from column 16 nv.
+// acc += the 16 columns of P V from the group's column 16 nv.
 void add_pv(inout CmAcc acc, uint nv) {
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
     CmB vb;
-    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + nv * 16u) / 8u, VS / 8u);
+    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + part() * OD + nv * 16u) / 8u, VS / 8u);
     cm_mul_add(acc, p_frag[kc], vb);
   }
 }
 
 // Step 3: O <- O * keep + coef * P V on the accumulators, one 16-column piece at a time.
 void tile_accumulate() {
-  uint f = sg() * SG_ROWS * SS;
+  uint f = block_scratch();
   CmAcc keep;
-  cm_load_acc(keep, s_sh, (f + FC) / 4u, SS / 4u);
+  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
 #ifndef CM_FLASH2
   CmAcc coef;
-  cm_load_acc(coef, s_sh, (f + FC + 16u) / 4u, SS / 4u);
+  cm_load_acc(coef, s_sh, f + FC / 4u + 4u, SS / 4u);
 #endif
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
-    cm_load_a(p_frag[kc], s_sh, f / 4u + kc * 2u, SS / 4u);
-  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
+    cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
+  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) {
 #ifdef CM_FLASH2
     cm_scale(o_acc[nv], keep);  // coef is 1: P V accumulates into O
     add_pv(o_acc[nv], nv);
@@ -226,22 +278,30 @@ void key_range(out uint begin, out uint end) {
   walk_bounds(lo, hi, begin, end);
 }
 
-// The output, times out_scale, from the accumulators through the group's scratch: each lane
-// writes 8 values of its row a piece. Called by every lane (the scratch is shared by the group).
-void finish(Row row) {
-  uint index = row.bh * pc.nq + row.i;
+// Where a row's output (or, for splitkv, its chunk's part: normalised o', m and d') starts.
+uint output_at(Row row) {
 #ifdef SPLIT_KV
-  uint part = index * pc.splits + gl_WorkGroupID.z;  // as splitkv's chunks: normalised o', m and d'
-  uint base = part * DV;
+  return ((row.bh * pc.nq + row.i) * pc.splits + gl_WorkGroupID.z) * DV;
 #else
-  uint base = o_at(row.bh, row.i);
+  return o_at(row.bh, row.i);
 #endif
-  float mul = out_scale(0u);
-  cm_sync();  // the last tile's P and factors are read before the pieces overwrite them
-  uint piece = sg() * SG_ROWS * SS, half_col = (lane() % 2u) * 8u;
-  uint at = (piece + (lane() / 2u) * OS + half_col) / 4u;
-  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) {
-    cm_store(o_acc[nv], s_sh, piece / 4u, OS / 4u);
+}
+
+// The output, times its row's out_scale, from the accumulators through the group's scratch: each
+// lane writes 8 values of row lane / 2 of its block a piece. Called by every lane in uniform flow.
+void finish() {
+  block_sync();  // the last tile's P and factors are read before out_scale overwrites them
+  write_factors(out_scale(0u), 0.0);  // by the lanes that hold the row's state
+  block_sync();
+  uint r = lane() / 2u, half_col = (lane() % 2u) * 8u;
+  float mul = uintBitsToFloat(s_sh[block_scratch() + (r * SS + FC) / 4u].x);
+  Row row = local_row(block() * SG_ROWS + r);
+  uint base = output_at(row) + part() * OD;
+  block_sync();  // read before the pieces overwrite it
+  uint piece = group_scratch();
+  uint at = piece + (r * OS + half_col) / 4u;
+  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) {
+    cm_store(o_acc[nv], s_sh, piece, OS / 4u);
     cm_sync();
     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
       float x = uintBitsToFloat(s_sh[at + e / 4u][e % 4u]) * mul;
@@ -253,20 +313,23 @@ void finish(Row row) {
     }
     cm_sync();  // read before the next piece overwrites it
   }
-  if (!row.valid || lane() % 2u != 0u) return;
+  // The row's state, from the first of the lanes that ran its softmax.
+  Row own = rows[0];
+  if (!own.valid || lane() % LPR != 0u) return;
 #ifdef SPLIT_KV
-  scratch2[part * 2u] = m_run[0];
-  scratch2[part * 2u + 1u] = l_run[0];
+  uint state = output_at(own) / DV * 2u;
+  scratch2[state] = m_run[0];
+  scratch2[state + 1u] = l_run[0];
 #else
-  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[index] = row_lse(0u);
+  if ((pc.flags & FLAG_LSE) != 0u) lse_buf[own.bh * pc.nq + own.i] = row_lse(0u);
 #endif
 }
 
 void main() {
-  Row row = local_row(sg() * SG_ROWS + lane() / 2u);
+  Row row = local_row(block() * SG_ROWS + softmax_row());
   rows[0] = row;
   state_start(0u);
-  [[unroll]] for (uint nv = 0u; nv < DV / 16u; ++nv) cm_zero(o_acc[nv]);
+  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) cm_zero(o_acc[nv]);
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
@@ -286,5 +349,5 @@ void main() {
     tile_accumulate();
     j0 = next;
   }
-  finish(row);
+  finish();
 }

@@ -83,6 +83,29 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
   }
 }
 
+// Past d = 128 a block of 16 rows is two groups', each with half of the head dims of Q, K and
+// V: their scores are added before the softmax, which each group runs for half of the rows, and
+// each keeps half of the output. Every recurrence at d = 160 (GQA, causal, ragged), then d = 256
+// with dv = 192 in the 16-key tiles a 32 KiB budget gives (as on RDNA), where the staged queries
+// take more space than the K/V tile. (Small shapes: llvmpipe builds these emulated kernels slowly.)
+TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
+  HostTensor q = random_tensor({1, 4, 24, 160}, 61), k = random_tensor({1, 2, 70, 160}, 62),
+             v = random_tensor({1, 2, 70, 160}, 63);
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  for (Variant variant : kMatrixVariants) {
+    params.variant = variant;
+    expect_matches(q, k, v, params, variant_name(variant));
+  }
+  HostTensor q256 = random_tensor({1, 2, 36, 256}, 64), k256 = random_tensor({1, 1, 50, 256}, 65),
+             v192 = random_tensor({1, 1, 50, 192}, 66);
+  params.variant = Variant::flash2;
+  params.mods.causal = false;
+  params.hints.max_shared_memory = 32 * 1024;
+  expect_matches(q256, k256, v192, params, "d = 256, dv = 192 in 32 KiB");
+}
+
 #ifdef FLASHVK_TEST_FLEX
 // A user-written score_mod compiled into the matrix kernel at run time.
 TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "flashvk/pipelines.hpp"
 #include "test_util.hpp"
 #include "plan.hpp"
 #include "tiling.hpp"
@@ -77,6 +78,17 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(cm.workgroup, 128u);
   EXPECT_EQ(cm.bc, 64u);
   EXPECT_EQ(tiling(kH100, prefill128, Variant::flashd, DType::f16).bc, 32u);
+  // Past d = 128 two subgroups share a block of 16 rows (LANES 2): 32 rows a workgroup; at
+  // d = 256, 32 keys: K/V 2 * 32 * (264 + 264) bytes and scratch 64 rows of 52 floats, 46 KiB.
+  Spec cm256 = tiling(kH100, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
+  EXPECT_EQ(cm256.layout, TileLayout::cooperative_matrix);
+  EXPECT_EQ(cm256.lanes, 2u);
+  EXPECT_EQ(cm256.block(), 32u);
+  EXPECT_EQ(cm256.bc, 32u);
+  EXPECT_EQ(cm.lanes, 1u);
+  // Split, d and dv are multiples of 32: at d = 144 the matrix layout does not run.
+  EXPECT_NE(tiling(kH100, dims(8, 8, 4096, 4096, 144, 144), Variant::flash2, DType::f16).layout,
+            TileLayout::cooperative_matrix);
   // fp32 prefill: register blocks, the most rows, then the most keys within 48 KiB: 64 x 32 at
   // d = 64; at d = 128, 64 x 16 with V in K's place (64 x 8 with both would fit too).
   Spec b64 = tiling(kH100, prefill64, Variant::flash2, DType::f32);
@@ -112,6 +124,13 @@ TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
   EXPECT_GT(k64, 32u * 1024);
   EXPECT_EQ(tiling(kH100, prefill64, Variant::flash2, DType::f16).bc, 64u);  // not AMD
   EXPECT_EQ(tiling(navi31, dims(8, 8, 4096, 4096, 32, 32), Variant::flash2, DType::f16).bc, 64u);
+  // d = 256 (split: 32 rows a workgroup): 32 keys would take 46 KiB, 2 subgroups a SIMD; 16 keys
+  // (K/V 2 * 16 * (264 + 264) bytes, scratch 64 rows of 44 floats) 28 KiB, 4.
+  Spec amd256 = tiling(navi31, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
+  EXPECT_EQ(amd256.layout, TileLayout::cooperative_matrix);
+  EXPECT_EQ(amd256.bc, 16u);
+  EXPECT_EQ(rdna_subgroups_per_simd(2 * 16 * 528 + 64 * 4 * 44 + 64, 128, 32, 8), 4.0);
+  EXPECT_LT(rdna_subgroups_per_simd(2 * 32 * 528 + 64 * 4 * 52 + 64, 128, 32, 8), 4.0);
 }
 
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {

@@ -91,35 +91,47 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
          info.type == "cpu" && params.hints.block_keys == 0;
 }
 
+// Groups of the cooperative-matrix kernel that share a block of 16 query rows, each holding
+// 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over 128, so
+// that a lane's queries and output take the registers they take at 128 (at d = 256, whole, they
+// would take all 256 of an RDNA3 lane's; NVIDIA's 255 a thread), else 1.
+uint32_t coopmat_split(uint32_t d, uint32_t dv) {
+  return d > 128 || dv > 128 ? 2 : 1;
+}
+
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
 // 16 whose fp16 K/V tile and four groups' scratch (16 rows of S in fp32, over which P in fp16
-// and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory,
-// and whose K/V space can stage the workgroup's 64 queries first; 0 if none fits. Every row is
-// padded by 16 bytes, as in the shader; emulated, coopmat.glsl's exchange takes 512 bytes more.
-// On RDNA a tile of 64 keys is taken only where whole workgroups leave 4 subgroups a SIMD
-// (rdna_subgroups_per_simd: at d = 64 it would leave 3). Elsewhere (NVIDIA: registers bound
-// these kernels) the most keys that fit.
+// and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory;
+// the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are staged
+// there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader; emulated,
+// coopmat.glsl's exchange takes 512 bytes more. On RDNA a tile of more than 16 keys is taken
+// only where whole workgroups leave 4 subgroups a SIMD (rdna_subgroups_per_simd: at d = 64, 64
+// keys would leave 3; at d = 256, 32 keys 2). Elsewhere (NVIDIA: registers bound these kernels)
+// the most keys that fit.
 uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                       MatrixApi api) {
   uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
+  uint32_t rows = 64 / coopmat_split(d, dv);
   for (uint32_t keys : {64u, 32u, 16u}) {
-    uint32_t kv = 2 * keys * (d + 8 + dv + 8);
+    uint32_t kv = 2 * std::max(keys * (d + 8 + dv + 8), rows * (d + 8));  // the queries first
     uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool thin = keys == 64 && is_rdna(info) && rdna_subgroups_per_simd(bytes, 128, 32, 8) < 4;
-    if (bytes <= shared_bytes && !thin && 64 * (d + 8) <= keys * (d + dv + 16)) return keys;
+    bool thin = keys > 16 && is_rdna(info) && rdna_subgroups_per_simd(bytes, 128, 32, 8) < 4;
+    if (bytes <= shared_bytes && !thin) return keys;
   }
   return 0;
 }
 
 // The cooperative-matrix kernel where it is asked for, or by default wherever it runs on matrix
-// units (emulated, only where it is asked for).
+// units (emulated, only where it is asked for). d and dv are multiples of 16 up to 128, or of 32
+// up to 256 (a split block's groups take half each).
 bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                  const AttentionParams& params, DType dtype, const Storage& kv,
                  uint32_t shared_bytes, bool trace) {
+  uint32_t multiple = 16 * coopmat_split(dims.d, dims.dv);
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
-              dims.d % 16 == 0 && dims.dv % 16 == 0 && dims.d <= 128 && dims.dv <= 128 &&
-              params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
+              dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 256 &&
+              dims.dv <= 256 && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
               coopmat_keys(info, shared_bytes, dims.d, dims.dv, api) > 0;
   if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
     if (api == MatrixApi::none)
@@ -131,8 +143,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
     if (!fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "Q, K and V with d and dv multiples of 16 up to 128, tile sizes chosen by the "
-          "engine (block_rows and block_keys 0) and shared memory for the tiles");
+          "Q, K and V with d and dv multiples of 16 up to 128, or of 32 up to 256, tile sizes "
+          "chosen by the engine (block_rows and block_keys 0) and shared memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
   bool units = api == MatrixApi::khr || api == MatrixApi::nv;
@@ -442,7 +454,8 @@ Spec choose_layout(const TilingRequest& request) {
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
     spec.matrix = request.matrix_api;
-    spec.workgroup = 128;  // four groups of 32, 16 query rows each
+    spec.workgroup = 128;  // four groups of 32, 16 query rows a block of `lanes` groups
+    spec.lanes = coopmat_split(dims.d, dims.dv);
     spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
   }

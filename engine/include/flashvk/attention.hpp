@@ -20,8 +20,9 @@ enum class RopeLayout { none, interleaved, half };
 /// of times faster). `automatic`
 /// picks registers on CPU devices that have the subgroup operations, shared memory elsewhere.
 /// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
-/// (VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16 storage, flash1, flash2, flashd and
-/// splitkv, d and dv multiples of 16 up to 128. `automatic` picks it wherever it can run.
+/// (VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16
+/// storage, flash1, flash2, flashd and splitkv, d and dv multiples of 16 up to 128, or of 32 up
+/// to 256. `automatic` picks it wherever it can run.
 /// `lanes`: splitkv for decoding on GPUs: all of a KV head's query rows (at most 8) in one
 /// workgroup, each key's head dimension spread over a few lanes that load 16 bytes each;
 /// d and dv multiples of 8 (fp16) or 4 (fp32), subgroup shuffles. `automatic` picks it for
