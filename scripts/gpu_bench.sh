@@ -5,7 +5,7 @@
 #   log.txt             every table, each under the command that printed it, and its exit status
 #   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
 #   decode_warm.json    flushed before each run, and back to back (--warm-cache)
-#   prefill_f16.json    fp16 prefill, N=4096, d=64 and 128
+#   prefill_f16_D.json  fp16 prefill, N=4096, at d = D: 64, 128 and 256
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 (the matrix path's modifier costs, and
@@ -88,7 +88,7 @@ else
   decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --repeat 9)
   decode_keys=(4096 16384 65536)
   prefill=(--variant flash2 --heads 8 --nq 4096 --repeat 9)
-  prefill_d=(64 128)
+  prefill_d=(64 128 256)  # 256: the matrix kernel's split row blocks (Gemma's head dim)
   shape=()
   peak=(--peak)
 fi

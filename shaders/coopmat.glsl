@@ -23,8 +23,8 @@
 //   cm_blend(c, f, x, g)           c = c * f + x * g, element by element (all CmAcc)
 // and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
 // cm_sync() (the group's shared-memory writes before it are seen by the group after it), and
-// cm_xor(x, m) (x of lane CM_LANE ^ m, m below 32). cm_sync and cm_xor are workgroup barriers when emulated:
-// the kernel calls them in uniform control flow.
+// cm_xor(x, m) (x of lane CM_LANE ^ m, m below 32). cm_sync and cm_xor are workgroup barriers
+// when emulated: the kernel calls them in uniform control flow.
 //
 // Emulated, a lane holds its row of CmA whole (row CM_LANE / 2), and of CmAcc the 8 columns
 // (CM_LANE % 2) * 8 .. + 7 of that row; CmB stays where it was loaded from, CM_B_ARRAY (which

@@ -67,7 +67,7 @@ layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 
 CmA q_frag[QD / 16u];   // the group's head dims of its block's queries
 CmA p_frag[BC / 16u];   // the tile's P (step 2), as left operands of P V
-CmAcc o_acc[OD / 16u];  // the group's columns of its block's output (unnormalised for FlashAttention-2)
+CmAcc o_acc[OD / 16u];  // its columns of its block's output (unnormalised for FlashAttention-2)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -77,7 +77,8 @@ uint part() { return sg() % SPLIT; }   // which 1 / SPLIT of the head dims it ho
 // (In s_sh's uvec4 elements, 4 fp32 each: SS, FC and OS are multiples of 4.)
 uint block_scratch() { return (block() * SPLIT * SG_ROWS * SS) / 4u; }
 uint group_scratch() { return (sg() * SG_ROWS * SS) / 4u; }  // the group's own
-// The row in its block whose softmax (and state) this lane's: a split block's groups take half each.
+// The row of its block whose softmax (and state) is this lane's: a split block's groups take
+// half of the rows each.
 uint softmax_row() { return part() * (SG_ROWS / SPLIT) + lane() / LPR; }
 
 // The shared-memory writes of a block's groups before it are seen by them after it.
@@ -211,7 +212,7 @@ void tile_softmax(uint j0, uint n) {
     s[c] = row_score(0u, j, seen, dot * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
-  cm_sync();  // the row's scores are read (by its lanes, all in this group) before P overwrites them
+  cm_sync();  // the row's scores are read (by its lanes, all in this group) before P goes over them
   float ref = tile_ref(0u, row_max(m_loc));  // FLASH-D: the tile's own max; else the running one
   uint p_at = softmax_row() * SS + first / 2u;  // in the block's scratch, in fp32: 2 fp16 each
   float l_loc = 0.0;
