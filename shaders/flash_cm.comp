@@ -44,8 +44,8 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 // in the same ones; padding made the kernel 2.5x faster on an H100).
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
 const uint VS = DV + 8u;                     // V tile, fp16
-// A group's scratch row: S (BC fp32), then P (BC fp16) in its first BC / 2 words and the
-// factors keep and coef (16 fp32 each) after them.
+// A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
+// in its first BC / 2 words and the factors keep and coef (16 fp32 each) after them.
 const uint FC = BC / 2u;                          // where the factors start, in fp32
 const uint SS = (BC > FC + 32u ? BC : FC + 32u) + 4u;
 const uint OS = 20u;                         // a 16 x 16 piece of the output, fp32
@@ -174,8 +174,8 @@ void tile_scores() {
   block_sync();
 }
 
-// The variant's recurrence (the same hooks the fused kernels call), on this lane's row (both
-// lanes of a row hold the same state).
+// The variant's recurrence (the same hooks the fused kernels call), on this lane's row (its LPR
+// lanes hold the same state).
 #if defined(CM_FLASHD)
 #include "flashd_step.glsl"
 #elif defined(CM_FLASH1)

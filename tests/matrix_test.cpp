@@ -85,16 +85,18 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
 
 // Past d = 128 a block of 16 rows is two groups', each with half of the head dims of Q, K and
 // V: their scores are added before the softmax, which each group runs for half of the rows, and
-// each keeps half of the output. Every recurrence at d = 160 and dv = 96 (GQA, causal, ragged; 32
-// keys a tile in 32 KiB, 8 a softmax lane), then d = 256 with dv = 192 in 16-key tiles (4 keys a
-// lane; as on RDNA, whose 32 KiB budget gives them), where the staged queries take more space
-// than the K/V tile. (Small shapes: llvmpipe builds these emulated kernels slowly.)
+// each keeps half of the output. Every recurrence at d = 160 and dv = 96 (GQA, causal, partial
+// tiles and row blocks; 32 keys a tile in 32 KiB, 8 a softmax lane), then d = 256 with dv = 192
+// in 16-key tiles (4 keys a lane; as on RDNA), where the staged queries take more space than the
+// K/V tile, as they do unsplit at d = 128 over dv = 32. (Small shapes: llvmpipe builds these
+// emulated kernels slowly.)
 TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
   HostTensor q = random_tensor({1, 4, 24, 160}, 61), k = random_tensor({1, 2, 70, 160}, 62),
              v = random_tensor({1, 2, 70, 96}, 63);
   AttentionParams params;
   params.want_lse = true;
   params.mods.causal = true;
+  params.hints.max_shared_memory = 32 * 1024;  // the same tiles on every device
   for (Variant variant : kMatrixVariants) {
     params.variant = variant;
     HostAttentionResult run = expect_matches(q, k, v, params, variant_name(variant));
@@ -105,9 +107,15 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
              v192 = random_tensor({1, 1, 50, 192}, 66);
   params.variant = Variant::flash2;
   params.mods.causal = false;
-  params.hints.max_shared_memory = 32 * 1024;
   HostAttentionResult run = expect_matches(q256, k256, v192, params, "d = 256, dv = 192");
   EXPECT_EQ(run.block_keys, 16u);
+  // Unsplit, the staged queries outgrow the K/V tile too where d is well over dv: 64 rows of
+  // d = 128 against 32 keys of 128 + 32 values.
+  HostTensor q128 = random_tensor({1, 2, 70, 128}, 67), k128 = random_tensor({1, 2, 50, 128}, 68),
+             v32 = random_tensor({1, 2, 50, 32}, 69);
+  run = expect_matches(q128, k128, v32, params, "d = 128, dv = 32");
+  EXPECT_EQ(run.block_rows, 64u);
+  EXPECT_EQ(run.block_keys, 32u);
 }
 
 #ifdef FLASHVK_TEST_FLEX
