@@ -21,8 +21,8 @@ bool whole_subgroups(const DeviceInfo& info, uint32_t invocations) {
 }
 
 // Register tiles read K and V as RGBA texels (tile.glsl), or in storage formats of their own as
-// 32-bit words (word_texel_bytes: the block formats four words a texel), so d and dv must be multiples of 4 and
-// each of K and V must fit one texel-buffer binding.
+// 32-bit words (word_texel_bytes: the block formats four words a texel), so d and dv must be
+// multiples of 4 and each of K and V must fit one texel-buffer binding.
 bool texels_fit(const DeviceInfo& info, const Dims& dims, const Storage& kv) {
   uint64_t keys = dims.kv_keys;
   uint64_t texels = keys * std::max(dims.d, dims.dv) / 4;
@@ -91,6 +91,10 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
          info.type == "cpu" && params.hints.block_keys == 0;
 }
 
+// The cooperative-matrix kernel's workgroup: four groups of 32 invocations (NSG in
+// shaders/flash_cm.comp).
+constexpr uint32_t kMatrixWorkgroup = 128;
+
 // Groups of the cooperative-matrix kernel that share a block of 16 query rows, each holding
 // 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over 128, so
 // that a lane's queries and output take the registers they take at 128 (at d = 256, whole, they
@@ -110,13 +114,15 @@ uint32_t coopmat_split(uint32_t d, uint32_t dv) {
 // the most keys that fit.
 uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                       MatrixApi api) {
-  uint32_t exchange = api == MatrixApi::emulated ? 128 * 4 : 0;
-  uint32_t rows = 64 / coopmat_split(d, dv);
+  uint32_t exchange = api == MatrixApi::emulated ? kMatrixWorkgroup * 4 : 0;  // a float each
+  uint32_t rows = layout_row(TileLayout::cooperative_matrix)
+                      .workgroup_rows(kMatrixWorkgroup, 1, coopmat_split(d, dv));
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * std::max(keys * (d + 8 + dv + 8), rows * (d + 8));  // the queries first
     uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool thin = keys > 16 && is_rdna(info) && rdna_subgroups_per_simd(bytes, 128, 32, 8) < 4;
+    bool thin =
+        keys > 16 && is_rdna(info) && rdna_subgroups_per_simd(bytes, kMatrixWorkgroup, 32, 8) < 4;
     if (bytes <= shared_bytes && !thin) return keys;
   }
   return 0;
@@ -242,7 +248,8 @@ bool use_lanes(const DeviceInfo& info, const Dims& dims, const AttentionParams& 
       throw Error(
           "tile_layout lanes runs splitkv with workgroups sized by the engine (block_rows 0), "
           "block_keys (keys a cluster of lanes takes a step) at most " +
-          std::to_string(kLaneKeys) + ", on devices with subgroup shuffles and subgroup size "
+          std::to_string(kLaneKeys) +
+          ", on devices with subgroup shuffles and subgroup size "
           "control (an adopted device: ExternalDevice::subgroup_size_control_enabled), d a "
           "multiple of " +
           std::to_string(lane_vec(kv.k)) + " and dv a multiple of " +
@@ -454,7 +461,7 @@ Spec choose_layout(const TilingRequest& request) {
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
     spec.matrix = request.matrix_api;
-    spec.workgroup = 128;  // four groups of 32, 16 query rows a block of `lanes` groups
+    spec.workgroup = kMatrixWorkgroup;  // 16 query rows a block of `lanes` groups
     spec.lanes = coopmat_split(dims.d, dims.dv);
     spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
@@ -465,9 +472,9 @@ Spec choose_layout(const TilingRequest& request) {
   }
   spec.workgroup = params.hints.block_rows ? params.hints.block_rows : 64;
   // A per-key trace (Bc = 1; usually one row's call, as the viewer's) in a workgroup no larger
-  // than its rows, or a subgroup: rows past the problem are work under a mask on a CPU driver (16384
-  // keys took 0.4 s at 64 invocations on lavapipe). Not longer tiles: their loads, unrolled over
-  // fewer invocations, would take llvmpipe minutes to build.
+  // than its rows, or a subgroup: rows past the problem are work under a mask on a CPU driver
+  // (16384 keys took 0.4 s at 64 invocations on lavapipe). Not longer tiles: their loads, unrolled
+  // over fewer invocations, would take llvmpipe minutes to build.
   if (trace && forced_keys == 1 && !params.hints.block_rows) {
     uint64_t rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // of a (batch, KV head)
     uint32_t fit = std::max(info.subgroup_size, 1u);
