@@ -192,7 +192,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (o.layout == TileLayout::cooperative_matrix && ctx.handles().matrix_api == MatrixApi::none)
     throw Error(
         "--layout coopmat needs cooperative matrices (VK_KHR_cooperative_matrix or "
-        "VK_NV_cooperative_matrix with fp16 16x16x16 products into fp32, or their emulation, "
+        "VK_NV_cooperative_matrix with fp16 products into fp32 in one of the kernels' shapes, or "
+        "their emulation, "
         "which needs fp16 storage); " +
         ctx.device().name + " has none (see `flashvk devices`)");
   // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the

@@ -252,8 +252,9 @@ int cmd_devices(const std::vector<std::string>& argv) {
                 d.fp16_storage ? "yes" : "no", d.timestamps ? "yes" : "no",
                 d.subgroup_shuffle ? "yes" : "no", texels.c_str());
     std::string matrices = matrix_api_name(d.matrix_api);
+    if (d.matrix_api != MatrixApi::none) matrices += ", " + matrix_shape_name(d.matrix_shape);
     if (d.matrix_api == MatrixApi::khr && d.nv_cooperative_matrix) matrices += " (nv too)";
-    std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 16x16x16 into fp32) %s\n",
+    std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 into fp32) %s\n",
                 d.fp16_arithmetic ? "yes" : "no", matrices.c_str());
     std::printf("   pipeline statistics (flashvk pipelines) %s",
                 d.pipeline_statistics ? "yes" : "no");

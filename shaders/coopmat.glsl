@@ -5,13 +5,16 @@
 //   CM_NV        GL_NV_cooperative_matrix (VK_NV_cooperative_matrix, NVIDIA's first extension)
 //   CM_EMULATE   the same products in ordinary arithmetic, on any device (MatrixApi::emulated:
 //                what lets the tests run this kernel on a CPU; slow)
-// A group is the 32 invocations that hold a matrix together: a subgroup of 32 on the matrix
-// units (the host requires that size), 32 consecutive invocations when emulated, whatever the
-// device's subgroups are.
+// The shape is the device's (DeviceInfo::matrix_shape, as specialization constants): CM_M x 16
+// times 16 x CM_N into CM_M x CM_N, by a group of SUBGROUP = CM_M * CM_N / 8 invocations:
+// 16 x 16 by 32 (NVIDIA, AMD RDNA3), 8 x 16 by 16 (Intel Xe2), 8 x 8 by 8 (Intel Arc A). On the
+// matrix units a group is a subgroup of that size (the host requires it); emulated, SUBGROUP
+// consecutive invocations, whatever the device's subgroups are.
 //
-// Types: CmA (16 x 16 fp16, the left operand), CmB and CmBt (16 x 16 fp16, the right, loaded as
-// it is or transposed), CmAcc (16 x 16 fp32). Arrays are of uvec4 (8 fp16 values, or 4 fp32), so every matrix starts 16-byte aligned;
-// offsets and strides count those elements. Macros, as GLSL passes arrays by value:
+// Types: CmA (CM_M x 16 fp16, the left operand), CmB and CmBt (16 x CM_N fp16, the right, loaded
+// as it is or transposed), CmAcc (CM_M x CM_N fp32). Arrays are of uvec4 (8 fp16 values, or 4
+// fp32), so every matrix starts 16-byte aligned; offsets and strides count those elements.
+// Macros, as GLSL passes arrays by value:
 //   cm_zero(c)                     c = 0
 //   cm_load_a(a, arr, off, stride) a from a row-major array (fp16)
 //   cm_load_b(b, arr, off, stride) b from a row-major array (fp16)
@@ -22,18 +25,21 @@
 //   cm_scale(c, f)                 c *= f, element by element (f a CmAcc)
 //   cm_blend(c, f, x, g)           c = c * f + x * g, element by element (all CmAcc)
 // and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
-// cm_sync() (the group's shared-memory writes before it are seen by the group after it), and
-// cm_xor(x, m) (x of lane CM_LANE ^ m, m below 32). cm_sync and cm_xor are workgroup barriers
-// when emulated: the kernel calls them in uniform control flow.
+// CM_LPG (the lanes of a group a matrix row has: SUBGROUP / CM_M), cm_sync() (the group's
+// shared-memory writes before it are seen by the group after it), and cm_xor(x, m) (x of lane
+// CM_LANE ^ m, m below SUBGROUP). cm_sync and cm_xor are workgroup barriers when emulated: the
+// kernel calls them in uniform control flow.
 //
-// Emulated, a lane holds its row of CmA whole (row CM_LANE / 2), and of CmAcc the 8 columns
-// (CM_LANE % 2) * 8 .. + 7 of that row; CmB stays where it was loaded from, CM_B_ARRAY (which
-// the kernel defines), and cm_mul_add reads it there: no lane needs another's values. The
-// loops are unrolled (llvmpipe stops an invocation's loops after 65535 iterations in all).
+// Emulated, a lane holds its row of CmA whole (row CM_LANE / CM_LPG), and of CmAcc the 8 columns
+// (CM_LANE % CM_LPG) * 8 .. + 7 of that row (CM_M * CM_N = 8 * SUBGROUP); CmB stays where it
+// was loaded from, CM_B_ARRAY (which the kernel defines), and cm_mul_add reads it there: no lane
+// needs another's values. The loops are unrolled (llvmpipe stops an invocation's loops after
+// 65535 iterations in all).
 
+const uint CM_LPG = SUBGROUP / CM_M;
 #ifdef CM_EMULATE
-#define CM_LANE (gl_LocalInvocationID.x % 32u)
-#define CM_GROUP (gl_LocalInvocationID.x / 32u)
+#define CM_LANE (gl_LocalInvocationID.x % SUBGROUP)
+#define CM_GROUP (gl_LocalInvocationID.x / SUBGROUP)
 #else
 #define CM_LANE gl_SubgroupInvocationID
 #define CM_GROUP gl_SubgroupID
@@ -44,10 +50,10 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#define CmA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define CmB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define CmA coopmat<float16_t, gl_ScopeSubgroup, CM_M, 16, gl_MatrixUseA>
+#define CmB coopmat<float16_t, gl_ScopeSubgroup, 16, CM_N, gl_MatrixUseB>
 #define CmBt CmB
-#define CmAcc coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define CmAcc coopmat<float, gl_ScopeSubgroup, CM_M, CM_N, gl_MatrixUseAccumulator>
 #define cm_zero(c) c = CmAcc(0.0)
 #define cm_load_a(a, arr, off, stride) \
   coopMatLoad(a, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
@@ -68,10 +74,10 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#define CmA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define CmB fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define CmA fcoopmatNV<16, gl_ScopeSubgroup, CM_M, 16>
+#define CmB fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N>
 #define CmBt CmB
-#define CmAcc fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define CmAcc fcoopmatNV<32, gl_ScopeSubgroup, CM_M, CM_N>
 #define cm_zero(c) c = CmAcc(0.0)
 #define cm_load_a(a, arr, off, stride) coopMatLoadNV(a, arr, off, stride, false)
 #define cm_load_b(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, false)
@@ -89,7 +95,7 @@
 
 #elif defined(CM_EMULATE)
 struct CmA {
-  float v[16];  // row CM_LANE / 2, whole
+  float v[16];  // row CM_LANE / CM_LPG, whole
 };
 struct CmB {
   uint off, stride;  // where in CM_B_ARRAY, in uvec4 elements: row-major
@@ -98,7 +104,7 @@ struct CmBt {
   uint off, stride;  // the same, of the transpose (cm_load_bt)
 };
 struct CmAcc {
-  float v[8];  // row CM_LANE / 2, columns (CM_LANE % 2) * 8 .. + 7
+  float v[8];  // row CM_LANE / CM_LPG, columns (CM_LANE % CM_LPG) * 8 .. + 7
 };
 // The 8 fp16 values of a uvec4, into v[at] ..
 #define cm_unpack8(v, at, w)                                 \
@@ -111,7 +117,7 @@ struct CmAcc {
   [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i) c.v[cm_i] = 0.0
 #define cm_load_a(a, arr, off, stride)                                  \
   [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h) {                  \
-    cm_unpack8(a.v, cm_h * 8u, arr[(off) + (CM_LANE / 2u) * (stride) + cm_h]) \
+    cm_unpack8(a.v, cm_h * 8u, arr[(off) + (CM_LANE / CM_LPG) * (stride) + cm_h]) \
   }
 #define cm_load_b(b, arr, off, stride) b = CmB(off, stride)
 #define cm_load_bt(b, arr, off, stride) b = CmBt(off, stride)
@@ -119,14 +125,14 @@ struct CmAcc {
 void cm_emu_mul_add(inout CmAcc c, CmA a, CmB b) {
   [[unroll]] for (uint k = 0u; k < 16u; ++k) {
     float row[8];
-    cm_unpack8(row, 0u, CM_B_ARRAY[b.off + k * b.stride + CM_LANE % 2u])
+    cm_unpack8(row, 0u, CM_B_ARRAY[b.off + k * b.stride + CM_LANE % CM_LPG])
     [[unroll]] for (uint i = 0u; i < 8u; ++i) c.v[i] += a.v[k] * row[i];
   }
 }
 // c += a b, b the transpose of rows in memory: column i of b is two uvec4 of a row.
 void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
   [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-    uint at = b.off + ((CM_LANE % 2u) * 8u + i) * b.stride;
+    uint at = b.off + ((CM_LANE % CM_LPG) * 8u + i) * b.stride;
     float col[16];
     cm_unpack8(col, 0u, CM_B_ARRAY[at])
     cm_unpack8(col, 8u, CM_B_ARRAY[at + 1u])
@@ -138,12 +144,12 @@ void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
 #define cm_mul_add(c, a, b) cm_emu_mul_add(c, a, b)
 #define cm_store(c, arr, off, stride)                                                   \
   [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h)                                    \
-    arr[(off) + (CM_LANE / 2u) * (stride) + (CM_LANE % 2u) * 2u + cm_h] =               \
+    arr[(off) + (CM_LANE / CM_LPG) * (stride) + (CM_LANE % CM_LPG) * 2u + cm_h] =       \
         floatBitsToUint(vec4(c.v[cm_h * 4u], c.v[cm_h * 4u + 1u], c.v[cm_h * 4u + 2u],  \
                              c.v[cm_h * 4u + 3u]))
 #define cm_load_acc(c, arr, off, stride)                                              \
   [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h) {                                \
-    uint cm_at = (off) + (CM_LANE / 2u) * (stride) + (CM_LANE % 2u) * 2u + cm_h;         \
+    uint cm_at = (off) + (CM_LANE / CM_LPG) * (stride) + (CM_LANE % CM_LPG) * 2u + cm_h; \
     vec4 cm_x = uintBitsToFloat(arr[cm_at]);                                          \
     [[unroll]] for (uint cm_i = 0u; cm_i < 4u; ++cm_i) c.v[cm_h * 4u + cm_i] = cm_x[cm_i]; \
   }
@@ -158,7 +164,7 @@ void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
 #endif
 
 #ifdef CM_EMULATE
-shared float cm_pair[NSG * 32u];  // cm_xor's exchange (NSG: the kernel's groups)
+shared float cm_pair[gl_WorkGroupSize.x];  // cm_xor's exchange
 void cm_sync() {
   memoryBarrierShared();
   barrier();

@@ -6,19 +6,22 @@
 // per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's
 // partial pass, each for every matrix API.
 //
-// A workgroup is 4 groups of 32 lanes (subgroups on the matrix units). A row block of 16 packed
-// query rows belongs to SPLIT groups (LANES: 1, or 2 where d or dv is over 128), each of which
-// keeps 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT
-// of its output columns as accumulator matrices (16 x 16, fp32) from the first tile to the last,
-// so that at d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per
-// tile of BC keys, staged in shared memory as fp16 and read by all four groups:
-//   1. each group's part of S (16 x BC) = Q K^T as 16 x 16 products, stored to its scratch in
-//      shared memory (a matrix's element layout is the driver's, so rows are read back through
+// The matrices are the device's shape (coopmat.glsl): CM_M x 16 times 16 x CM_N by a group of
+// SUBGROUP lanes (16 x 16 by 32 on NVIDIA and AMD; 8-row shapes on Intel). A workgroup is NSG
+// groups. A row block of CM_M packed query rows belongs to SPLIT groups (LANES: 1, or 2 where d
+// or dv is over 128), each of which keeps 1 / SPLIT of the block's head dims: D / SPLIT of its
+// queries as matrices and DV / SPLIT of its output columns as accumulator matrices (fp32) from
+// the first tile to the last, so that at d = 256 a lane holds what it does at 128. So 64 rows a
+// workgroup, or 32 split. Per tile of BC keys, staged in shared memory as fp16 and read by every
+// group:
+//   1. each group's part of S (CM_M x BC) = Q K^T as CM_M x CM_N products, stored to its scratch
+//      in shared memory (a matrix's element layout is the driver's, so rows are read back through
 //      memory);
-//   2. 2 * SPLIT lanes per row add the parts, take the row's max and sum over the tile (exchanges
-//      within the group: a split block's groups take half of its rows each), run the variant's
-//      recurrence, and write P (fp16, at most 1: relative to a max) and the rows' factors over the
-//      block's first S (keep and coef, each as a 16 x 16 matrix whose row r is row r's factor);
+//   2. LPR lanes per row add the parts, take the row's max and sum over the tile (exchanges
+//      within the group: a split block's groups take 1 / SPLIT of its rows each), run the
+//      variant's recurrence, and write P (fp16, at most 1: relative to a max) and the rows'
+//      factors over the block's first S (keep and coef, each as an accumulator matrix whose row r
+//      is row r's factor);
 //   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
 //      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
 //      coef is 1: P V accumulates straight into O.
@@ -31,13 +34,14 @@
 #define FP16
 #include "common.glsl"
 
-const uint SG_ROWS = 16u;            // query rows per row block (the matrices' M)
-const uint NSG = 4u;                 // groups per workgroup: local size 128
+const uint SG_ROWS = CM_M;           // query rows per row block (the matrices' M)
+const uint WG = gl_WorkGroupSize.x;  // invocations per workgroup
+const uint NSG = WG / SUBGROUP;      // groups per workgroup: NSG * CM_M = 64 rows
 const uint SPLIT = LANES;            // groups per row block, each with D / SPLIT and DV / SPLIT
 const uint QD = D / SPLIT;           // head dims of Q and K a group multiplies
 const uint OD = DV / SPLIT;          // output columns a group holds
 const uint WG_ROWS = SG_ROWS * (NSG / SPLIT);  // query rows per workgroup
-const uint LPR = 2u * SPLIT;         // lanes a row's softmax takes, all in one group
+const uint LPR = SUBGROUP / CM_M * SPLIT;  // lanes a row's softmax takes, in one group
 const uint PART = BC / LPR;          // keys of a tile each of them takes
 // Row strides in shared memory, each padded by 16 bytes so that the 16 rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
@@ -45,10 +49,10 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
 const uint VS = DV + 8u;                     // V tile, fp16
 // A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
-// in its first BC / 2 words and the factors keep and coef (16 fp32 each) after them.
+// in its first BC / 2 words and the factors keep and coef (CM_N fp32 each) after them.
 const uint FC = BC / 2u;                          // where the factors start, in fp32
-const uint SS = (BC > FC + 32u ? BC : FC + 32u) + 4u;
-const uint OS = 20u;                         // a 16 x 16 piece of the output, fp32
+const uint SS = (BC > FC + 2u * CM_N ? BC : FC + 2u * CM_N) + 4u;
+const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
 const uint VB = BC * KS;                     // where the V tile starts, in fp16 values
 
 // K tile, then V tile (the queries pass through the same space first, so at least WG_ROWS rows
@@ -65,9 +69,9 @@ layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
 
-CmA q_frag[QD / 16u];   // the group's head dims of its block's queries
-CmA p_frag[BC / 16u];   // the tile's P (step 2), as left operands of P V
-CmAcc o_acc[OD / 16u];  // its columns of its block's output (unnormalised for FlashAttention-2)
+CmA q_frag[QD / 16u];     // the group's head dims of its block's queries
+CmA p_frag[BC / 16u];     // the tile's P (step 2), as left operands of P V
+CmAcc o_acc[OD / CM_N];   // its columns of its block's output (unnormalised for FlashAttention-2)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -115,7 +119,7 @@ Row local_row(uint r) {
 // Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices;
 // rows past the problem are zeros.
 void load_queries() {
-  for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += gl_WorkGroupSize.x) {
+  for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
     uint r = e / (D / 8u), t = e % (D / 8u);
     Row row = local_row(r);
     uvec4 x = row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
@@ -129,19 +133,19 @@ void load_queries() {
 // A tile's K and V as each invocation fetches them (8 fp16 values per element): the next tile
 // is fetched into registers while the current one is worked on, so its loads are in flight
 // during the products instead of before them.
-const uint KF = (BC * D / 8u + NSG * 32u - 1u) / (NSG * 32u);
-const uint VF = (BC * DV / 8u + NSG * 32u - 1u) / (NSG * 32u);
+const uint KF = (BC * D / 8u + WG - 1u) / WG;
+const uint VF = (BC * DV / 8u + WG - 1u) / WG;
 uvec4 k_next[KF], v_next[VF];
 
 // Keys j0 .. j0 + n - 1 of this workgroup's K/V head into k_next and v_next, zeros after them.
 void fetch_tile(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (D / 8u);
+    uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
     k_next[i] = e < BC * D / 8u && c < n ? k8[(key_row(kv_base, j0 + c) * D) / 8u + e % (D / 8u)]
                                          : uvec4(0u);
   }
   [[unroll]] for (uint i = 0u; i < VF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * NSG * 32u, c = e / (DV / 8u);
+    uint e = gl_LocalInvocationID.x + i * WG, c = e / (DV / 8u);
     v_next[i] = e < BC * DV / 8u && c < n ? v8[(key_row(kv_base, j0 + c) * DV) / 8u + e % (DV / 8u)]
                                           : uvec4(0u);
   }
@@ -149,11 +153,11 @@ void fetch_tile(uint kv_base, uint j0, uint n) {
 
 void store_tile() {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * NSG * 32u;
+    uint e = gl_LocalInvocationID.x + i * WG;
     if (e < BC * D / 8u) kv_sh[(e / (D / 8u)) * KS / 8u + e % (D / 8u)] = k_next[i];
   }
   [[unroll]] for (uint i = 0u; i < VF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * NSG * 32u;
+    uint e = gl_LocalInvocationID.x + i * WG;
     if (e < BC * DV / 8u) kv_sh[(VB + (e / (DV / 8u)) * VS) / 8u + e % (DV / 8u)] = v_next[i];
   }
 }
@@ -161,15 +165,15 @@ void store_tile() {
 // Step 1: this group's part of its block's scores against the tile (over its head dims),
 // unscaled, into its scratch.
 void tile_scores() {
-  [[unroll]] for (uint n = 0u; n < BC / 16u; ++n) {
+  [[unroll]] for (uint n = 0u; n < BC / CM_N; ++n) {
     CmAcc acc;
     cm_zero(acc);
     [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
       CmBt kt;  // K^T: dims down, keys across
-      cm_load_bt(kt, kv_sh, (n * 16u * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+      cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
       cm_mul_add(acc, q_frag[k], kt);
     }
-    cm_store(acc, s_sh, group_scratch() + n * 4u, SS / 4u);
+    cm_store(acc, s_sh, group_scratch() + n * CM_N / 4u, SS / 4u);
   }
   block_sync();
 }
@@ -184,13 +188,15 @@ void tile_scores() {
 #include "flash2_step.glsl"
 #endif
 
-// This lane's row's two factors, each over 16 / LPR of its 16 columns in the block's scratch.
+// This lane's row's two factors, each over CM_N / LPR of its CM_N columns in the block's scratch
+// (CM_N / 4 words, a multiple of LPR in every shape).
 void write_factors(float keep, float coef) {
-  uint f_base = block_scratch() + (softmax_row() * SS + FC) / 4u + (lane() % LPR) * (4u / LPR);
-  [[unroll]] for (uint w = 0u; w < 4u / LPR; ++w) {
+  const uint words = CM_N / 4u / LPR;
+  uint f_base = block_scratch() + (softmax_row() * SS + FC) / 4u + (lane() % LPR) * words;
+  [[unroll]] for (uint w = 0u; w < words; ++w) {
     s_sh[f_base + w] = floatBitsToUint(vec4(keep));
 #ifndef CM_FLASH2
-    s_sh[f_base + 4u + w] = floatBitsToUint(vec4(coef));
+    s_sh[f_base + CM_N / 4u + w] = floatBitsToUint(vec4(coef));
 #endif
   }
 }
@@ -238,27 +244,27 @@ void tile_softmax(uint j0, uint n) {
   block_sync();
 }
 
-// acc += the 16 columns of P V from the group's column 16 nv.
+// acc += the CM_N columns of P V from the group's column CM_N nv.
 void add_pv(inout CmAcc acc, uint nv) {
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
     CmB vb;
-    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + part() * OD + nv * 16u) / 8u, VS / 8u);
+    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + part() * OD + nv * CM_N) / 8u, VS / 8u);
     cm_mul_add(acc, p_frag[kc], vb);
   }
 }
 
-// Step 3: O <- O * keep + coef * P V on the accumulators, one 16-column piece at a time.
+// Step 3: O <- O * keep + coef * P V on the accumulators, one CM_N-column piece at a time.
 void tile_accumulate() {
   uint f = block_scratch();
   CmAcc keep;
   cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
 #ifndef CM_FLASH2
   CmAcc coef;
-  cm_load_acc(coef, s_sh, f + FC / 4u + 4u, SS / 4u);
+  cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
 #endif
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
     cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
-  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) {
+  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
 #ifdef CM_FLASH2
     cm_scale(o_acc[nv], keep);  // coef is 1: P V accumulates into O
     add_pv(o_acc[nv], nv);
@@ -289,27 +295,28 @@ uint output_at(Row row) {
 }
 
 // The output, times its row's out_scale, from the accumulators through the group's scratch: each
-// lane writes 8 values of row lane / 2 of its block a piece. Called by every lane in uniform flow.
+// lane writes 8 values of row lane / CM_LPG of its block a piece (CM_M * CM_N = 8 * SUBGROUP).
+// Called by every lane in uniform flow.
 void finish() {
   block_sync();  // the last tile's P and factors are read before out_scale overwrites them
   write_factors(out_scale(0u), 0.0);  // by the lanes that hold the row's state
   block_sync();
-  uint r = lane() / 2u, half_col = (lane() % 2u) * 8u;
+  uint r = lane() / CM_LPG, col = (lane() % CM_LPG) * 8u;
   float mul = uintBitsToFloat(s_sh[block_scratch() + (r * SS + FC) / 4u].x);
   Row row = local_row(block() * SG_ROWS + r);
   uint base = output_at(row) + part() * OD;
   block_sync();  // read before the pieces overwrite it
   uint piece = group_scratch();
-  uint at = piece + (r * OS + half_col) / 4u;
-  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) {
+  uint at = piece + (r * OS + col) / 4u;
+  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
     cm_store(o_acc[nv], s_sh, piece, OS / 4u);
     cm_sync();
     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
       float x = uintBitsToFloat(s_sh[at + e / 4u][e % 4u]) * mul;
 #ifdef SPLIT_KV
-      if (row.valid) scratch1[base + nv * 16u + half_col + e] = x;
+      if (row.valid) scratch1[base + nv * CM_N + col + e] = x;
 #else
-      if (row.valid) o_buf[base + nv * 16u + half_col + e] = x;
+      if (row.valid) o_buf[base + nv * CM_N + col + e] = x;
 #endif
     }
     cm_sync();  // read before the next piece overwrites it
@@ -330,7 +337,7 @@ void main() {
   Row row = local_row(block() * SG_ROWS + softmax_row());
   rows[0] = row;
   state_start(0u);
-  [[unroll]] for (uint nv = 0u; nv < OD / 16u; ++nv) cm_zero(o_acc[nv]);
+  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) cm_zero(o_acc[nv]);
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded

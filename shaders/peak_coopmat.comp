@@ -1,9 +1,10 @@
 #version 460
 // Calibration for `flashvk bench --peak` on devices with cooperative matrices: the matrix units'
 // fp16-in, fp32-accumulate throughput through the API the attention kernel uses (coopmat.glsl:
-// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix), the same 16 x 16 x 16 products
-// flash_cm.comp runs. Every subgroup runs 8 independent chains of multiply-adds on registers,
-// pc.nk times, and stores its sum. FLOPs per subgroup: pc.nk * 8 * 2 * 16 * 16 * 16.
+// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix), the same products in the same shape
+// (CM_M x 16 times 16 x CM_N) flash_cm.comp runs. Every subgroup runs 8 independent chains of
+// multiply-adds on registers, pc.nk times, and stores its sum. FLOPs per subgroup:
+// pc.nk * 8 * 2 * CM_M * CM_N * 16.
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 
@@ -27,5 +28,5 @@ void main() {
   CmAcc sum = acc[0];
   [[unroll]] for (uint c = 1u; c < 8u; ++c) sum = sum + acc[c];
   uint subgroup = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
-  cm_store(sum, o_buf, subgroup * 256u, 16u);
+  cm_store(sum, o_buf, subgroup * CM_M * CM_N, CM_N);
 }

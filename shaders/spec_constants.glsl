@@ -37,11 +37,15 @@ SPEC_CONSTANT(10, uint, PAGE_SIZE, page_size, 0)
 SPEC_CONSTANT(11, uint, KV_VEC4, kv_vec4, 1)
 SPEC_CONSTANT(12, uint, V_AT, v_at, 0)
 // Lanes: the device's subgroup size, so that the clusters of a subgroup merge by shuffles and only
-// the subgroups of a workgroup through shared memory, which is sized by it.
+// the subgroups of a workgroup through shared memory, which is sized by it. Cooperative matrices:
+// the invocations that hold a matrix (a subgroup on the matrix units; coopmat.glsl).
 SPEC_CONSTANT(13, uint, SUBGROUP, subgroup, 32)
 // flex_tiles.comp: the query rows of a workgroup of the attention kernel whose tile bitmap it
 // writes (Spec::block()).
 SPEC_CONSTANT(14, uint, TILE_ROWS, tile_rows, 1)
+// Cooperative matrices: the device's shape (DeviceInfo::matrix_shape), CM_M x 16 times 16 x CM_N.
+SPEC_CONSTANT(15, uint, CM_M, cm_m, 16)
+SPEC_CONSTANT(16, uint, CM_N, cm_n, 16)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

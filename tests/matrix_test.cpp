@@ -21,11 +21,12 @@ const Variant kMatrixVariants[] = {Variant::flash1, Variant::flash2, Variant::fl
 // Runs `params` on fp16 copies of q, k and v in the cooperative-matrix layout and checks O and
 // LSE against the reference on the stored values; returns the run.
 HostAttentionResult expect_matches(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                                   AttentionParams params, const std::string& what) {
+                                   AttentionParams params, const std::string& what,
+                                   Context& ctx = context()) {
   HostTensor qh = round_to_half(q), kh = round_to_half(k), vh = round_to_half(v);
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   reference::Result ref = reference::direct(qh, kh, vh, params);
-  HostAttentionResult gpu = attention(context(), qh, kh, vh, params, DType::f16);
+  HostAttentionResult gpu = attention(ctx, qh, kh, vh, params, DType::f16);
   EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix) << what;
   EXPECT_LE(max_error(gpu.out.data, ref.out),
             tolerance(qh, kh, vh, params) + weight_rounding(gpu, vh))
@@ -116,6 +117,46 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
   run = expect_matches(q128, k128, v32, params, "d = 128, dv = 32");
   EXPECT_EQ(run.block_rows, 64u);
   EXPECT_EQ(run.block_keys, 32u);
+}
+
+// Intel's shapes, emulated (ContextOptions::emulated_matrix_shape): 8 rows a matrix, so twice the
+// groups of half the rows; 8x8x16 by 8 lanes (Arc A-series: one lane a row's softmax, 8-column
+// output pieces) and 8x16x16 by 16 (Xe2: two lanes a row). The ragged case of
+// EachRecurrenceMatchesTheReference in two recurrences at each shape, and FlashAttention-2 past
+// d = 128, split. Any other shape is refused.
+TEST_F(MatrixTest, IntelShapesMatchTheReference) {
+  HostTensor q = random_tensor({2, 4, 70, 32}, 71), k = random_tensor({2, 2, 150, 32}, 72),
+             v = random_tensor({2, 2, 150, 48}, 73);
+  HostTensor q160 = random_tensor({1, 4, 24, 160}, 74), k160 = random_tensor({1, 2, 70, 160}, 75),
+             v96 = random_tensor({1, 2, 70, 96}, 76);
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  params.hints.max_shared_memory = 32 * 1024;
+  for (MatrixShape shape : {kMatrixShapes[1], kMatrixShapes[2]}) {
+    ContextOptions options = test_options();
+    options.matrix_api = MatrixApi::emulated;
+    options.emulated_matrix_shape = shape;
+    Context ctx = Context::create(options);
+    ASSERT_EQ(ctx.device().matrix_shape, shape);
+    std::string name = matrix_shape_name(shape);
+    bool arc = shape.n == 8;
+    for (Variant variant : {arc ? Variant::flash2 : Variant::flash1,
+                            arc ? Variant::flashd : Variant::splitkv}) {
+      params.variant = variant;
+      HostAttentionResult run =
+          expect_matches(q, k, v, params, name + ", " + variant_name(variant), ctx);
+      EXPECT_EQ(run.block_rows, 64u) << name;
+    }
+    params.variant = Variant::flash2;
+    HostAttentionResult run = expect_matches(q160, k160, v96, params, name + ", d = 160", ctx);
+    EXPECT_EQ(run.block_rows, 32u) << name;
+    EXPECT_TRUE(ctx.take_validation_messages().empty()) << name;
+  }
+  ContextOptions odd = test_options();
+  odd.matrix_api = MatrixApi::emulated;
+  odd.emulated_matrix_shape = {16, 8, 16, 16};
+  expect_refused([&] { Context::create(odd); }, "is not one of the kernels' shapes");
 }
 
 #ifdef FLASHVK_TEST_FLEX

@@ -108,6 +108,76 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(decode.lanes, 16u);  // 128 halves: 16 loads of 16 bytes
 }
 
+// Intel's matrix shapes: 8 rows a matrix, so 8 groups share a workgroup's 64 rows, of 8 lanes
+// on Arc A-series (8x8x16, 64 invocations) or 16 on Xe2 (8x16x16, 128), each required. With 64
+// invocations the next tile's K and V a lane prefetches bound the tile: at d = 96, 64 keys
+// (43 KiB, within 48) would be 64 * 192 / 8 uvec4 over 64 lanes, 24 each: 32 keys, where 128
+// lanes take 64.
+TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
+  Dims prefill96 = dims(8, 8, 4096, 4096, 96, 96);
+  DeviceInfo arc = device("Arc-A-like", "discrete", 64 * 1024, 1024, 8, true, true);
+  arc.nv_cooperative_matrix = false;
+  arc.matrix_shape = kMatrixShapes[2];
+  Spec a = tiling(arc, prefill96, Variant::flash2, DType::f16);
+  EXPECT_EQ(a.layout, TileLayout::cooperative_matrix);
+  EXPECT_EQ(a.workgroup, 64u);
+  EXPECT_EQ(a.cm_m, 8u);
+  EXPECT_EQ(a.cm_n, 8u);
+  EXPECT_EQ(a.required_subgroup(arc.subgroup_size), 8u);
+  EXPECT_EQ(a.block(), 64u);
+  EXPECT_EQ(a.bc, 32u);
+  DeviceInfo xe2 = arc;
+  xe2.matrix_shape = kMatrixShapes[1];
+  Spec x = tiling(xe2, prefill96, Variant::flash2, DType::f16);
+  EXPECT_EQ(x.workgroup, 128u);
+  EXPECT_EQ(x.cm_m, 8u);
+  EXPECT_EQ(x.cm_n, 16u);
+  EXPECT_EQ(x.required_subgroup(xe2.subgroup_size), 16u);
+  EXPECT_EQ(x.bc, 64u);
+  // Past d = 128, 32 rows a workgroup at either shape.
+  Spec a256 = tiling(arc, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
+  EXPECT_EQ(a256.lanes, 2u);
+  EXPECT_EQ(a256.block(), 32u);
+  EXPECT_EQ(a256.bc, 16u);
+  // NVIDIA's: 16 x 16 by 32, 4 groups.
+  Spec n = tiling(kH100, prefill96, Variant::flash2, DType::f16);
+  EXPECT_EQ(n.cm_m, 16u);
+  EXPECT_EQ(n.bc, 64u);
+  EXPECT_EQ(n.required_subgroup(32), 32u);
+}
+
+// The shape a device gets is the first of kMatrixShapes it lists as fp16 into fp32 by a subgroup
+// and whose subgroup size it can require: NVIDIA's many shapes give 16x16x16; Intel Arc A's
+// 8x8x16 (fp16 into fp16 listed too) gives 8x8x16 where SIMD8 can be required, else none.
+TEST(TilingTest, TheDevicesListPicksTheShape) {
+  auto listed = [](uint32_t m, uint32_t n, uint32_t k, VkComponentTypeKHR c) {
+    VkCooperativeMatrixPropertiesKHR p{VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+    p.MSize = m, p.NSize = n, p.KSize = k;
+    p.AType = p.BType = VK_COMPONENT_TYPE_FLOAT16_KHR;
+    p.CType = p.ResultType = c;
+    p.scope = VK_SCOPE_SUBGROUP_KHR;
+    return p;
+  };
+  const VkComponentTypeKHR f16 = VK_COMPONENT_TYPE_FLOAT16_KHR,
+                           f32 = VK_COMPONENT_TYPE_FLOAT32_KHR;
+  DeviceInfo info;
+  info.subgroup_size_control = true;
+  info.min_subgroup_size = 32, info.max_subgroup_size = 32;
+  EXPECT_EQ(detail::pick_matrix_shape({listed(16, 8, 16, f32), listed(16, 8, 8, f32),
+                                       listed(16, 16, 16, f16), listed(16, 16, 16, f32)},
+                                      info),
+            kMatrixShapes[0]);
+  std::vector<VkCooperativeMatrixPropertiesKHR> arc = {listed(8, 8, 16, f16),
+                                                       listed(8, 8, 16, f32)};
+  EXPECT_EQ(detail::pick_matrix_shape(arc, info), MatrixShape{});  // SIMD8 cannot be required
+  info.min_subgroup_size = 8;
+  EXPECT_EQ(detail::pick_matrix_shape(arc, info), kMatrixShapes[2]);
+  info.subgroup_size_control = false;
+  EXPECT_EQ(detail::pick_matrix_shape(arc, info), MatrixShape{});
+  info.subgroup_size_control = true;
+  EXPECT_EQ(detail::pick_matrix_shape({listed(8, 8, 16, f16)}, info), MatrixShape{});  // fp16 C
+}
+
 // RDNA3 (AMD: the driver tells its register file): 64-key matrix tiles only where 4 whole
 // workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's K/V
 // (2 * 64 * (72 + 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys. At d = 32

@@ -302,8 +302,8 @@ bool has_extensions(VkPhysicalDevice physical, const std::vector<std::string>& n
   });
 }
 
-// Whether the matrix units take the one shape the kernels use: 16x16x16, fp16 A and B, fp32 C
-// and D, a subgroup at a time.
+// Whether VK_NV_cooperative_matrix takes 16x16x16 (kMatrixShapes[0]), fp16 A and B, fp32 C
+// and D, a subgroup at a time: the one shape the kernels use through it.
 bool coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
   auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
       vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
@@ -346,22 +346,18 @@ bool pipeline_statistics(VkPhysicalDevice physical) {
                  .pipelineExecutableInfo == VK_TRUE;
 }
 
-// VK_KHR_cooperative_matrix's 16x16x16 fp16 products into fp32 by a subgroup.
-bool khr_coopmat_shape(VkInstance instance, VkPhysicalDevice physical) {
+// The shapes VK_KHR_cooperative_matrix lists.
+std::vector<VkCooperativeMatrixPropertiesKHR> khr_coopmat_shapes(VkInstance instance,
+                                                                 VkPhysicalDevice physical) {
   auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
       vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
   uint32_t count = 0;
-  if (!get || get(physical, &count, nullptr) != VK_SUCCESS) return false;
+  if (!get || get(physical, &count, nullptr) != VK_SUCCESS) return {};
   std::vector<VkCooperativeMatrixPropertiesKHR> props(
       count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
-  if (get(physical, &count, props.data()) != VK_SUCCESS) return false;
-  return std::any_of(props.begin(), props.end(), [](const VkCooperativeMatrixPropertiesKHR& p) {
-    return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
-           p.AType == VK_COMPONENT_TYPE_FLOAT16_KHR && p.BType == VK_COMPONENT_TYPE_FLOAT16_KHR &&
-           p.CType == VK_COMPONENT_TYPE_FLOAT32_KHR &&
-           p.ResultType == VK_COMPONENT_TYPE_FLOAT32_KHR && !p.saturatingAccumulation &&
-           p.scope == VK_SCOPE_SUBGROUP_KHR;
-  });
+  if (get(physical, &count, props.data()) != VK_SUCCESS) return {};
+  props.resize(count);
+  return props;
 }
 
 // The subgroup sizes compute pipelines can require, all lanes active
@@ -393,11 +389,13 @@ bool subgroups_of_32(const DeviceInfo& info) {
          info.max_subgroup_size >= 32;
 }
 
-bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
-                            const DeviceInfo& info) {
+// The shape VK_KHR_cooperative_matrix gives the kernels, with the features they need; {} if
+// it gives none.
+MatrixShape khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
+                                   const DeviceInfo& info) {
   if (!has_extensions(physical,
                       {std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions)}))
-    return false;
+    return {};
   KhrCoopmatFeatures f;
   f.memory_model.pNext = nullptr;
   VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
@@ -408,10 +406,10 @@ bool khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physical,
   VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props.pNext = &stages;
   vkGetPhysicalDeviceProperties2(physical, &props);
-  return f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
-         f.memory_model.vulkanMemoryModel && f.memory_model.vulkanMemoryModelDeviceScope &&
-         (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-         khr_coopmat_shape(instance, physical) && subgroups_of_32(info);
+  bool usable = f.coopmat.cooperativeMatrix && f.float16.shaderFloat16 &&
+                f.memory_model.vulkanMemoryModel && f.memory_model.vulkanMemoryModelDeviceScope &&
+                (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT);
+  return usable ? pick_matrix_shape(khr_coopmat_shapes(instance, physical), info) : MatrixShape{};
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, const DeviceInfo& info) {
@@ -481,10 +479,12 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
   info.fp16_arithmetic = fp16_arithmetic(physical);
   describe_size_control(physical, info);
   info.nv_cooperative_matrix = info.fp16_storage && cooperative_matrix(instance, physical, info);
-  bool khr = info.fp16_storage && khr_cooperative_matrix(instance, physical, info);
-  info.matrix_api = khr                          ? MatrixApi::khr
+  MatrixShape khr =
+      info.fp16_storage ? khr_cooperative_matrix(instance, physical, info) : MatrixShape{};
+  info.matrix_api = khr.m                        ? MatrixApi::khr
                     : info.nv_cooperative_matrix ? MatrixApi::nv
                                                  : MatrixApi::none;
+  info.matrix_shape = khr.m ? khr : info.nv_cooperative_matrix ? kMatrixShapes[0] : MatrixShape{};
   info.cooperative_matrix = info.matrix_api != MatrixApi::none;
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
@@ -815,6 +815,25 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
                        nullptr, 0, nullptr);
 }
 
+MatrixShape pick_matrix_shape(const std::vector<VkCooperativeMatrixPropertiesKHR>& listed,
+                              const DeviceInfo& info) {
+  for (const MatrixShape& shape : kMatrixShapes) {
+    bool found =
+        std::any_of(listed.begin(), listed.end(), [&](const VkCooperativeMatrixPropertiesKHR& p) {
+          return p.MSize == shape.m && p.NSize == shape.n && p.KSize == shape.k &&
+                 p.AType == VK_COMPONENT_TYPE_FLOAT16_KHR &&
+                 p.BType == VK_COMPONENT_TYPE_FLOAT16_KHR &&
+                 p.CType == VK_COMPONENT_TYPE_FLOAT32_KHR &&
+                 p.ResultType == VK_COMPONENT_TYPE_FLOAT32_KHR && !p.saturatingAccumulation &&
+                 p.scope == VK_SCOPE_SUBGROUP_KHR;
+        });
+    bool sized = info.subgroup_size_control && info.min_subgroup_size <= shape.subgroup &&
+                 info.max_subgroup_size >= shape.subgroup;
+    if (found && sized) return shape;
+  }
+  return {};
+}
+
 MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const std::string& who) {
   switch (requested) {
     case MatrixApi::automatic:  // the units, else the stand-in (which runs only where asked for)
@@ -826,10 +845,11 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
     case MatrixApi::khr:
       if (info.matrix_api != MatrixApi::khr)
         throw Error(who + ": matrix_api khr, but " + info.name +
-                    " lacks VK_KHR_cooperative_matrix with 16x16x16 fp16 products into fp32 by "
-                    "a subgroup of 32 (its own size or one VK_EXT_subgroup_size_control asks "
-                    "for) in compute shaders, shaderFloat16, or vulkanMemoryModel and its device "
-                    "scope; `flashvk devices` says what it has");
+                    " lacks VK_KHR_cooperative_matrix with fp16 products into fp32 in one of the "
+                    "kernels' shapes (16x16x16 by subgroups of 32, 8x16x16 by 16, 8x8x16 by 8: "
+                    "sizes VK_EXT_subgroup_size_control can require) in compute shaders, "
+                    "shaderFloat16, or vulkanMemoryModel and its device scope; `flashvk devices` "
+                    "says what it has");
       return MatrixApi::khr;
     case MatrixApi::nv:
       if (!info.nv_cooperative_matrix)
@@ -846,7 +866,31 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
   throw Error(who + ": matrix_api is not one of MatrixApi's values");
 }
 
+MatrixShape context_matrix_shape(const DeviceInfo& info, MatrixApi api, MatrixShape emulated,
+                                 const std::string& who) {
+  if (emulated != MatrixShape{} &&
+      std::find(std::begin(kMatrixShapes), std::end(kMatrixShapes), emulated) ==
+          std::end(kMatrixShapes))
+    throw Error(who + ": emulated_matrix_shape " + std::to_string(emulated.m) + "x" +
+                std::to_string(emulated.n) + "x" + std::to_string(emulated.k) + " by " +
+                std::to_string(emulated.subgroup) +
+                " is not one of the kernels' shapes (16x16x16 by 32, 8x16x16 by 16, 8x8x16 by 8)");
+  switch (api) {
+    case MatrixApi::khr: return info.matrix_shape;
+    case MatrixApi::nv: return kMatrixShapes[0];
+    case MatrixApi::emulated:
+      return emulated.m ? emulated : info.matrix_shape.m ? info.matrix_shape : kMatrixShapes[0];
+    default: return {};
+  }
+}
+
 }  // namespace detail
+
+std::string matrix_shape_name(const MatrixShape& shape) {
+  if (shape == MatrixShape{}) return "none";
+  return std::to_string(shape.m) + "x" + std::to_string(shape.n) + "x" + std::to_string(shape.k) +
+         " by " + std::to_string(shape.subgroup) + " lanes";
+}
 
 const char* matrix_api_name(MatrixApi api) {
   switch (api) {
@@ -929,6 +973,8 @@ Context Context::create(const ContextOptions& options) {
   }
   impl->compile_only = options.compile_only;
   impl->matrix_api = detail::usable_matrix_api(impl->info, options.matrix_api, "ContextOptions");
+  impl->info.matrix_shape = detail::context_matrix_shape(
+      impl->info, impl->matrix_api, options.emulated_matrix_shape, "ContextOptions");
   detail::make_device(*impl);
   impl->cache_path = options.pipeline_cache_path;
   impl->init_shared_objects();
@@ -972,6 +1018,8 @@ Context Context::adopt(const ExternalDevice& external) {
                          ? MatrixApi::none
                          : detail::usable_matrix_api(impl->info, external.matrix_api,
                                                      "Context::adopt");
+  impl->info.matrix_shape =
+      detail::context_matrix_shape(impl->info, impl->matrix_api, {}, "Context::adopt");
   if (external.fp16_arithmetic_enabled && !impl->info.fp16_arithmetic)
     throw Error("Context::adopt: fp16_arithmetic_enabled is set, but " + impl->info.name +
                 " does not support shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features); "
@@ -984,7 +1032,8 @@ Context Context::adopt(const ExternalDevice& external) {
       !external.subgroup_size_control_enabled)
     throw Error(std::string("Context::adopt: matrix_api ") + matrix_api_name(impl->matrix_api) +
                 " needs subgroup_size_control_enabled (subgroupSizeControl and "
-                "computeFullSubgroups): the matrix kernels require full subgroups of 32");
+                "computeFullSubgroups): the matrix kernels require full subgroups of their "
+                "shape's size (" + matrix_shape_name(impl->info.matrix_shape) + ")");
   impl->size_control_enabled = external.subgroup_size_control_enabled;
   impl->fp16_enabled = external.fp16_storage_enabled;
   impl->fp16_arithmetic_enabled = external.fp16_arithmetic_enabled ||

@@ -21,6 +21,11 @@ struct LayoutRow {
   uint32_t (*workgroup_rows)(uint32_t workgroup, uint32_t rows, uint32_t lanes);
 };
 
+/// The cooperative-matrix kernel's query rows a workgroup, whatever the matrices' shape (its
+/// groups are 64 / m, of the shape's subgroup each), halved where LANES groups share a row block
+/// (shaders/flash_cm.comp's WG_ROWS).
+inline constexpr uint32_t kMatrixRows = 64;
+
 inline constexpr LayoutRow kLayouts[] = {
     {{TileLayout::automatic, "automatic", "auto", "the engine's choice (tiling.cpp)", ""},
      false, false, [](uint32_t wg, uint32_t, uint32_t) { return wg; }},
@@ -33,9 +38,10 @@ inline constexpr LayoutRow kLayouts[] = {
       "tile_registers.glsl"},
      true, false, [](uint32_t wg, uint32_t rows, uint32_t) { return wg * rows; }},
     {{TileLayout::cooperative_matrix, "cooperative_matrix", "coopmat",
-      "Q K^T and P V on the matrix units, 16 rows a subgroup of 32 (two past d = 128)",
+      "Q K^T and P V on the matrix units, a matrix's rows (16; 8 on Intel) a subgroup (two "
+      "past d = 128)",
       "flash_cm.comp"},
-     false, false, [](uint32_t wg, uint32_t, uint32_t lanes) { return wg / 2 / lanes; }},
+     false, false, [](uint32_t, uint32_t, uint32_t lanes) { return kMatrixRows / lanes; }},
     {{TileLayout::lanes, "lanes", "lanes",
       "splitkv decoding: a KV head's rows in one workgroup, a key's row over a few lanes",
       "splitkv_lanes.comp"},

@@ -91,11 +91,20 @@ bool use_registers(const DeviceInfo& info, const Dims& dims, const AttentionPara
          info.type == "cpu" && params.hints.block_keys == 0;
 }
 
-// The cooperative-matrix kernel's workgroup: four groups of 32 invocations (NSG in
-// shaders/flash_cm.comp).
-constexpr uint32_t kMatrixWorkgroup = 128;
+// The matrices' shape the cooperative-matrix kernel takes: the context's (DeviceInfo::
+// matrix_shape), or 16x16x16 by 32 for a made-up device that gives none.
+MatrixShape coopmat_shape(const DeviceInfo& info) {
+  return info.matrix_shape.m ? info.matrix_shape : kMatrixShapes[0];
+}
 
-// Groups of the cooperative-matrix kernel that share a block of 16 query rows, each holding
+// The cooperative-matrix kernel's workgroup: groups of the shape's subgroup, one a block of m
+// rows, kMatrixRows rows in all (NSG in shaders/flash_cm.comp): 4 of 32 at 16 x 16, 8 of 16 or 8
+// at Intel's 8-row shapes.
+uint32_t coopmat_workgroup(const MatrixShape& shape) {
+  return kMatrixRows / shape.m * shape.subgroup;
+}
+
+// Groups of the cooperative-matrix kernel that share a block of query rows, each holding
 // 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over 128, so
 // that a lane's queries and output take the registers they take at 128 (at d = 256, whole, they
 // would take all 256 of an RDNA3 lane's; NVIDIA's 255 a thread), else 1.
@@ -104,26 +113,31 @@ uint32_t coopmat_split(uint32_t d, uint32_t dv) {
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K/V tile and four groups' scratch (16 rows of S in fp32, over which P in fp16
-// and the rows' two factor matrices go: at least keys / 2 + 32 words a row) fit the shared memory;
-// the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are staged
-// there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader; emulated,
-// coopmat.glsl's exchange takes 512 bytes more. On RDNA a tile of more than 16 keys is taken
-// only where whole workgroups leave 4 subgroups a SIMD (rdna_subgroups_per_simd: at d = 64, 64
-// keys would leave 3; at d = 256, 32 keys 2). Elsewhere (NVIDIA: registers bound these kernels)
-// the most keys that fit.
+// 16 whose fp16 K/V tile and the groups' scratch (kMatrixRows rows of S in fp32, over which P in
+// fp16 and the rows' two factor matrices go: at least keys / 2 + 2 n words a row) fit the shared
+// memory; the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are
+// staged there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader;
+// emulated, coopmat.glsl's exchange takes a float an invocation more. The next tile, which each
+// invocation fetches into registers during the current one, takes at most 16 uvec4 a lane (what
+// NVIDIA's 128 take at d = 128 with 64 keys): Intel's 64-invocation workgroups of SIMD8 take
+// fewer keys. On RDNA a tile of more than 16 keys is taken only where whole workgroups leave 4
+// subgroups a SIMD (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32
+// keys 2). Elsewhere (NVIDIA: registers bound these kernels) the most keys that fit.
 uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                       MatrixApi api) {
-  uint32_t exchange = api == MatrixApi::emulated ? kMatrixWorkgroup * 4 : 0;  // a float each
-  uint32_t rows = layout_row(TileLayout::cooperative_matrix)
-                      .workgroup_rows(kMatrixWorkgroup, 1, coopmat_split(d, dv));
+  const MatrixShape shape = coopmat_shape(info);
+  const uint32_t wg = coopmat_workgroup(shape);
+  uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
+  uint32_t rows =
+      layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, coopmat_split(d, dv));
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * std::max(keys * (d + 8 + dv + 8), rows * (d + 8));  // the queries first
-    uint32_t scratch = 4 * 16 * 4 * (std::max(keys, keys / 2 + 32) + 4);
+    uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + 2 * shape.n) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool thin =
-        keys > 16 && is_rdna(info) && rdna_subgroups_per_simd(bytes, kMatrixWorkgroup, 32, 8) < 4;
-    if (bytes <= shared_bytes && !thin) return keys;
+    bool prefetch = keys * (d + dv) / 8 <= 16 * wg;
+    bool thin = keys > 16 && is_rdna(info) &&
+                rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
+    if (bytes <= shared_bytes && prefetch && !thin) return keys;
   }
   return 0;
 }
@@ -143,8 +157,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
     if (api == MatrixApi::none)
       throw Error(
           "tile_layout cooperative_matrix needs matrix units (VK_KHR_cooperative_matrix or "
-          "VK_NV_cooperative_matrix with 16x16x16 fp16 products into fp32 by a subgroup of "
-          "32, and shaderFloat16) or ContextOptions::matrix_api emulated; " +
+          "VK_NV_cooperative_matrix with fp16 products into fp32 in one of kMatrixShapes, and "
+          "shaderFloat16) or ContextOptions::matrix_api emulated; " +
           info.name + " has none enabled");
     if (!fits)
       throw Error(
@@ -461,7 +475,11 @@ Spec choose_layout(const TilingRequest& request) {
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
     spec.matrix = request.matrix_api;
-    spec.workgroup = kMatrixWorkgroup;  // 16 query rows a block of `lanes` groups
+    const MatrixShape shape = coopmat_shape(info);
+    spec.workgroup = coopmat_workgroup(shape);  // a block of m query rows to `lanes` groups
+    spec.subgroup = shape.subgroup;
+    spec.cm_m = shape.m;
+    spec.cm_n = shape.n;
     spec.lanes = coopmat_split(dims.d, dims.dv);
     spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;

@@ -116,15 +116,15 @@ struct Spec {
   /// control's required size and full subgroups), derived from the layout: the one rule for
   /// which kernels assume a subgroup size. Register tiles, lanes and register blocks with
   /// shuffles are built for the context's size (`context_subgroup`, DeviceInfo::subgroup_size);
-  /// the matrix units' kernels need 32; shared tiles (and every pass that is not a tile layout),
-  /// blocks without shuffles and the emulated matrix kernel (whose groups are not subgroups)
-  /// need none (0).
+  /// the matrix units' kernels need their shape's (SUBGROUP); shared tiles (and every pass that
+  /// is not a tile layout), blocks without shuffles and the emulated matrix kernel (whose groups
+  /// are not subgroups) need none (0).
   uint32_t required_subgroup(uint32_t context_subgroup) const {
     bool units = layout == TileLayout::cooperative_matrix &&
                  (matrix == MatrixApi::khr || matrix == MatrixApi::nv);
     bool shuffles = layout == TileLayout::registers || layout == TileLayout::lanes ||
                     (layout == TileLayout::blocks && block_shuffle);
-    return units ? 32 : shuffles ? context_subgroup : 0;
+    return units ? subgroup : shuffles ? context_subgroup : 0;
   }
 #define SPEC_WORKGROUP(id, field, value) uint32_t field = value;
 #define SPEC_CONSTANT(id, type, NAME, field, value) uint32_t field = value;
@@ -251,5 +251,15 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
 /// The matrix API a context asking for `requested` runs (automatic: the device's default);
 /// throws Error, its message led by `who`, where the device cannot have it.
 MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const std::string& who);
+// The first of kMatrixShapes that `listed` (vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)
+// has as fp16 products into fp32 by a subgroup, and whose subgroup size a compute pipeline can
+// require with every lane active (VK_EXT_subgroup_size_control); {} if none.
+MatrixShape pick_matrix_shape(const std::vector<VkCooperativeMatrixPropertiesKHR>& listed,
+                              const DeviceInfo& info);
+// The shape a context's matrix kernels take on `api` (DeviceInfo::matrix_shape for the context):
+// the device's for khr, 16x16x16 by 32 for nv, `emulated` (ContextOptions::emulated_matrix_shape,
+// checked to be one of kMatrixShapes) else the device's else 16x16x16 by 32 for emulated.
+MatrixShape context_matrix_shape(const DeviceInfo& info, MatrixApi api, MatrixShape emulated,
+                                 const std::string& who);
 
 }  // namespace flashvk::detail

@@ -30,6 +30,20 @@ enum class MatrixApi {
 /// "auto", "none", "khr", "nv", "emulated".
 const char* matrix_api_name(MatrixApi api);
 
+/// A shape of the matrix units as the cooperative-matrix kernels take it: an m x k fp16 matrix
+/// times a k x n one, accumulated in fp32, by a subgroup of `subgroup` lanes (each lane holds 8
+/// of the m x n accumulators). {}: none.
+struct MatrixShape {
+  uint32_t m = 0, n = 0, k = 0, subgroup = 0;
+  bool operator==(const MatrixShape&) const = default;
+};
+/// The shapes the kernels are built for, in the order a device's list
+/// (vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR) is searched: 16x16x16 by 32 lanes (NVIDIA,
+/// AMD RDNA3 and later), 8x16x16 by 16 (Intel Xe2), 8x8x16 by 8 (Intel Arc A-series).
+inline constexpr MatrixShape kMatrixShapes[] = {{16, 16, 16, 32}, {8, 16, 16, 16}, {8, 8, 16, 8}};
+/// "16x16x16 by 32 lanes"; "none" for {}.
+std::string matrix_shape_name(const MatrixShape& shape);
+
 /// What the engine needs to know about a device; `flashvk devices` prints it.
 struct DeviceInfo {
   uint32_t index = 0;
@@ -69,11 +83,15 @@ struct DeviceInfo {
   /// ExecutionHints::fp16_arithmetic.
   bool fp16_arithmetic = false;
   /// The matrix units' API Context::create takes by default: khr where the device has
-  /// VK_KHR_cooperative_matrix with 16x16x16 fp16 products accumulated in fp32 by a subgroup
-  /// of 32 (its own size, or one it can be asked for: VK_EXT_subgroup_size_control),
-  /// shaderFloat16 and the Vulkan memory model with device scope; else nv where it has
-  /// VK_NV_cooperative_matrix with that shape, shaderFloat16 and the memory model; else none.
+  /// VK_KHR_cooperative_matrix with one of kMatrixShapes (fp16 products accumulated in fp32,
+  /// by subgroups of the shape's size that the pipeline can require: VK_EXT_subgroup_size_
+  /// control), shaderFloat16 and the Vulkan memory model with device scope; else nv where it has
+  /// VK_NV_cooperative_matrix with 16x16x16 by 32, shaderFloat16 and the memory model; else none.
   MatrixApi matrix_api = MatrixApi::none;
+  /// The shape the matrix kernels take on matrix_api: the first of kMatrixShapes the device
+  /// lists (nv: 16x16x16 by 32); {} for none. For a context, the shape of its own matrix API
+  /// (emulated: ContextOptions::emulated_matrix_shape).
+  MatrixShape matrix_shape;
   bool cooperative_matrix = false;     ///< matrix_api is khr or nv
   bool nv_cooperative_matrix = false;  ///< nv can run (also where khr is the default)
   bool timestamps = false;
@@ -127,8 +145,13 @@ struct ContextOptions {
   /// The subgroup size the kernels that use subgroup operations are built for and require
   /// (0: the device's default, DeviceInfo::subgroup_size): one of min_subgroup_size ..
   /// max_subgroup_size on a device with subgroup_size_control (wave32 or wave64 on AMD; SIMD8,
-  /// 16 or 32 on Intel), else Error. The matrix units' kernels require 32 whatever it is.
+  /// 16 or 32 on Intel), else Error. The matrix units' kernels require their shape's size
+  /// (DeviceInfo::matrix_shape) whatever it is.
   uint32_t subgroup_size = 0;
+  /// matrix_api emulated: the shape whose kernels the stand-in runs, one of kMatrixShapes, so
+  /// that a CPU runs the logic a device of that shape would; {}: the device's own
+  /// (DeviceInfo::matrix_shape), else 16x16x16 by 32. Another shape throws Error.
+  MatrixShape emulated_matrix_shape;
 };
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.

@@ -14,7 +14,8 @@ constexpr uint32_t kGroupSize = 64;
 
 // GPU milliseconds of one dispatch of `shader` over `groups` workgroups.
 double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer output,
-                     uint32_t groups, uint32_t iterations, MatrixApi matrix = MatrixApi::none) {
+                     uint32_t groups, uint32_t iterations, MatrixApi matrix = MatrixApi::none,
+                     MatrixShape shape = kMatrixShapes[0]) {
   detail::Plan plan(ctx);
   detail::Bindings b;
   b.fill(ctx.impl().dummy.handle());
@@ -27,6 +28,9 @@ double time_dispatch(Context& ctx, const char* shader, VkBuffer input, VkBuffer 
   spec.workgroup = kGroupSize;
   spec.layout = TileLayout::cooperative_matrix;  // its subgroups as the attention kernel's
   spec.matrix = matrix;
+  spec.subgroup = shape.subgroup;
+  spec.cm_m = shape.m;
+  spec.cm_n = shape.n;
   detail::KernelKey key{.program = shader, .matrix = matrix};
   plan.add(
       ctx.impl().pipeline(
@@ -111,15 +115,18 @@ double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
   if (repeat < 1) throw Error("measure_coopmat_peak: repeat must be at least 1");
   MatrixApi api = ctx.impl().matrix_api;
   if (api != MatrixApi::khr && api != MatrixApi::nv) return 0;  // no matrix units
-  constexpr uint32_t kGroups = 4096, kSubgroups = kGroupSize / 32;  // coopmat needs 32 lanes
-  detail::Buffer out(ctx.impl(), uint64_t(kGroups) * kSubgroups * 256 * 4);
+  const MatrixShape shape = ctx.device().matrix_shape;  // the attention kernels'
+  constexpr uint32_t kGroups = 4096;
+  const uint32_t subgroups = kGroupSize / shape.subgroup;
+  detail::Buffer out(ctx.impl(), uint64_t(kGroups) * subgroups * shape.m * shape.n * 4);
   uint32_t iterations = 16;
   auto run = [&] {
     return time_dispatch(ctx, "peak_coopmat", VK_NULL_HANDLE, out.handle(), kGroups, iterations,
-                         api);
+                         api, shape);
   };
   while (iterations < (1u << 20) && run() < min_ms) iterations *= 2;
-  double flops = double(kGroups) * kSubgroups * iterations * 8 * 2 * 16 * 16 * 16;
+  double flops =
+      double(kGroups) * subgroups * iterations * 8 * 2 * shape.m * shape.n * double(shape.k);
   double best = 0;
   for (int i = 0; i < repeat; ++i) {
     double ms = run();
