@@ -139,6 +139,17 @@ TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
   EXPECT_EQ(a256.lanes, 2u);
   EXPECT_EQ(a256.block(), 32u);
   EXPECT_EQ(a256.bc, 16u);
+  // An integrated Intel GPU listing 8x8x16 (Gen12, Xe-LPG: the driver's products, no XMX)
+  // keeps the register blocks unless the call asks for the matrix kernel.
+  DeviceInfo igpu = arc;
+  igpu.type = "integrated";
+  EXPECT_EQ(tiling(igpu, prefill96, Variant::flash2, DType::f16).layout, TileLayout::blocks);
+  EXPECT_EQ(tiling(igpu, prefill96, Variant::flash2, DType::f16, TileLayout::cooperative_matrix)
+                .layout,
+            TileLayout::cooperative_matrix);
+  xe2.type = "integrated";  // Lunar Lake: XMX
+  EXPECT_EQ(tiling(xe2, prefill96, Variant::flash2, DType::f16).layout,
+            TileLayout::cooperative_matrix);
   // NVIDIA's: 16 x 16 by 32, 4 groups.
   Spec n = tiling(kH100, prefill96, Variant::flash2, DType::f16);
   EXPECT_EQ(n.cm_m, 16u);

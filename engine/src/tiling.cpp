@@ -142,6 +142,14 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
   return 0;
 }
 
+// Whether the device's matrix units are hardware the default should take. Intel's integrated
+// GPUs without XMX (Gen12, Xe-LPG) list 8x8x16 as Arc's discrete Xe-HPG does, but their driver
+// runs those products as ordinary instructions: they keep the register blocks unless the call
+// asks for the matrix kernel. (Xe2's 8x16x16 has XMX on every part.)
+bool matrix_hardware(const DeviceInfo& info) {
+  return !(coopmat_shape(info) == kMatrixShapes[2] && info.type != "discrete");
+}
+
 // The cooperative-matrix kernel where it is asked for, or by default wherever it runs on matrix
 // units (emulated, only where it is asked for). d and dv are multiples of 16 up to 128, or of 32
 // up to 256 (a split block's groups take half each).
@@ -167,7 +175,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           "chosen by the engine (block_rows and block_keys 0) and shared memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
-  bool units = api == MatrixApi::khr || api == MatrixApi::nv;
+  bool units = (api == MatrixApi::khr || api == MatrixApi::nv) && matrix_hardware(info);
   return params.hints.tile_layout == TileLayout::automatic && units && fits && !trace;
 }
 
