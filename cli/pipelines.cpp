@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "bench_cases.hpp"
@@ -75,6 +76,10 @@ options:
   --subgroup-size N   build the subgroup kernels for subgroups of N lanes and require it
                       (the device's `flashvk devices` range: 32 or 64 on AMD); default the
                       device's own size
+  --skip-listed FILE  leave out, without compiling, the pipelines an earlier run's --json
+                      FILE lists (the same shader, constants and required subgroup size: the
+                      driver would compile them as it did then); scripts/pipelines.sh's wave32
+                      runs skip what its wave64 runs compiled
 
 The subgroup column: the size a pipeline requires, every subgroup full ("32 full": its kernel
 uses subgroup operations built for that size), or where it assumes none the size the driver
@@ -102,13 +107,43 @@ std::string call_text(const Case& c, Variant v) {
   return text;
 }
 
-std::string key_of(const PipelineDescription& p) {
-  std::string key = p.shader;
-  for (auto [id, value] : p.spec_constants) {
+// A pipeline's build: its shader, constants and required subgroup size.
+std::string key_of(const std::string& shader, const std::vector<uint32_t>& values,
+                   uint32_t required_subgroup) {
+  std::string key = shader;
+  for (uint32_t value : values) {
     key += ',';  // not "," + to_string(): GCC 12 at -O3 warns of a false overlap (-Wrestrict)
     key += std::to_string(value);
   }
+  key += ",@";
+  key += std::to_string(required_subgroup);
   return key;
+}
+
+std::string key_of(const PipelineDescription& p) {
+  std::vector<uint32_t> values;
+  for (auto [id, value] : p.spec_constants) values.push_back(value);
+  return key_of(p.shader, values, p.required_subgroup);
+}
+
+// The builds an earlier report (--json) lists: what --skip-listed leaves out.
+std::set<std::string> listed_builds(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error("--skip-listed: cannot read " + file);
+  std::set<std::string> keys;
+  try {
+    Json doc = Json::parse(in);
+    for (const Json& p : doc.at("pipelines")) {
+      std::vector<uint32_t> values;
+      for (const Json& c : p.at("spec_constants")) values.push_back(c.at("value").get<uint32_t>());
+      keys.insert(key_of(p.at("shader").get<std::string>(), values,
+                         p.at("required_subgroup").get<uint32_t>()));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("--skip-listed: " + file + " is not a report of `flashvk pipelines --json` (" +
+                e.what() + ")");
+  }
+  return keys;
 }
 
 bool spill_or_scratch(const PipelineStatistic& s) {
@@ -239,7 +274,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   Args args(argv,
             with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "json",
                             "device", "matrix-api", "subgroup-size", "suite", "layout",
-                            "block-rows", "block-keys", "splits", "spirv", "disassembly"}),
+                            "block-rows", "block-keys", "splits", "spirv", "disassembly",
+                            "skip-listed"}),
             with_modifier_flags({"check", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));
   std::vector<Case> cases;
@@ -281,6 +317,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
         "which " +
         dev.name + " does not give");
 
+  std::set<std::string> listed, skipped;
+  if (args.has("skip-listed")) listed = listed_builds(args.text("skip-listed"));
   std::vector<Entry> entries;
   std::map<std::string, size_t> seen;
   auto start = std::chrono::steady_clock::now();
@@ -294,6 +332,13 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
       call.nq = c.dims.nq, call.nk = c.dims.nk, call.d = c.dims.d, call.dv = c.dims.dv;
       call.params = case_params(c, v, o);
       call.storage = c.storage;
+      if (!listed.empty())
+        call.only = [&](const PipelineDescription& p) {
+          std::string key = key_of(p);
+          if (!listed.count(key)) return true;
+          skipped.insert(key);
+          return false;
+        };
       ++done;
       if (tty) {
         std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", done, total, call_text(c, v).c_str());
@@ -314,8 +359,12 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
               dev.driver.c_str(), dev.subgroup_size,
               dev.subgroup_shuffle ? "required, full subgroups"
                                    : "none: the device cannot require a subgroup size");
-  std::printf("%zu pipeline%s for %zu call%s, compiled in %.1f s\n", entries.size(),
+  std::printf("%zu pipeline%s for %zu call%s, compiled in %.1f s", entries.size(),
               entries.size() == 1 ? "" : "s", total, total == 1 ? "" : "s", seconds);
+  if (args.has("skip-listed"))
+    std::printf("; %zu more as listed in %s, not compiled", skipped.size(),
+                args.text("skip-listed").c_str());
+  std::printf("\n");
   if (!statistics)
     std::printf(
         "the driver gives no statistics (it lacks VK_KHR_pipeline_executable_properties): "
@@ -461,6 +510,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     doc["statistics"] = statistics;
     doc["calls"] = total;
     doc["compile_seconds"] = seconds;
+    if (args.has("skip-listed")) doc["skipped_as_listed"] = skipped.size();
     doc["pipelines"] = list;
     write_text(args.text("json"), doc.dump(1) + "\n");
   }

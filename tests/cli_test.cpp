@@ -943,8 +943,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
     programs.insert(p["program"].get<std::string>());
     EXPECT_TRUE(p["statistics"].is_object());
     EXPECT_EQ(p["statistics"].empty(), !statistics) << p.dump(1);
-    ASSERT_EQ(p["spec_constants"].size(), 15u);  // shaders/spec_constants.glsl
-    for (size_t i = 0; i < 15; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    ASSERT_EQ(p["spec_constants"].size(), 17u);  // shaders/spec_constants.glsl
+    for (size_t i = 0; i < 17; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
     EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
     std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
     std::ifstream f(spv, std::ios::binary);
@@ -965,6 +965,37 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
   } else {
     bool spills = check.output.find("0 of 1 pipeline") == std::string::npos;
     EXPECT_EQ(check.status, spills ? 1 : 0) << check.output;
+  }
+}
+
+// --skip-listed leaves out, without compiling, the builds an earlier report lists (the same
+// shader, constants and required subgroup size), and keeps the others.
+TEST_F(CliTest, PipelinesSkipTheBuildsAnEarlierReportLists) {
+  const std::string call = "pipelines --nq 40 --nk 300 --d 32 --variant ";
+  Outcome first = run_cli(call + "flash2 --json " + path("first.json"));
+  ASSERT_EQ(first.status, 0) << first.output;
+  Outcome o = run_cli(call + "flash2,splitkv --skip-listed " + path("first.json") + " --json " +
+                      path("second.json"));
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("2 pipelines for 2 calls"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("1 more as listed in"), std::string::npos) << o.output;
+  nlohmann::json doc = nlohmann::json::parse(std::ifstream(path("second.json")));
+  ASSERT_EQ(doc["pipelines"].size(), 2u) << doc.dump(1);
+  EXPECT_EQ(doc["pipelines"][0]["program"], "splitkv");
+  EXPECT_EQ(doc["pipelines"][1]["program"], "splitkv_merge");
+  EXPECT_EQ(doc["skipped_as_listed"], 1);
+  // Another shape is another build: nothing is skipped.
+  o = run_cli("pipelines --nq 40 --nk 300 --d 64 --variant flash2 --skip-listed " +
+              path("first.json"));
+  EXPECT_NE(o.output.find("1 pipeline for 1 call"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("0 more as listed in"), std::string::npos) << o.output;
+  std::ofstream(path("not.json")) << "{\"calls\": 3}\n";
+  for (auto [file, words] : {std::pair{"not.json", "is not a report of `flashvk pipelines --json`"},
+                             std::pair{"missing.json", "cannot read"}}) {
+    o = run_cli(call + "flash2 --skip-listed " + path(file));
+    EXPECT_EQ(o.status, 1) << o.output;
+    EXPECT_EQ(o.output.rfind("flashvk: error: --skip-listed: ", 0), 0u) << o.output;
+    EXPECT_NE(o.output.find(words), std::string::npos) << o.output;
   }
 }
 

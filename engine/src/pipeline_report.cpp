@@ -170,16 +170,14 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
   for (const detail::PipelineChoice& c : choices) {
     PipelineDescription p;
     std::string build = detail::kernel_name(c.key);
-    VkPipeline pipeline = VK_NULL_HANDLE;
+    const detail::ShaderBlob* blob = nullptr;
     if (user) {  // compiled with the user's functions (flashvk::flex), named so
-      pipeline = impl.user_pipeline(build, mods, c.spec);
       p.shader = build + "+flex";
       p.spirv = impl.user_spirv(build, mods);
     } else {
-      const detail::ShaderBlob& blob = detail::find_build(detail::shader_blobs(), build);
-      pipeline = impl.pipeline(blob, c.spec);
-      p.shader = blob.name;
-      p.spirv.assign(blob.words, blob.words + blob.bytes / 4);
+      blob = &detail::find_build(detail::shader_blobs(), build);
+      p.shader = blob->name;
+      p.spirv.assign(blob->words, blob->words + blob->bytes / 4);
     }
     p.program = c.key.program;
     p.source = detail::kernel_source(c.key.program, c.key.layout);
@@ -192,6 +190,9 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     auto values = c.spec.constants();
     for (uint32_t id = 0; id < values.size(); ++id) p.spec_constants.emplace_back(id, values[id]);
     p.spec_names = spec_names();
+    if (call.only && !call.only(p)) continue;
+    VkPipeline pipeline =
+        user ? impl.user_pipeline(build, mods, c.spec) : impl.pipeline(*blob, c.spec);
     p.executables = executables(impl, pipeline);
     out.push_back(std::move(p));
   }

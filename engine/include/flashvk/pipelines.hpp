@@ -4,6 +4,7 @@
 // context (ContextOptions::compile_only), so on any device that compiles, Mesa's null devices
 // included (RADV_FORCE_FAMILY: AMD's shader compiler on a machine without an AMD GPU).
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,8 @@
 
 namespace flashvk {
 
+struct PipelineDescription;
+
 /// An attention call described by its shapes, as `flashvk bench` describes one.
 struct PipelineCall {
   uint32_t batch = 1, heads = 1, kv_heads = 0, nq = 1, nk = 1, d = 64, dv = 0;  // 0: heads, d
@@ -23,6 +26,9 @@ struct PipelineCall {
   Storage storage;         ///< Q's, K's and V's
   /// K and V in a paged cache of pages of this many tokens (paged_attention); 0: dense.
   uint32_t page_size = 0;
+  /// Which of the call's pipelines to build and describe: asked of each, everything but its
+  /// `executables` filled in, before it is compiled (false: left out). Empty: all of them.
+  std::function<bool(const PipelineDescription&)> only;
 };
 
 /// One statistic of a compiled pipeline, by the driver's own name (RADV: "VGPRs", "Spilled
