@@ -43,7 +43,7 @@ const uint OD = DV / SPLIT;          // output columns a group holds
 const uint WG_ROWS = SG_ROWS * (NSG / SPLIT);  // query rows per workgroup
 const uint LPR = SUBGROUP / CM_M * SPLIT;  // lanes a row's softmax takes, in one group
 const uint PART = BC / LPR;          // keys of a tile each of them takes
-// Row strides in shared memory, each padded by 16 bytes so that the 16 rows a matrix load or
+// Row strides in shared memory, each padded by 16 bytes so that the rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
 // in the same ones; padding made the kernel 2.5x faster on an H100).
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16

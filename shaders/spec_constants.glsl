@@ -20,7 +20,7 @@ SPEC_CONSTANT(4, uint, ROWS, rows, 1)             // query rows each invocation 
 // cannot see is uniform under a mask, so every tile paid for a per-lane read of the mask.
 SPEC_CONSTANT(5, bool, KEY_MASK, key_mask, false)
 // Lanes that share one key's head dimension (lanes), the invocations that share a group of
-// query rows (blocks), or the groups that share a block of 16 query rows (cooperative matrices).
+// query rows (blocks), or the groups that share a block of CM_M query rows (cooperative matrices).
 SPEC_CONSTANT(6, uint, LANES, lanes, 1)
 // The score modifiers compiled in (bits MOD_* of modifiers.glsl), a constant for the same reason as
 // KEY_MASK: a call without them runs none of their code.

@@ -122,13 +122,14 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
 // Intel's shapes, emulated (ContextOptions::emulated_matrix_shape): 8 rows a matrix, so twice the
 // groups of half the rows; 8x8x16 by 8 lanes (Arc A-series: one lane a row's softmax, 8-column
 // output pieces) and 8x16x16 by 16 (Xe2: two lanes a row). The ragged case of
-// EachRecurrenceMatchesTheReference in two recurrences at each shape, and FlashAttention-2 past
-// d = 128, split. Any other shape is refused.
+// EachRecurrenceMatchesTheReference in two recurrences at each shape, and FlashAttention-2 split
+// (past d = 64 on Arc, 128 on Xe2). Any other shape, or one set for another API, is refused.
 TEST_F(MatrixTest, IntelShapesMatchTheReference) {
   HostTensor q = random_tensor({2, 4, 70, 32}, 71), k = random_tensor({2, 2, 150, 32}, 72),
              v = random_tensor({2, 2, 150, 48}, 73);
   HostTensor q160 = random_tensor({1, 4, 24, 160}, 74), k160 = random_tensor({1, 2, 70, 160}, 75),
-             v96 = random_tensor({1, 2, 70, 96}, 76);
+             v96 = random_tensor({1, 2, 70, 96}, 76), q96 = random_tensor({1, 4, 24, 96}, 77),
+             k96 = random_tensor({1, 2, 70, 96}, 78);
   AttentionParams params;
   params.want_lse = true;
   params.mods.causal = true;
@@ -149,7 +150,8 @@ TEST_F(MatrixTest, IntelShapesMatchTheReference) {
       EXPECT_EQ(run.block_rows, 64u) << name;
     }
     params.variant = Variant::flash2;
-    HostAttentionResult run = expect_matches(q160, k160, v96, params, name + ", d = 160", ctx);
+    HostAttentionResult run = arc ? expect_matches(q96, k96, v96, params, name + ", d = 96", ctx)
+                                  : expect_matches(q160, k160, v96, params, name + ", d = 160", ctx);
     EXPECT_EQ(run.block_rows, 32u) << name;
     EXPECT_TRUE(ctx.take_validation_messages().empty()) << name;
   }
@@ -157,6 +159,9 @@ TEST_F(MatrixTest, IntelShapesMatchTheReference) {
   odd.matrix_api = MatrixApi::emulated;
   odd.emulated_matrix_shape = {16, 8, 16, 16};
   expect_refused([&] { Context::create(odd); }, "is not one of the kernels' shapes");
+  odd.matrix_api = MatrixApi::none;
+  odd.emulated_matrix_shape = kMatrixShapes[2];
+  expect_refused([&] { Context::create(odd); }, "emulated_matrix_shape is for matrix_api emulated");
 }
 
 #ifdef FLASHVK_TEST_FLEX

@@ -109,10 +109,11 @@ TEST(TilingTest, GpuWithMatrixUnits) {
 }
 
 // Intel's matrix shapes: 8 rows a matrix, so 8 groups share a workgroup's 64 rows, of 8 lanes
-// on Arc A-series (8x8x16, 64 invocations) or 16 on Xe2 (8x16x16, 128), each required. With 64
-// invocations the next tile's K and V a lane prefetches bound the tile: at d = 96, 64 keys
-// (43 KiB, within 48) would be 64 * 192 / 8 uvec4 over 64 lanes, 24 each: 32 keys, where 128
-// lanes take 64.
+// on Arc A-series (8x8x16, 64 invocations) or 16 on Xe2 (8x16x16, 128), each required. A lane
+// holds what it does on NVIDIA: on Arc, where a lane holds a whole row of a matrix, two groups
+// share a block past d = 64 (so d up to 128); its one softmax lane a row takes 32 keys (64 split);
+// and 64 invocations prefetch fewer keys: at d = 96 (split), 64 keys (43 KiB, within 48) would
+// be 64 * 192 / 8 uvec4 over 64 lanes, 24 each: 32 keys, where 128 lanes take 64.
 TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
   Dims prefill96 = dims(8, 8, 4096, 4096, 96, 96);
   DeviceInfo arc = device("Arc-A-like", "discrete", 64 * 1024, 1024, 8, true, true);
@@ -124,8 +125,15 @@ TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
   EXPECT_EQ(a.cm_m, 8u);
   EXPECT_EQ(a.cm_n, 8u);
   EXPECT_EQ(a.required_subgroup(arc.subgroup_size), 8u);
-  EXPECT_EQ(a.block(), 64u);
+  EXPECT_EQ(a.lanes, 2u);
+  EXPECT_EQ(a.block(), 32u);
   EXPECT_EQ(a.bc, 32u);
+  Spec a64 = tiling(arc, dims(8, 8, 4096, 4096, 64, 64), Variant::flash2, DType::f16);
+  EXPECT_EQ(a64.lanes, 1u);
+  EXPECT_EQ(a64.block(), 64u);
+  EXPECT_EQ(a64.bc, 32u);  // 64 keys would fit and prefetch, but give a lane 64 scores
+  EXPECT_NE(tiling(arc, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16).layout,
+            TileLayout::cooperative_matrix);
   DeviceInfo xe2 = arc;
   xe2.matrix_shape = kMatrixShapes[1];
   Spec x = tiling(xe2, prefill96, Variant::flash2, DType::f16);
@@ -133,12 +141,12 @@ TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
   EXPECT_EQ(x.cm_m, 8u);
   EXPECT_EQ(x.cm_n, 16u);
   EXPECT_EQ(x.required_subgroup(xe2.subgroup_size), 16u);
+  EXPECT_EQ(x.lanes, 1u);
   EXPECT_EQ(x.bc, 64u);
-  // Past d = 128, 32 rows a workgroup at either shape.
-  Spec a256 = tiling(arc, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
-  EXPECT_EQ(a256.lanes, 2u);
-  EXPECT_EQ(a256.block(), 32u);
-  EXPECT_EQ(a256.bc, 16u);
+  Spec x256 = tiling(xe2, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
+  EXPECT_EQ(x256.lanes, 2u);
+  EXPECT_EQ(x256.block(), 32u);
+  EXPECT_EQ(x256.bc, 32u);
   // An integrated Intel GPU listing 8x8x16 (Gen12, Xe-LPG: the driver's products, no XMX)
   // keeps the register blocks unless the call asks for the matrix kernel.
   DeviceInfo igpu = arc;
@@ -453,7 +461,10 @@ TEST(TilingTest, SubgroupKernelsAreWholeSubgroupsOfTheSizeTheyRequire) {
   DeviceInfo qualcomm = device("Adreno-like", "integrated", 32 * 1024, 1024, 128, true, false);
   for (DeviceInfo* info : {&amd, &qualcomm}) info->max_workgroup_subgroups = 16;
   int subgroup_kernels = 0, others = 0;
-  const DeviceInfo* infos[] = {&kH100, &kPhone, &kMinimum, &kCpu, &amd, &qualcomm};
+  DeviceInfo arc = device("Arc-A-like", "discrete", 64 * 1024, 1024, 8, true, true);
+  arc.matrix_shape = kMatrixShapes[2];
+  arc.min_subgroup_size = 8, arc.max_subgroup_size = 32;
+  const DeviceInfo* infos[] = {&kH100, &kPhone, &kMinimum, &kCpu, &amd, &qualcomm, &arc};
   for (const DeviceInfo* info : infos)
     for (const Dims& shape : {dims(8, 2, 1000, 1000, 64, 64), dims(32, 8, 1, 4096, 128, 128),
                               dims(4, 4, 20, 20, 16, 16)})
@@ -468,7 +479,8 @@ TEST(TilingTest, SubgroupKernelsAreWholeSubgroupsOfTheSizeTheyRequire) {
             bool shuffles = s.layout == TileLayout::registers || s.layout == TileLayout::lanes ||
                             (s.layout == TileLayout::blocks && s.block_shuffle);
             const uint32_t required = s.required_subgroup(info->subgroup_size);
-            EXPECT_EQ(required, units ? 32u : shuffles ? info->subgroup_size : 0u);
+            uint32_t matrix = info->matrix_shape.m ? info->matrix_shape.subgroup : 32u;
+            EXPECT_EQ(required, units ? matrix : shuffles ? info->subgroup_size : 0u);
             if (required == 0) {
               ++others;
               continue;

@@ -875,6 +875,9 @@ MatrixShape context_matrix_shape(const DeviceInfo& info, MatrixApi api, MatrixSh
                 std::to_string(emulated.n) + "x" + std::to_string(emulated.k) + " by " +
                 std::to_string(emulated.subgroup) +
                 " is not one of the kernels' shapes (16x16x16 by 32, 8x16x16 by 16, 8x8x16 by 8)");
+  if (emulated.m && api != MatrixApi::emulated)
+    throw Error(who + ": emulated_matrix_shape is for matrix_api emulated; the context's is " +
+                matrix_api_name(api));
   switch (api) {
     case MatrixApi::khr: return info.matrix_shape;
     case MatrixApi::nv: return kMatrixShapes[0];

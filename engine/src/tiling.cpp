@@ -104,12 +104,21 @@ uint32_t coopmat_workgroup(const MatrixShape& shape) {
   return kMatrixRows / shape.m * shape.subgroup;
 }
 
+// The head dims a group holds whole: those at which a lane holds what it does at d = 128 on
+// 16 x 16 matrices by 32 lanes (m / subgroup of a row's queries and output a lane): 128 there and
+// on Xe2's 8 x 16 by 16, 64 on Arc's 8 x 8 by 8, where a lane holds a whole matrix row.
+uint32_t coopmat_whole_dims(const MatrixShape& shape) {
+  return 64 * shape.subgroup / shape.m;
+}
+
 // Groups of the cooperative-matrix kernel that share a block of query rows, each holding
-// 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over 128, so
-// that a lane's queries and output take the registers they take at 128 (at d = 256, whole, they
-// would take all 256 of an RDNA3 lane's; NVIDIA's 255 a thread), else 1.
-uint32_t coopmat_split(uint32_t d, uint32_t dv) {
-  return d > 128 || dv > 128 ? 2 : 1;
+// 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over
+// coopmat_whole_dims, so that a lane's queries and output take the registers they take there
+// (at d = 256 on 16 x 16, whole, they would take all 256 of an RDNA3 lane's; NVIDIA's 255 a
+// thread), else 1. Up to twice coopmat_whole_dims.
+uint32_t coopmat_split(const MatrixShape& shape, uint32_t d, uint32_t dv) {
+  uint32_t whole = coopmat_whole_dims(shape);
+  return d > whole || dv > whole ? 2 : 1;
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
@@ -117,9 +126,10 @@ uint32_t coopmat_split(uint32_t d, uint32_t dv) {
 // fp16 and the rows' two factor matrices go: at least keys / 2 + 2 n words a row) fit the shared
 // memory; the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are
 // staged there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader;
-// emulated, coopmat.glsl's exchange takes a float an invocation more. The next tile, which each
-// invocation fetches into registers during the current one, takes at most 16 uvec4 a lane (what
-// NVIDIA's 128 take at d = 128 with 64 keys): Intel's 64-invocation workgroups of SIMD8 take
+// emulated, coopmat.glsl's exchange takes a float an invocation more. A lane holds at most what
+// it does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
+// registers during the current one, at most 16 uvec4, and a softmax lane's scores and weights
+// (keys / LPR each) at most 32. So Intel's 64-invocation workgroups and Arc's one lane a row take
 // fewer keys. On RDNA a tile of more than 16 keys is taken only where whole workgroups leave 4
 // subgroups a SIMD (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32
 // keys 2). Elsewhere (NVIDIA: registers bound these kernels) the most keys that fit.
@@ -128,13 +138,14 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
-  uint32_t rows =
-      layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, coopmat_split(d, dv));
+  const uint32_t split = coopmat_split(shape, d, dv);
+  const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
+  uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * std::max(keys * (d + 8 + dv + 8), rows * (d + 8));  // the queries first
     uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + 2 * shape.n) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool prefetch = keys * (d + dv) / 8 <= 16 * wg;
+    bool prefetch = keys * (d + dv) / 8 <= 16 * wg && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && prefetch && !thin) return keys;
@@ -145,21 +156,25 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
 // Whether the device's matrix units are hardware the default should take. Intel's integrated
 // GPUs without XMX (Gen12, Xe-LPG) list 8x8x16 as Arc's discrete Xe-HPG does, but their driver
 // runs those products as ordinary instructions: they keep the register blocks unless the call
-// asks for the matrix kernel. (Xe2's 8x16x16 has XMX on every part.)
+// asks for the matrix kernel. (Xe2's 8x16x16 has XMX on every part. So does Arrow Lake-H's
+// integrated Xe-LPG+, which nothing Vulkan reports tells apart: it keeps the blocks too.)
 bool matrix_hardware(const DeviceInfo& info) {
   return !(coopmat_shape(info) == kMatrixShapes[2] && info.type != "discrete");
 }
 
 // The cooperative-matrix kernel where it is asked for, or by default wherever it runs on matrix
-// units (emulated, only where it is asked for). d and dv are multiples of 16 up to 128, or of 32
-// up to 256 (a split block's groups take half each).
+// units (emulated, only where it is asked for). d and dv are multiples of 16 up to
+// coopmat_whole_dims (128; 64 on Arc), or of 32 up to twice that (a split block's groups take
+// half each).
 bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                  const AttentionParams& params, DType dtype, const Storage& kv,
                  uint32_t shared_bytes, bool trace) {
-  uint32_t multiple = 16 * coopmat_split(dims.d, dims.dv);
+  const MatrixShape shape = coopmat_shape(info);
+  const uint32_t whole = coopmat_whole_dims(shape);
+  uint32_t multiple = 16 * coopmat_split(shape, dims.d, dims.dv);
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
-              dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 256 &&
-              dims.dv <= 256 && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
+              dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
+              dims.dv <= 2 * whole && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
               coopmat_keys(info, shared_bytes, dims.d, dims.dv, api) > 0;
   if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
     if (api == MatrixApi::none)
@@ -171,8 +186,11 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
     if (!fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "Q, K and V with d and dv multiples of 16 up to 128, or of 32 up to 256, tile sizes "
-          "chosen by the engine (block_rows and block_keys 0) and shared memory for the tiles");
+          "Q, K and V with d and dv multiples of 16 up to " + std::to_string(whole) +
+          ", or of 32 up to " + std::to_string(2 * whole) + " (" +
+          matrix_shape_name(shape) +
+          " matrices), tile sizes chosen by the engine (block_rows and block_keys 0) and shared "
+          "memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
   bool units = (api == MatrixApi::khr || api == MatrixApi::nv) && matrix_hardware(info);
@@ -488,7 +506,7 @@ Spec choose_layout(const TilingRequest& request) {
     spec.subgroup = shape.subgroup;
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
-    spec.lanes = coopmat_split(dims.d, dims.dv);
+    spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
     return spec;
   }

@@ -144,7 +144,7 @@ struct Spec {
   }
   /// Query rows one workgroup covers: one an invocation (shared tiles), ROWS an invocation
   /// (register tiles), ROWS a row group of LANES invocations (blocks), ROWS (lanes: all of a KV
-  /// head's), or 16 a block of LANES subgroups of 32 (cooperative matrices).
+  /// head's), or kMatrixRows / LANES (cooperative matrices: LANES groups a block of CM_M rows).
   uint32_t block() const { return layout_row(layout).workgroup_rows(workgroup, rows, lanes); }
   bool operator<(const Spec& o) const {
     auto fields = [](const Spec& s) {

@@ -22,7 +22,8 @@ enum class RopeLayout { none, interleaved, half };
 /// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
 /// (VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16
 /// storage, flash1, flash2, flashd and splitkv, d and dv multiples of 16 up to 128, or of 32 up
-/// to 256. `automatic` picks it wherever it can run.
+/// to 256 (half that on Intel Arc A's 8x8 matrices). `automatic` picks it wherever it runs on
+/// matrix units, but for Intel's integrated GPUs that list only 8x8x16 (no XMX).
 /// `lanes`: splitkv for decoding on GPUs: all of a KV head's query rows (at most 8) in one
 /// workgroup, each key's head dimension spread over a few lanes that load 16 bytes each;
 /// d and dv multiples of 8 (fp16) or 4 (fp32), subgroup shuffles. `automatic` picks it for
@@ -31,7 +32,7 @@ enum class RopeLayout { none, interleaved, half };
 /// any GPU): the workgroup's queries and each K/V tile in shared memory, each invocation
 /// computing a 4-row block of the scores and of the output from 16-byte vector reads, rows reduced
 /// with subgroup shuffles where the device has them and through shared memory where not; d and
-/// dv multiples of 4. `automatic` picks it on GPUs where cooperative matrices do not run.
+/// dv multiples of 4. `automatic` picks it on GPUs where the matrix kernel is not picked.
 enum class TileLayout { automatic, shared, registers, cooperative_matrix, lanes, blocks };
 /// What the engine knows of a tile layout, kept in one table (engine/src/layouts.hpp) that the
 /// planner, the kernel builds, the CLI and the docs read.

@@ -150,7 +150,8 @@ struct ContextOptions {
   uint32_t subgroup_size = 0;
   /// matrix_api emulated: the shape whose kernels the stand-in runs, one of kMatrixShapes, so
   /// that a CPU runs the logic a device of that shape would; {}: the device's own
-  /// (DeviceInfo::matrix_shape), else 16x16x16 by 32. Another shape throws Error.
+  /// (DeviceInfo::matrix_shape), else 16x16x16 by 32. Another shape, or one set where the
+  /// context's matrix API is not emulated, throws Error.
   MatrixShape emulated_matrix_shape;
 };
 
