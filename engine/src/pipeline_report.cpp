@@ -172,8 +172,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     std::string build = detail::kernel_name(c.key);
     const detail::ShaderBlob* blob = nullptr;
     if (user) {  // compiled with the user's functions (flashvk::flex), named so
-      p.shader = build + "+flex";
-      p.spirv = impl.user_spirv(build, mods);
+      p.shader = build + "+flex";  // its SPIR-V once built
     } else {
       blob = &detail::find_build(detail::shader_blobs(), build);
       p.shader = blob->name;
@@ -193,6 +192,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     if (call.only && !call.only(p)) continue;
     VkPipeline pipeline =
         user ? impl.user_pipeline(build, mods, c.spec) : impl.pipeline(*blob, c.spec);
+    if (user) p.spirv = impl.user_spirv(build, mods);
     p.executables = executables(impl, pipeline);
     out.push_back(std::move(p));
   }

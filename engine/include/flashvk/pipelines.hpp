@@ -26,8 +26,9 @@ struct PipelineCall {
   Storage storage;         ///< Q's, K's and V's
   /// K and V in a paged cache of pages of this many tokens (paged_attention); 0: dense.
   uint32_t page_size = 0;
-  /// Which of the call's pipelines to build and describe: asked of each, everything but its
-  /// `executables` filled in, before it is compiled (false: left out). Empty: all of them.
+  /// Which of the call's pipelines to build and describe: asked of each before it is compiled,
+  /// everything but its `executables` filled in (and, with user functions, its `spirv`); false
+  /// leaves it out. Empty: all of them.
   std::function<bool(const PipelineDescription&)> only;
 };
 
