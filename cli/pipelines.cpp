@@ -77,9 +77,11 @@ options:
                       (the device's `flashvk devices` range: 32 or 64 on AMD); default the
                       device's own size
   --skip-listed FILE  leave out, without compiling, the pipelines an earlier run's --json
-                      FILE lists (the same shader, constants and required subgroup size: the
-                      driver would compile them as it did then); scripts/pipelines.sh's wave32
-                      runs skip what its wave64 runs compiled
+                      FILE lists (the same shader, constants and required subgroup size, which
+                      the driver compiles as it did then): FILE must come from this build of
+                      flashvk on the same device and driver, and the call have no --score-mod or
+                      --mask-mod. scripts/pipelines.sh's wave32 runs skip what its wave64 runs
+                      compiled
 
 The subgroup column: the size a pipeline requires, every subgroup full ("32 full": its kernel
 uses subgroup operations built for that size), or where it assumes none the size the driver
@@ -126,13 +128,34 @@ std::string key_of(const PipelineDescription& p) {
   return key_of(p.shader, values, p.required_subgroup);
 }
 
-// The builds an earlier report (--json) lists: what --skip-listed leaves out.
-std::set<std::string> listed_builds(const std::string& file) {
+// An earlier report (--json), read for --skip-listed.
+Json listed_report(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw Error("--skip-listed: cannot read " + file);
-  std::set<std::string> keys;
+  std::string why;
   try {
     Json doc = Json::parse(in);
+    if (doc.at("pipelines").is_array() && doc.at("device").at("name").is_string()) return doc;
+    why = "its pipelines are not a list";
+  } catch (const nlohmann::json::exception& e) {
+    why = e.what();
+  }
+  throw Error("--skip-listed: " + file + " is not a report of `flashvk pipelines --json` (" +
+              why + ")");
+}
+
+// The builds a report lists, if it comes from this build of flashvk on this device and driver:
+// what --skip-listed leaves out.
+std::set<std::string> listed_builds(const Json& doc, const std::string& file,
+                                    const DeviceInfo& dev) {
+  std::set<std::string> keys;
+  try {
+    std::string name = doc.at("device").at("name"), driver = doc.at("device").at("driver"),
+                commit = doc.at("commit");
+    if (name != dev.name || driver != dev.driver || commit != FLASHVK_COMMIT)
+      throw Error("--skip-listed: " + file + " is a report of " + name + " (driver " + driver +
+                  ") by flashvk " + commit + "; this run is " + dev.name + " (driver " +
+                  dev.driver + ") by flashvk " + FLASHVK_COMMIT);
     for (const Json& p : doc.at("pipelines")) {
       std::vector<uint32_t> values;
       for (const Json& c : p.at("spec_constants")) values.push_back(c.at("value").get<uint32_t>());
@@ -278,6 +301,12 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
                             "skip-listed"}),
             with_modifier_flags({"check", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));
+  // The builds of user functions are named for the build alone: a report of other functions
+  // would match them.
+  if (args.has("skip-listed") && (args.has("score-mod") || args.has("mask-mod")))
+    throw UsageError{"--skip-listed cannot tell the builds of --score-mod or --mask-mod apart"};
+  Json report;
+  if (args.has("skip-listed")) report = listed_report(args.text("skip-listed"));
   std::vector<Case> cases;
   std::string suite = args.text("suite");
   if (suite == "standard" || suite == "kernels") {
@@ -318,7 +347,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
         dev.name + " does not give");
 
   std::set<std::string> listed, skipped;
-  if (args.has("skip-listed")) listed = listed_builds(args.text("skip-listed"));
+  if (args.has("skip-listed")) listed = listed_builds(report, args.text("skip-listed"), dev);
   std::vector<Entry> entries;
   std::map<std::string, size_t> seen;
   auto start = std::chrono::steady_clock::now();
@@ -354,7 +383,9 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (tty) std::fprintf(stderr, "\r\033[K");
 
-  bool statistics = !entries.empty() && !entries[0].p.executables.empty();
+  // What the driver gave the first pipeline (every one skipped: whether it gives any).
+  bool statistics =
+      entries.empty() ? dev.pipeline_statistics : !entries[0].p.executables.empty();
   std::printf("device: %s (driver %s), subgroup kernels at %u lanes (%s)\n", dev.name.c_str(),
               dev.driver.c_str(), dev.subgroup_size,
               dev.subgroup_shuffle ? "required, full subgroups"

@@ -23,9 +23,13 @@ args=("$@")
 # RDNA family also allows): the subgroup kernels are built for the size and require it. One
 # compiler process a run (ACO compiles one pipeline at a time), as many at once as there are
 # cores; a run's tables are <family>.txt (wave64) and <family>-wave32.txt, with .json and .err.
-# A wave32 run leaves out what its family's wave64 run compiled (--skip-listed: the pipelines
-# that require no size, or the matrix kernels' own, about a third), so it starts after it.
+# On fewer than 6 cores (CI has 2) a wave32 run leaves out what its family's wave64 run
+# compiled (--skip-listed: the pipelines that require no size, or the matrix kernels' own,
+# about a third), so it starts after it; with more, all six run at once.
+jobs_max=$(nproc)
+skip=$((jobs_max < 6))
 runs=()
+declare -A wave64
 for family in vangogh navi31 gfx1150; do runs+=("$family:"); done
 for family in vangogh navi31 gfx1150; do runs+=("$family:32"); done
 one() {
@@ -34,8 +38,12 @@ one() {
   if [ -n "$size" ]; then
     extra=(--subgroup-size "$size")
     name="$family-wave$size"
-    while [ ! -f "$out/$family.status" ]; do sleep 1; done
-    [ -s "$out/$family.json" ] && extra+=(--skip-listed "$out/$family.json")
+    if [ "$skip" = 1 ]; then  # its wave64 run's report, once that run has ended
+      while [ ! -f "$out/$family.status" ] && kill -0 "${wave64[$family]}" 2>/dev/null; do
+        sleep 1
+      done
+      [ -s "$out/$family.json" ] && extra+=(--skip-listed "$out/$family.json")
+    fi
   fi
   # RADV alone (VK_ICD_FILENAMES), with Mesa 25's libdrm, and without Debian 12's Mesa device
   # selection layer, which belongs to the other Mesa.
@@ -45,11 +53,11 @@ one() {
     --check --json "$out/$name.json" > "$out/$name.txt" 2> "$out/$name.err" || rc=$?
   echo "$rc" > "$out/$name.status"
 }
-jobs_max=$(nproc)
 rm -f "$out"/*.status "$out"/*.json  # a run that dies before writing its own leaves none
 for run in "${runs[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
   one "$run" &
+  [ -z "${run#*:}" ] && wave64[${run%%:*}]=$!
 done
 wait
 status=0

@@ -9,10 +9,10 @@
 // The matrices are the device's shape (coopmat.glsl): CM_M x 16 times 16 x CM_N by a group of
 // SUBGROUP lanes (16 x 16 by 32 on NVIDIA and AMD; 8-row shapes on Intel). A workgroup is NSG
 // groups. A row block of CM_M packed query rows belongs to SPLIT groups (LANES: 1, or 2 where d
-// or dv is over 128), each of which keeps 1 / SPLIT of the block's head dims: D / SPLIT of its
-// queries as matrices and DV / SPLIT of its output columns as accumulator matrices (fp32) from
-// the first tile to the last, so that at d = 256 a lane holds what it does at 128. So 64 rows a
-// workgroup, or 32 split. Per tile of BC keys, staged in shared memory as fp16 and read by every
+// or dv is over 128, 64 on Arc's 8 x 8: tiling.cpp's coopmat_split), each of which keeps
+// 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
+// output columns as accumulator matrices (fp32) from the first tile to the last, so that at
+// d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per tile of BC keys, staged in shared memory as fp16 and read by every
 // group:
 //   1. each group's part of S (CM_M x BC) = Q K^T as CM_M x CM_N products, stored to its scratch
 //      in shared memory (a matrix's element layout is the driver's, so rows are read back through

@@ -989,12 +989,24 @@ TEST_F(CliTest, PipelinesSkipTheBuildsAnEarlierReportLists) {
               path("first.json"));
   EXPECT_NE(o.output.find("1 pipeline for 1 call"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("0 more as listed in"), std::string::npos) << o.output;
+  // Only a report of this build on this device and driver, and not with user functions.
   std::ofstream(path("not.json")) << "{\"calls\": 3}\n";
-  for (auto [file, words] : {std::pair{"not.json", "is not a report of `flashvk pipelines --json`"},
-                             std::pair{"missing.json", "cannot read"}}) {
-    o = run_cli(call + "flash2 --skip-listed " + path(file));
-    EXPECT_EQ(o.status, 1) << o.output;
-    EXPECT_EQ(o.output.rfind("flashvk: error: --skip-listed: ", 0), 0u) << o.output;
+  doc = nlohmann::json::parse(std::ifstream(path("first.json")));
+  doc["device"]["name"] = "another GPU";
+  std::ofstream(path("other.json")) << doc.dump();
+  std::ofstream(path("mod.glsl")) << "float score_mod(float s, int b, int h, int i, int j) "
+                                     "{ return s; }\n";
+  for (auto [args, words] :
+       {std::pair{"--skip-listed " + path("not.json"),
+                  "is not a report of `flashvk pipelines --json`"},
+        std::pair{"--skip-listed " + path("missing.json"), "cannot read"},
+        std::pair{"--skip-listed " + path("other.json"), "is a report of another GPU"},
+        std::pair{"--score-mod " + path("mod.glsl") + " --skip-listed " + path("first.json"),
+                  "cannot tell the builds of --score-mod or --mask-mod apart"}}) {
+    o = run_cli(call + "flash2 " + args);
+    EXPECT_GT(o.status, 0) << o.output;
+    EXPECT_LT(o.status, 128) << o.output;
+    EXPECT_EQ(o.output.rfind("flashvk: error: ", 0), 0u) << o.output;
     EXPECT_NE(o.output.find(words), std::string::npos) << o.output;
   }
 }

@@ -39,7 +39,7 @@ inline constexpr LayoutRow kLayouts[] = {
      true, false, [](uint32_t wg, uint32_t rows, uint32_t) { return wg * rows; }},
     {{TileLayout::cooperative_matrix, "cooperative_matrix", "coopmat",
       "Q K^T and P V on the matrix units, a matrix's rows (16; 8 on Intel) a subgroup (two "
-      "past d = 128)",
+      "past d = 128, 64 on Intel Arc)",
       "flash_cm.comp"},
      false, false, [](uint32_t, uint32_t, uint32_t lanes) { return kMatrixRows / lanes; }},
     {{TileLayout::lanes, "lanes", "lanes",
