@@ -382,11 +382,11 @@ void describe_size_control(VkPhysicalDevice physical, DeviceInfo& info) {
   info.max_workgroup_subgroups = size.maxComputeWorkgroupSubgroups;
 }
 
-// Whether compute pipelines can require subgroups of 32 full lanes, as the matrix units'
-// kernels do.
-bool subgroups_of_32(const DeviceInfo& info) {
-  return info.subgroup_size_control && info.min_subgroup_size <= 32 &&
-         info.max_subgroup_size >= 32;
+// Whether compute pipelines can require subgroups of `lanes` full lanes, as the matrix units'
+// kernels require their shape's (VK_EXT_subgroup_size_control).
+bool can_require_subgroup(const DeviceInfo& info, uint32_t lanes) {
+  return info.subgroup_size_control && info.min_subgroup_size <= lanes &&
+         info.max_subgroup_size >= lanes;
 }
 
 // The shape VK_KHR_cooperative_matrix gives the kernels, with the features they need; {} if
@@ -413,7 +413,7 @@ MatrixShape khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physica
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, const DeviceInfo& info) {
-  if (!subgroups_of_32(info) ||
+  if (!can_require_subgroup(info, kMatrixShapes[0].subgroup) ||
       !has_extensions(physical, {std::begin(kCoopmatExtensions), std::end(kCoopmatExtensions)}))
     return false;
   CoopmatFeatures f;
@@ -815,6 +815,14 @@ void compute_barrier(VkCommandBuffer cmd, VkPipelineStageFlags dst_stages,
                        nullptr, 0, nullptr);
 }
 
+// kMatrixShapes, named: "16x16x16 by 32 lanes, 8x16x16 by 16 lanes, ...".
+std::string matrix_shapes_text() {
+  std::string text;
+  for (const MatrixShape& shape : kMatrixShapes)
+    text += (text.empty() ? "" : ", ") + matrix_shape_name(shape);
+  return text;
+}
+
 MatrixShape pick_matrix_shape(const std::vector<VkCooperativeMatrixPropertiesKHR>& listed,
                               const DeviceInfo& info) {
   for (const MatrixShape& shape : kMatrixShapes) {
@@ -827,9 +835,7 @@ MatrixShape pick_matrix_shape(const std::vector<VkCooperativeMatrixPropertiesKHR
                  p.ResultType == VK_COMPONENT_TYPE_FLOAT32_KHR && !p.saturatingAccumulation &&
                  p.scope == VK_SCOPE_SUBGROUP_KHR;
         });
-    bool sized = info.subgroup_size_control && info.min_subgroup_size <= shape.subgroup &&
-                 info.max_subgroup_size >= shape.subgroup;
-    if (found && sized) return shape;
+    if (found && can_require_subgroup(info, shape.subgroup)) return shape;
   }
   return {};
 }
@@ -846,10 +852,10 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
       if (info.matrix_api != MatrixApi::khr)
         throw Error(who + ": matrix_api khr, but " + info.name +
                     " lacks VK_KHR_cooperative_matrix with fp16 products into fp32 in one of the "
-                    "kernels' shapes (16x16x16 by subgroups of 32, 8x16x16 by 16, 8x8x16 by 8: "
-                    "sizes VK_EXT_subgroup_size_control can require) in compute shaders, "
-                    "shaderFloat16, or vulkanMemoryModel and its device scope; `flashvk devices` "
-                    "says what it has");
+                    "kernels' shapes (" + matrix_shapes_text() +
+                    ": subgroup sizes VK_EXT_subgroup_size_control can require) in compute "
+                    "shaders, shaderFloat16, or vulkanMemoryModel and its device scope; "
+                    "`flashvk devices` says what it has");
       return MatrixApi::khr;
     case MatrixApi::nv:
       if (!info.nv_cooperative_matrix)
@@ -871,10 +877,8 @@ MatrixShape context_matrix_shape(const DeviceInfo& info, MatrixApi api, MatrixSh
   if (emulated != MatrixShape{} &&
       std::find(std::begin(kMatrixShapes), std::end(kMatrixShapes), emulated) ==
           std::end(kMatrixShapes))
-    throw Error(who + ": emulated_matrix_shape " + std::to_string(emulated.m) + "x" +
-                std::to_string(emulated.n) + "x" + std::to_string(emulated.k) + " by " +
-                std::to_string(emulated.subgroup) +
-                " is not one of the kernels' shapes (16x16x16 by 32, 8x16x16 by 16, 8x8x16 by 8)");
+    throw Error(who + ": emulated_matrix_shape " + matrix_shape_name(emulated) +
+                " is not one of the kernels' shapes (" + matrix_shapes_text() + ")");
   if (emulated.m && api != MatrixApi::emulated)
     throw Error(who + ": emulated_matrix_shape is for matrix_api emulated; the context's is " +
                 matrix_api_name(api));
