@@ -12,8 +12,10 @@
 // or dv is over 128, 64 on Arc's 8 x 8: tiling.cpp's coopmat_split), each of which keeps
 // 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
 // output columns as accumulator matrices (fp32) from the first tile to the last, so that at
-// d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per tile of BC keys, staged in shared memory as fp16 and read by every
-// group:
+// d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per tile of
+// BC keys, staged in shared memory as fp16 (K as rows, V transposed: every right operand is read
+// as the transpose of rows, keys or head dims contiguous, which is how AMD's and Intel's lanes
+// hold it; V as rows took a 16-bit load an element on RDNA3) and read by every group:
 //   1. each group's part of S (CM_M x BC) = Q K^T as CM_M x CM_N products, stored to its scratch
 //      in shared memory (a matrix's element layout is the driver's, so rows are read back through
 //      memory);
@@ -47,24 +49,31 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
 // in the same ones; padding made the kernel 2.5x faster on an H100).
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
-const uint VS = DV + 8u;                     // V tile, fp16
+const uint VTS = BC + 8u;                    // V^T tile: a head dim's row of keys, fp16
 // A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
-// in its first BC / 2 words and the factors keep and coef (CM_N fp32 each) after them.
+// in its first BC / 2 words and the factors keep and coef (CM_N fp32 each; keep alone for
+// FlashAttention-2) after them.
 const uint FC = BC / 2u;                          // where the factors start, in fp32
-const uint SS = (BC > FC + 2u * CM_N ? BC : FC + 2u * CM_N) + 4u;
+#ifdef CM_FLASH2
+const uint FACTORS = 1u;  // keep alone: FlashAttention-2's coef is 1
+#else
+const uint FACTORS = 2u;
+#endif
+const uint SS = (BC > FC + FACTORS * CM_N ? BC : FC + FACTORS * CM_N) + 4u;
 const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
-const uint VB = BC * KS;                     // where the V tile starts, in fp16 values
+const uint VB = BC * KS;                     // where the V^T tile starts, in fp16 values
 
-// K tile, then V tile (the queries pass through the same space first, so at least WG_ROWS rows
-// of KS); zeros past the keys.
-const uint KV_SIZE = BC * (KS + VS) > WG_ROWS * KS ? BC * (KS + VS) : WG_ROWS * KS;  // fp16
+// K tile, then V^T tile (the queries pass through the same space first, so at least WG_ROWS
+// rows of KS); zeros past the keys.
+const uint KV_TILES = BC * KS + DV * VTS;                               // fp16
+const uint KV_SIZE = KV_TILES > WG_ROWS * KS ? KV_TILES : WG_ROWS * KS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
 shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors, the output
 
-// Q, K and V eight fp16 values at a time (d and dv are multiples of 16).
+// Q and K eight fp16 values at a time, V four (d and dv are multiples of 16).
 layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
 layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
-layout(std430, binding = B_V) readonly buffer VBuf8 { uvec4 v8[]; };
+layout(std430, binding = B_V) readonly buffer VBuf4 { uvec2 v4[]; };
 
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
@@ -130,35 +139,71 @@ void load_queries() {
     cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
 }
 
-// A tile's K and V as each invocation fetches them (8 fp16 values per element): the next tile
-// is fetched into registers while the current one is worked on, so its loads are in flight
-// during the products instead of before them.
+// A tile's K and V as each invocation fetches them: the next tile is fetched into registers
+// while the current one is worked on, so its loads are in flight during the products instead of
+// before them. K by 16-byte pieces of its rows (KF of them). V by items of 8 keys' same 4 head
+// dims (VQ of them, 8 bytes a key), which go into V^T as 4 runs of 8 keys (16-byte stores). Lanes
+// take 2 to a 16-byte piece, then other keys, then other pieces: a load's 32 lanes read 64
+// contiguous bytes of each of 4 keys at 32 keys a tile (all 32-byte sectors whole), and the 8
+// lanes of a 16-byte store pass write other banks (at 16 keys, 2 to a bank: pieces 8 head dims
+// apart, 8 VTS fp16, a multiple of 128 bytes, write the same ones).
 const uint KF = (BC * D / 8u + WG - 1u) / WG;
-const uint VF = (BC * DV / 8u + WG - 1u) / WG;
-uvec4 k_next[KF], v_next[VF];
+const uint VG = BC / 8u;                              // 8-key groups of a tile
+const uint VITEMS = VG * DV / 4u;                     // items of a tile
+const uint VQ = (VITEMS + WG - 1u) / WG;              // items an invocation fetches
+uvec4 k_next[KF];
+uvec2 v_next[8u * VQ];
 
-// Keys j0 .. j0 + n - 1 of this workgroup's K/V head into k_next and v_next, zeros after them.
+// V item e: its first head dim and key group.
+void v_item(uint e, out uint dim, out uint g) {
+  g = (e / 2u) % VG;
+  dim = (e / 2u / VG) * 8u + (e % 2u) * 4u;
+}
+
+// Keys j0 .. j0 + n - 1 (n > 0) of this workgroup's K/V head into k_next and v_next, and the
+// last of them where a piece is past them (store_tile writes zeros there). Nothing reads what a
+// load gave until store_tile, on the next tile: a load under a condition, or its value chosen
+// here, was waited for at once (RADV), so that the loads overlapped neither each other nor the
+// products.
 void fetch_tile(uint kv_base, uint j0, uint n) {
-  [[unroll]] for (uint i = 0u; i < KF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
-    k_next[i] = e < BC * D / 8u && c < n ? k8[(key_row(kv_base, j0 + c) * D) / 8u + e % (D / 8u)]
-                                         : uvec4(0u);
+  [[unroll]] for (uint i = 0u; i < VQ; ++i) {
+    uint dim, g;
+    v_item(min(gl_LocalInvocationID.x + i * WG, VITEMS - 1u), dim, g);
+    [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+      uint row = key_row(kv_base, j0 + min(g * 8u + q, n - 1u));
+      v_next[i * 8u + q] = v4[row * (DV / 4u) + dim / 4u];
+    }
   }
-  [[unroll]] for (uint i = 0u; i < VF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * WG, c = e / (DV / 8u);
-    v_next[i] = e < BC * DV / 8u && c < n ? v8[(key_row(kv_base, j0 + c) * DV) / 8u + e % (DV / 8u)]
-                                          : uvec4(0u);
+  [[unroll]] for (uint i = 0u; i < KF; ++i) {
+    uint e = gl_LocalInvocationID.x + i * WG;
+    uint c = min(e / (D / 8u), n - 1u);
+    k_next[i] = k8[key_row(kv_base, j0 + c) * (D / 8u) + e % (D / 8u)];
   }
 }
 
-void store_tile() {
+// Keys 2 p and 2 p + 1 of V item i's head dim h (0 .. 3), as one word of fp16 values; zeros
+// past the tile's n keys (key group g).
+uint v_pair(uint i, uint p, uint h, uint g, uint n) {
+  uint c = g * 8u + p * 2u;
+  uint lo = c < n ? v_next[i * 8u + p * 2u][h / 2u] : 0u;
+  uint hi = c + 1u < n ? v_next[i * 8u + p * 2u + 1u][h / 2u] : 0u;
+  return h % 2u == 0u ? (lo & 0xffffu) | (hi << 16u) : (lo >> 16u) | (hi & 0xffff0000u);
+}
+
+// The fetched tile of n keys into kv_sh, zeros past them.
+void store_tile(uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * WG;
-    if (e < BC * D / 8u) kv_sh[(e / (D / 8u)) * KS / 8u + e % (D / 8u)] = k_next[i];
+    uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
+    if (e < BC * D / 8u) kv_sh[c * KS / 8u + e % (D / 8u)] = c < n ? k_next[i] : uvec4(0u);
   }
-  [[unroll]] for (uint i = 0u; i < VF; ++i) {
-    uint e = gl_LocalInvocationID.x + i * WG;
-    if (e < BC * DV / 8u) kv_sh[(VB + (e / (DV / 8u)) * VS) / 8u + e % (DV / 8u)] = v_next[i];
+  [[unroll]] for (uint i = 0u; i < VQ; ++i) {
+    uint e = gl_LocalInvocationID.x + i * WG, dim, g;
+    v_item(e, dim, g);
+    if (e >= VITEMS) continue;
+    [[unroll]] for (uint h = 0u; h < 4u; ++h)  // head dim dim + h, keys 8 g .. 8 g + 7
+      kv_sh[(VB + (dim + h) * VTS) / 8u + g] = uvec4(
+          v_pair(i, 0u, h, g, n), v_pair(i, 1u, h, g, n), v_pair(i, 2u, h, g, n),
+          v_pair(i, 3u, h, g, n));
   }
 }
 
@@ -247,9 +292,9 @@ void tile_softmax(uint j0, uint n) {
 // acc += the CM_N columns of P V from the group's column CM_N nv.
 void add_pv(inout CmAcc acc, uint nv) {
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
-    CmB vb;
-    cm_load_b(vb, kv_sh, (VB + kc * 16u * VS + part() * OD + nv * CM_N) / 8u, VS / 8u);
-    cm_mul_add(acc, p_frag[kc], vb);
+    CmBt vt;  // keys down, head dims across: V^T's rows, transposed
+    cm_load_bt(vt, kv_sh, (VB + (part() * OD + nv * CM_N) * VTS + kc * 16u) / 8u, VTS / 8u);
+    cm_mul_add(acc, p_frag[kc], vt);
   }
 }
 
@@ -348,7 +393,7 @@ void main() {
   while (j0 < end) {
     uint n = min(BC, end - j0);
     barrier();  // every group is done with the previous tile
-    store_tile();
+    store_tile(n);
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));

@@ -79,12 +79,15 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(cm.bc, 64u);
   EXPECT_EQ(tiling(kH100, prefill128, Variant::flashd, DType::f16).bc, 32u);
   // Past d = 128 two subgroups share a block of 16 rows (LANES 2): 32 rows a workgroup; at
-  // d = 256, 32 keys: K/V 2 * 32 * (264 + 264) bytes and scratch 64 rows of 52 floats, 46 KiB.
+  // d = 256, 32 keys: K 32 x 264 and V^T 256 x 40 fp16, and 64 rows of scratch, 36 floats each
+  // where the factors are keep alone (FlashAttention-2: 45.6 KiB), 52 with coef (FLASH-D: 49.6
+  // KiB, over 48: 16 keys).
   Spec cm256 = tiling(kH100, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
   EXPECT_EQ(cm256.layout, TileLayout::cooperative_matrix);
   EXPECT_EQ(cm256.lanes, 2u);
   EXPECT_EQ(cm256.block(), 32u);
   EXPECT_EQ(cm256.bc, 32u);
+  EXPECT_EQ(tiling(kH100, dims(8, 8, 4096, 4096, 256, 256), Variant::flashd, DType::f16).bc, 16u);
   EXPECT_EQ(cm.lanes, 1u);
   // Split, d and dv are multiples of 32: at d = 144 the matrix layout does not run.
   EXPECT_NE(tiling(kH100, dims(8, 8, 4096, 4096, 144, 144), Variant::flash2, DType::f16).layout,
@@ -402,14 +405,18 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
   EXPECT_FALSE(has(h100_online, TileLayout::cooperative_matrix));
   EXPECT_TRUE(has(h100_flash2, TileLayout::cooperative_matrix));
   // Without matrix units the matrix kernel is emulated, so CPU drivers run its logic: at d = 32
-  // and 128, not where d is no multiple of 16 or the shared memory is Vulkan's minimum.
+  // and 128, not where d is no multiple of 16; in Vulkan's minimum of shared memory (16 KiB)
+  // FlashAttention-2's (12.6 KiB at 16 keys, d = 32) but not FLASH-D's (16.6 KiB: its rows
+  // keep a second factor).
   EXPECT_TRUE(has(test::device_layouts(kCpu, Variant::flashd, 32, 32),
                   TileLayout::cooperative_matrix));
   EXPECT_TRUE(has(test::device_layouts(kCpu, Variant::splitkv, 128, 128),
                   TileLayout::cooperative_matrix));
   EXPECT_FALSE(has(test::device_layouts(kCpu, Variant::flash2, 24, 24),
                    TileLayout::cooperative_matrix));
-  EXPECT_FALSE(has(test::device_layouts(kMinimum, Variant::flash2, 32, 32),
+  EXPECT_TRUE(has(test::device_layouts(kMinimum, Variant::flash2, 32, 32),
+                  TileLayout::cooperative_matrix));
+  EXPECT_FALSE(has(test::device_layouts(kMinimum, Variant::flashd, 32, 32),
                    TileLayout::cooperative_matrix));
   int checked = 0;
   for (const DeviceInfo* info : {&kH100, &kPhone, &kMinimum, &kCpu})

@@ -122,30 +122,34 @@ uint32_t coopmat_split(const MatrixShape& shape, uint32_t d, uint32_t dv) {
 }
 
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K/V tile and the groups' scratch (kMatrixRows rows of S in fp32, over which P in
-// fp16 and the rows' two factor matrices go: at least keys / 2 + 2 n words a row) fit the shared
-// memory; the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are
-// staged there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader;
-// emulated, coopmat.glsl's exchange takes a float an invocation more. A lane holds at most what
-// it does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
-// registers during the current one, at most 16 uvec4, and a softmax lane's scores and weights
-// (keys / LPR each) at most 32. So Intel's 64-invocation workgroups and Arc's one lane a row take
-// fewer keys. On RDNA a tile of more than 16 keys is taken only where whole workgroups leave 4
-// subgroups a SIMD (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32
-// keys 2). Elsewhere (NVIDIA: registers bound these kernels) the most keys that fit.
+// 16 whose fp16 K tile and V^T tile and the groups' scratch (kMatrixRows rows of S in fp32, over
+// which P in fp16 and the rows' factor matrices go: at least keys / 2 + 2 n words a row, or
+// keys / 2 + n where the variant's coef is always 1, FlashAttention-2's) fit the shared memory;
+// the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are staged
+// there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader; emulated,
+// coopmat.glsl's exchange takes a float an invocation more. A lane holds at most what it does on
+// NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into registers
+// during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4 uvec4 each),
+// at most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at most 32. So
+// Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
+// more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
+// (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
+// (NVIDIA: registers bound these kernels) the most keys that fit.
 uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
-                      MatrixApi api) {
+                      MatrixApi api, Variant variant) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   const uint32_t split = coopmat_split(shape, d, dv);
   const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
+  const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;  // coef is 1 in FA2's
   for (uint32_t keys : {64u, 32u, 16u}) {
-    uint32_t kv = 2 * std::max(keys * (d + 8 + dv + 8), rows * (d + 8));  // the queries first
-    uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + 2 * shape.n) + 4);
+    uint32_t kv = 2 * std::max(keys * (d + 8) + dv * (keys + 8), rows * (d + 8));  // K, V^T
+    uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + factors * shape.n) + 4);
     uint32_t bytes = kv + scratch + exchange + 64;
-    bool prefetch = keys * (d + dv) / 8 <= 16 * wg && keys / lanes_a_row <= 32;
+    uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
+    bool prefetch = k_items + 4 * v_items <= 16 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && prefetch && !thin) return keys;
@@ -175,7 +179,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
               dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
               dims.dv <= 2 * whole && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
-              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api) > 0;
+              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant) > 0;
   if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
     if (api == MatrixApi::none)
       throw Error(
@@ -507,7 +511,7 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
-    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix);
+    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant);
     return spec;
   }
   if (!forced_keys) {
