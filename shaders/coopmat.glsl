@@ -11,14 +11,15 @@
 // matrix units a group is a subgroup of that size (the host requires it); emulated, SUBGROUP
 // consecutive invocations, whatever the device's subgroups are.
 //
-// Types: CmA (CM_M x 16 fp16, the left operand), CmB and CmBt (16 x CM_N fp16, the right, loaded
-// as it is or transposed), CmAcc (CM_M x CM_N fp32). Arrays are of uvec4 (8 fp16 values, or 4
-// fp32), so every matrix starts 16-byte aligned; offsets and strides count those elements.
+// Types: CmA (CM_M x 16 fp16, the left operand), CmBt (16 x CM_N fp16, the right, loaded as the
+// transpose of rows; CmB on the matrix units, where they are one type), CmAcc (CM_M x CM_N
+// fp32). Arrays are of uvec4 (8 fp16 values, or 4 fp32), so every matrix starts 16-byte aligned;
+// offsets and strides count those elements.
 // Macros, as GLSL passes arrays by value:
 //   cm_zero(c)                     c = 0
 //   cm_load_a(a, arr, off, stride) a from a row-major array (fp16)
-//   cm_load_b(b, arr, off, stride) b from a row-major array (fp16)
-//   cm_load_bt(b, arr, off, stride) b as the transpose of a row-major array (K^T from K's rows)
+//   cm_load_bt(b, arr, off, stride) b as the transpose of a row-major array (K^T from K's rows,
+//                                  V from V^T's)
 //   cm_mul_add(c, a, b)            c += a b
 //   cm_store(c, arr, off, stride)  c into a row-major array (fp32)
 //   cm_load_acc(c, arr, off, stride) c from a row-major array (fp32)
@@ -31,7 +32,7 @@
 // kernel calls them in uniform control flow.
 //
 // Emulated, a lane holds its row of CmA whole (row CM_LANE / CM_LPG), and of CmAcc the 8 columns
-// (CM_LANE % CM_LPG) * 8 .. + 7 of that row (CM_M * CM_N = 8 * SUBGROUP); CmB stays where it
+// (CM_LANE % CM_LPG) * 8 .. + 7 of that row (CM_M * CM_N = 8 * SUBGROUP); CmBt stays where it
 // was loaded from, CM_B_ARRAY (which the kernel defines), and cm_mul_add reads it there: no lane
 // needs another's values. The loops are unrolled (llvmpipe stops an invocation's loops after
 // 65535 iterations in all).
@@ -57,8 +58,6 @@ const uint CM_LPG = SUBGROUP / CM_M;
 #define cm_zero(c) c = CmAcc(0.0)
 #define cm_load_a(a, arr, off, stride) \
   coopMatLoad(a, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
-#define cm_load_b(b, arr, off, stride) \
-  coopMatLoad(b, arr, off, stride, gl_CooperativeMatrixLayoutRowMajor)
 #define cm_load_bt(b, arr, off, stride) \
   coopMatLoad(b, arr, off, stride, gl_CooperativeMatrixLayoutColumnMajor)
 #define cm_mul_add(c, a, b) c = coopMatMulAdd(a, b, c)
@@ -80,7 +79,6 @@ const uint CM_LPG = SUBGROUP / CM_M;
 #define CmAcc fcoopmatNV<32, gl_ScopeSubgroup, CM_M, CM_N>
 #define cm_zero(c) c = CmAcc(0.0)
 #define cm_load_a(a, arr, off, stride) coopMatLoadNV(a, arr, off, stride, false)
-#define cm_load_b(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, false)
 #define cm_load_bt(b, arr, off, stride) coopMatLoadNV(b, arr, off, stride, true)
 #define cm_mul_add(c, a, b) c = coopMatMulAddNV(a, b, c)
 #define cm_store(c, arr, off, stride) coopMatStoreNV(c, arr, off, stride, false)
@@ -97,11 +95,8 @@ const uint CM_LPG = SUBGROUP / CM_M;
 struct CmA {
   float v[16];  // row CM_LANE / CM_LPG, whole
 };
-struct CmB {
-  uint off, stride;  // where in CM_B_ARRAY, in uvec4 elements: row-major
-};
 struct CmBt {
-  uint off, stride;  // the same, of the transpose (cm_load_bt)
+  uint off, stride;  // where in CM_B_ARRAY its transpose's rows are, in uvec4 elements
 };
 struct CmAcc {
   float v[8];  // row CM_LANE / CM_LPG, columns (CM_LANE % CM_LPG) * 8 .. + 7
@@ -119,16 +114,7 @@ struct CmAcc {
   [[unroll]] for (uint cm_h = 0u; cm_h < 2u; ++cm_h) {                  \
     cm_unpack8(a.v, cm_h * 8u, arr[(off) + (CM_LANE / CM_LPG) * (stride) + cm_h]) \
   }
-#define cm_load_b(b, arr, off, stride) b = CmB(off, stride)
 #define cm_load_bt(b, arr, off, stride) b = CmBt(off, stride)
-// c += a b, b row-major: row k of b's 8 columns of this lane is one uvec4.
-void cm_emu_mul_add(inout CmAcc c, CmA a, CmB b) {
-  [[unroll]] for (uint k = 0u; k < 16u; ++k) {
-    float row[8];
-    cm_unpack8(row, 0u, CM_B_ARRAY[b.off + k * b.stride + CM_LANE % CM_LPG])
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) c.v[i] += a.v[k] * row[i];
-  }
-}
 // c += a b, b the transpose of rows in memory: column i of b is two uvec4 of a row.
 void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
   [[unroll]] for (uint i = 0u; i < 8u; ++i) {

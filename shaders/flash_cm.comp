@@ -23,7 +23,7 @@
 //      within the group: a split block's groups take 1 / SPLIT of its rows each), run the
 //      variant's recurrence, and write P (fp16, at most 1: relative to a max) and the rows'
 //      factors over the block's first S (keep and coef, each as an accumulator matrix whose row r
-//      is row r's factor);
+//      is row r's factor; keep alone for FlashAttention-2);
 //   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
 //      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
 //      coef is 1: P V accumulates straight into O.
@@ -233,8 +233,8 @@ void tile_scores() {
 #include "flash2_step.glsl"
 #endif
 
-// This lane's row's two factors, each over CM_N / LPR of its CM_N columns in the block's scratch
-// (CM_N / 4 words, a multiple of LPR in every shape).
+// This lane's row's factors (keep alone for FlashAttention-2), each over CM_N / LPR of its CM_N
+// columns in the block's scratch (CM_N / 4 words, a multiple of LPR in every shape).
 void write_factors(float keep, float coef) {
   const uint words = CM_N / 4u / LPR;
   uint f_base = block_scratch() + (softmax_row() * SS + FC) / 4u + (lane() % LPR) * words;

@@ -88,8 +88,8 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
 // V: their scores are added before the softmax, which each group runs for half of the rows, and
 // each keeps half of the output. Every recurrence at d = 160 and dv = 96 (GQA, causal, partial
 // tiles and row blocks; 32 keys a tile in 32 KiB, 8 a softmax lane), then d = 256 with dv = 192
-// in 16-key tiles (4 keys a lane; as on RDNA), where the staged queries take more space than the
-// K/V tile, as they do unsplit at d = 128 over dv = 32. (Small shapes: llvmpipe builds these
+// in 16-key tiles (4 keys a lane; as on RDNA), and unsplit d = 128 over dv = 32, where the staged
+// queries take more space than the K and V^T tiles. (Small shapes: llvmpipe builds these
 // emulated kernels slowly.)
 TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
   HostTensor q = random_tensor({1, 4, 24, 160}, 61), k = random_tensor({1, 2, 70, 160}, 62),
@@ -110,8 +110,8 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
   params.mods.causal = false;
   HostAttentionResult run = expect_matches(q256, k256, v192, params, "d = 256, dv = 192");
   EXPECT_EQ(run.block_keys, 16u);
-  // Unsplit, the staged queries outgrow the K/V tile too where d is well over dv: 64 rows of
-  // d = 128 against 32 keys of 128 + 32 values.
+  // Unsplit, the staged queries outgrow the K/V tiles where d is well over dv: 64 rows of
+  // d = 128 (8704 fp16 with padding) against 32 keys of 128 and V^T's 32 rows of 32 keys (5632).
   HostTensor q128 = random_tensor({1, 2, 70, 128}, 67), k128 = random_tensor({1, 2, 50, 128}, 68),
              v32 = random_tensor({1, 2, 50, 32}, 69);
   run = expect_matches(q128, k128, v32, params, "d = 128, dv = 32");

@@ -115,8 +115,9 @@ TEST(TilingTest, GpuWithMatrixUnits) {
 // on Arc A-series (8x8x16, 64 invocations) or 16 on Xe2 (8x16x16, 128), each required. A lane
 // holds what it does on NVIDIA: on Arc, where a lane holds a whole row of a matrix, two groups
 // share a block past d = 64 (so d up to 128); its one softmax lane a row takes 32 keys (64 split);
-// and 64 invocations prefetch fewer keys: at d = 96 (split), 64 keys (43 KiB, within 48) would
-// be 64 * 192 / 8 uvec4 over 64 lanes, 24 each: 32 keys, where 128 lanes take 64.
+// and 64 invocations prefetch fewer keys: at d = 96 (split), 64 keys (44 KiB, within 48) would
+// be 64 * 96 / 8 uvec4 of K and 64 * 96 / 32 items of V (4 uvec4 each) over 64 lanes, 24 each:
+// 32 keys, where 128 lanes take 64.
 TEST(TilingTest, IntelShapesTakeEightRowMatrices) {
   Dims prefill96 = dims(8, 8, 4096, 4096, 96, 96);
   DeviceInfo arc = device("Arc-A-like", "discrete", 64 * 1024, 1024, 8, true, true);
@@ -201,9 +202,9 @@ TEST(TilingTest, TheDevicesListPicksTheShape) {
 }
 
 // RDNA3 (AMD: the driver tells its register file): 64-key matrix tiles only where 4 whole
-// workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's K/V
-// (2 * 64 * (72 + 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys. At d = 32
-// (2 * 64 * (40 + 40) bytes and the same scratch, 27 KiB) 64 keys.
+// workgroups of 4 subgroups share a WGP's 128 KiB of LDS; at d = 64 the 64-key tile's K and V^T
+// (2 * (64 * 72 + 64 * 72) bytes) and scratch (64 rows of 68 floats) take 35 KiB: 32 keys. At
+// d = 32 (2 * (64 * 40 + 32 * 72) bytes and the same scratch, 27 KiB) 64 keys.
 TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
   DeviceInfo navi31 = device("RDNA3-like", "discrete", 64 * 1024, 1024, 64, true, true);
   navi31.nv_cooperative_matrix = false;
@@ -212,17 +213,19 @@ TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
   Spec amd = tiling(navi31, prefill64, Variant::flash2, DType::f16);
   EXPECT_EQ(amd.layout, TileLayout::cooperative_matrix);
   EXPECT_EQ(amd.bc, 32u);
-  uint64_t k64 = 2 * 64 * (72 + 72) + 64 * 4 * 68;
+  uint64_t k64 = 2 * (64 * 72 + 64 * 72) + 64 * 4 * 68;
   EXPECT_GT(k64, 32u * 1024);
   EXPECT_EQ(tiling(kH100, prefill64, Variant::flash2, DType::f16).bc, 64u);  // not AMD
   EXPECT_EQ(tiling(navi31, dims(8, 8, 4096, 4096, 32, 32), Variant::flash2, DType::f16).bc, 64u);
   // d = 256 (split: 32 rows a workgroup): 32 keys would take 46 KiB, 2 subgroups a SIMD; 16 keys
-  // (K/V 2 * 16 * (264 + 264) bytes, scratch 64 rows of 44 floats) 28 KiB, 4.
+  // (K 16 x 264 and V^T 256 x 24 fp16, scratch 64 rows of 28 floats: keep alone) 27 KiB, 4.
   Spec amd256 = tiling(navi31, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16);
   EXPECT_EQ(amd256.layout, TileLayout::cooperative_matrix);
   EXPECT_EQ(amd256.bc, 16u);
-  EXPECT_EQ(rdna_subgroups_per_simd(2 * 16 * 528 + 64 * 4 * 44 + 64, 128, 32, 8), 4.0);
-  EXPECT_LT(rdna_subgroups_per_simd(2 * 32 * 528 + 64 * 4 * 52 + 64, 128, 32, 8), 4.0);
+  EXPECT_EQ(rdna_subgroups_per_simd(2 * (16 * 264 + 256 * 24) + 64 * 4 * 28 + 64, 128, 32, 8),
+            4.0);
+  EXPECT_LT(rdna_subgroups_per_simd(2 * (32 * 264 + 256 * 40) + 64 * 4 * 36 + 64, 128, 32, 8),
+            4.0);
 }
 
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {

@@ -143,7 +143,8 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
   const uint32_t split = coopmat_split(shape, d, dv);
   const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
-  const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;  // coef is 1 in FA2's
+  // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
+  const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
   for (uint32_t keys : {64u, 32u, 16u}) {
     uint32_t kv = 2 * std::max(keys * (d + 8) + dv * (keys + 8), rows * (d + 8));  // K, V^T
     uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + factors * shape.n) + 4);
