@@ -167,8 +167,9 @@ void v_item(uint e, out uint dim, out uint g) {
 // products.
 void fetch_tile(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
-    uint dim, g;
-    v_item(min(gl_LocalInvocationID.x + i * WG, VITEMS - 1u), dim, g);
+    uint e = gl_LocalInvocationID.x + i * WG, dim, g;
+    if (VITEMS % WG != 0u && e >= VITEMS) continue;  // (store_tile skips it)
+    v_item(e, dim, g);
     [[unroll]] for (uint q = 0u; q < 8u; ++q) {
       uint row = key_row(kv_base, j0 + min(g * 8u + q, n - 1u));
       v_next[i * 8u + q] = v4[row * (DV / 4u) + dim / 4u];
@@ -190,16 +191,20 @@ uint v_pair(uint i, uint p, uint h, uint g, uint n) {
   return h % 2u == 0u ? (lo & 0xffffu) | (hi << 16u) : (lo >> 16u) | (hi & 0xffff0000u);
 }
 
-// The fetched tile of n keys into kv_sh, zeros past them.
+// The fetched tile of n keys into kv_sh, zeros past them. Where the invocations share the
+// pieces evenly (WG divides them, as in every shape at d = 128), no invocation skips any: the
+// test folds away once the constants are known, and with it the branch, at whose end RADV waited
+// for each store.
 void store_tile(uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
-    if (e < BC * D / 8u) kv_sh[c * KS / 8u + e % (D / 8u)] = c < n ? k_next[i] : uvec4(0u);
+    if ((BC * D / 8u) % WG == 0u || e < BC * D / 8u)
+      kv_sh[c * KS / 8u + e % (D / 8u)] = c < n ? k_next[i] : uvec4(0u);
   }
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
     v_item(e, dim, g);
-    if (e >= VITEMS) continue;
+    if (VITEMS % WG != 0u && e >= VITEMS) continue;
     [[unroll]] for (uint h = 0u; h < 4u; ++h)  // head dim dim + h, keys 8 g .. 8 g + 7
       kv_sh[(VB + (dim + h) * VTS) / 8u + g] = uvec4(
           v_pair(i, 0u, h, g, n), v_pair(i, 1u, h, g, n), v_pair(i, 2u, h, g, n),
@@ -251,16 +256,20 @@ void write_factors(float keep, float coef) {
 void tile_softmax(uint j0, uint n) {
   uint first = (lane() % LPR) * PART;
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
+  // Every score is read first, 4 at a time (PART is a multiple of 4): read where each is used,
+  // a score a load, RADV waited for each load in turn.
+  vec4 dots[PART / 4u];
+  [[unroll]] for (uint c = 0u; c < PART / 4u; ++c) {
+    dots[c] = vec4(0.0);
+    [[unroll]] for (uint g = 0u; g < SPLIT; ++g)
+      dots[c] += uintBitsToFloat(s_sh[s_at + g * SG_ROWS * SS / 4u + c]);
+  }
   float s[PART];
   float m_loc = NEG_INF;
   [[unroll]] for (uint c = 0u; c < PART; ++c) {
     uint j = j0 + first + c;
     bool seen = first + c < n && key_visible(0u, j);
-    float dot = 0.0;
-    [[unroll]] for (uint g = 0u; g < SPLIT; ++g) {
-      dot += uintBitsToFloat(s_sh[s_at + g * SG_ROWS * SS / 4u + c / 4u][c % 4u]);
-    }
-    s[c] = row_score(0u, j, seen, dot * pc.scale);
+    s[c] = row_score(0u, j, seen, dots[c / 4u][c % 4u] * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
   cm_sync();  // the row's scores are read (by its lanes, all in this group) before P goes over them
