@@ -164,7 +164,8 @@ void v_item(uint e, out uint dim, out uint g) {
 // last of them where a piece is past them (store_tile writes zeros there). Nothing reads what a
 // load gave until store_tile, on the next tile: a load under a condition, or its value chosen
 // here, was waited for at once (RADV), so that the loads overlapped neither each other nor the
-// products.
+// products. Where WG does not divide the V items (d = 64 at 32 keys), the invocations past them
+// skip their last item: those loads stay under a condition that differs between lanes.
 void fetch_tile(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
@@ -192,9 +193,9 @@ uint v_pair(uint i, uint p, uint h, uint g, uint n) {
 }
 
 // The fetched tile of n keys into kv_sh, zeros past them. Where the invocations share the
-// pieces evenly (WG divides them, as in every shape at d = 128), no invocation skips any: the
-// test folds away once the constants are known, and with it the branch, at whose end RADV waited
-// for each store.
+// pieces evenly (WG divides them, as K's do in every shape at d = 128), no invocation skips
+// any: the test folds away once the constants are known, and with it the branch, at whose end
+// RADV waited for each store.
 void store_tile(uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);

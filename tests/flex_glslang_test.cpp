@@ -1,7 +1,8 @@
 // The glslang that flashvk::flex compiles with at run time, the one that also compiles the
 // embedded SPIR-V (cmake/Glslang.cmake: 15 or later), knows GL_KHR_cooperative_matrix and
-// GL_NV_cooperative_matrix2: tiny compute shaders compiled as flex.cpp compiles the kernels
-// (Vulkan 1.1, SPIR-V 1.3) declare the capabilities of what they use.
+// GL_NV_cooperative_matrix2: tiny compute shaders declare the capabilities of what they use,
+// compiled as flex.cpp compiles the kernels (Vulkan 1.1, SPIR-V 1.3) or, for the second
+// extension, for Vulkan 1.3 and SPIR-V 1.6.
 #include <glslang/Public/ResourceLimits.h>
 #include <glslang/Public/ShaderLang.h>
 #include <glslang/SPIRV/GlslangToSpv.h>
@@ -102,8 +103,9 @@ std::set<uint32_t> compiled_capabilities(
   EXPECT_EQ(spirv.empty() ? 0u : spirv[0], 0x07230203u);  // SPIR-V's magic number
   for (size_t i = 5; i < spirv.size();) {  // after the header: instructions, a count a word
     uint32_t count = spirv[i] >> 16;
-    if (count == 0) {
-      ADD_FAILURE() << "an instruction of 0 words at word " << i;
+    if (count == 0 || i + count > spirv.size()) {
+      ADD_FAILURE() << "an instruction of " << count << " words at word " << i << " of "
+                    << spirv.size();
       break;
     }
     if ((spirv[i] & 0xffffu) == kOpCapability && count == 2) capabilities.insert(spirv[i + 1]);
