@@ -37,13 +37,14 @@ Lists every pipeline the engine builds for the calls `flashvk bench` would time 
 options (one shape, or a suite), without running any: the shader, the tile layout and sizes,
 the specialization constants, and what the driver compiled (VK_KHR_pipeline_executable_
 properties: registers, spills, scratch, shared memory, occupancy (on RDNA by whole workgroups:
-rdna_subgroups_per_simd), instructions, code size, read
-from each driver's own names for them, RADV's, AMD's or NVIDIA's; '-' where the driver gives
-none; every statistic by its own name in the JSON). Where the driver gives its disassembly (RADV), the key loop's FMA share: FMA
-instructions (v_fma*, v_pk_fma*, v_dot2*) among the VALU instructions of the kernel's largest
-loop. A pipeline that several calls build is listed once. With --score-mod or --mask-mod the
-kernels have the functions compiled in (their shaders' names end in +flex), after mask_mod's
-tile pass (flex_tiles). The context only compiles (no memory, no queue work), so it runs on
+rdna_subgroups_per_simd), instructions, code size, read from each driver's own names for them,
+RADV's, AMD's or NVIDIA's; '-' where the driver gives none; every statistic by its own name in
+the JSON). Where the driver gives its disassembly (RADV), the kernel's largest loop (the key
+loop): its FMA share (v_fma*, v_pk_fma*, v_dot2* among the VALU instructions) and its matrix
+instructions (loop MMA: v_wmma*, v_swmmac*, v_mfma*). A pipeline that several calls build is
+listed once. With --score-mod or --mask-mod the kernels have the functions compiled in (their
+shaders' names end in +flex), after mask_mod's tile pass (flex_tiles). The context only
+compiles (no memory, no queue work), so it runs on
 Mesa's null devices: with Mesa 25,
   RADV_FORCE_FAMILY=navi31 flashvk pipelines --suite kernels
 reports AMD's compiler for RDNA3 on a machine without an AMD GPU (scripts/pipelines.sh sets
@@ -68,7 +69,9 @@ options:
                       (n: its row in the table)
   --check             exit with status 1 if a pipeline spills registers or uses scratch
                       memory (statistics whose names say spill or scratch, and NVIDIA's
-                      Local Memory Size, above 0)
+                      Local Memory Size, above 0), or, where the driver gives its assembly, a
+                      matrix kernel on the matrix units has none of their instructions in
+                      its key loop (loop MMA 0)
   --device N          Vulkan device index
   --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
                       `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
@@ -242,7 +245,7 @@ IsaMix isa_mix(const std::string& assembly) {
   // to a block at or before it closes a loop; the loop with the most VALU instructions is the
   // kernel's key loop.
   struct Line {
-    bool valu = false, fma = false;
+    bool valu = false, fma = false, matrix = false;
   };
   std::vector<Line> lines;
   std::map<std::string, size_t> labels;
@@ -276,17 +279,20 @@ IsaMix isa_mix(const std::string& assembly) {
              !starts(word, "v_readfirstlane") && !starts(word, "v_writelane");
     l.fma = l.valu && (starts(word, "v_fma") || starts(word, "v_pk_fma") ||
                        starts(word, "v_dot2") || starts(word, "v_mac"));
+    l.matrix = starts(word, "v_wmma") || starts(word, "v_swmmac") || starts(word, "v_mfma") ||
+               starts(word, "v_smfmac");
     mix.valu += l.valu;
     mix.fma += l.fma;
+    mix.matrix += l.matrix;
     lines.push_back(l);
   }
   for (auto [at, target] : branches) {
     auto it = labels.find(target);
     if (it == labels.end() || it->second > at) continue;
-    uint64_t valu = 0, fma = 0;
+    uint64_t valu = 0, fma = 0, matrix = 0;
     for (size_t i = it->second; i <= at && i < lines.size(); ++i)
-      valu += lines[i].valu, fma += lines[i].fma;
-    if (valu > mix.loop_valu) mix.loop_valu = valu, mix.loop_fma = fma;
+      valu += lines[i].valu, fma += lines[i].fma, matrix += lines[i].matrix;
+    if (valu > mix.loop_valu) mix.loop_valu = valu, mix.loop_fma = fma, mix.loop_matrix = matrix;
   }
   return mix;
 }
@@ -340,6 +346,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   flex::enable(ctx);  // --score-mod, --mask-mod: their kernels, and mask_mod's tile pass
 #endif
   const DeviceInfo& dev = ctx.device();
+  // The matrix kernels run on the device's matrix units (not emulated).
+  const bool matrix_units = dev.cooperative_matrix && options.matrix_api != MatrixApi::emulated;
   if (args.flag("check") && !dev.pipeline_statistics)
     throw Error(
         "--check needs the driver's statistics (VK_KHR_pipeline_executable_properties), "
@@ -416,10 +424,10 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   if (statistics) {
     for (const StatisticColumn& col : statistic_columns())
       std::printf(" %*s", col.width, col.title);
-    std::printf(" %9s", "loop FMA");
+    std::printf(" %9s %8s", "loop FMA", "loop MMA");
   }
   std::printf("\n");
-  int spills = 0, wrong_sizes = 0;
+  int spills = 0, wrong_sizes = 0, no_matrix = 0;
   Json list = Json::array();
   for (size_t i = 0; i < entries.size(); ++i) {
     const PipelineDescription& p = entries[i].p;
@@ -433,6 +441,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
                                                : "any";
     std::printf("%3zu %-34s %-20s %-8s", i, p.shader.c_str(), tiles.c_str(), subgroup.c_str());
     bool wrong_size = p.required_subgroup && compiled && compiled != p.required_subgroup;
+    bool matrixless = false;  // set below, from the disassembly
     Json x;
     x["shader"] = p.shader;
     x["source"] = p.source;
@@ -490,12 +499,20 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
         IsaMix mix = isa_mix(assembly);
         x["isa"] = {{"valu", mix.valu},
                     {"fma", mix.fma},
+                    {"matrix", mix.matrix},
                     {"loop_valu", mix.loop_valu},
-                    {"loop_fma", mix.loop_fma}};
+                    {"loop_fma", mix.loop_fma},
+                    {"loop_matrix", mix.loop_matrix}};
         if (mix.loop_valu)
-          std::printf(" %8.1f%%", 100.0 * double(mix.loop_fma) / double(mix.loop_valu));
+          std::printf(" %8.1f%% %8llu", 100.0 * double(mix.loop_fma) / double(mix.loop_valu),
+                      static_cast<unsigned long long>(mix.loop_matrix));
         else
-          std::printf(" %9s", "-");
+          std::printf(" %9s %8s", "-", "-");
+        // A matrix kernel on the device's matrix units whose key loop has none of their
+        // instructions: the products went to ordinary arithmetic. (Where the disassembler
+        // does not know the chip, as LLVM 15 does not know RDNA3.5's gfx1150, no loop shows.)
+        matrixless = p.layout == TileLayout::cooperative_matrix && matrix_units &&
+                     mix.loop_valu > 0 && mix.loop_matrix == 0;
       }
     }
     if (spilled) {
@@ -505,6 +522,10 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     if (wrong_size) {
       ++wrong_sizes;
       std::printf("  COMPILED AT %u LANES", compiled);
+    }
+    if (matrixless) {
+      ++no_matrix;
+      std::printf("  NO MATRIX INSTRUCTIONS IN ITS LOOP");
     }
     x["spills"] = spilled;
     std::printf("\n");
@@ -529,6 +550,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   if (wrong_sizes)
     std::printf("%d pipelines compiled at another subgroup size than they require\n",
                 wrong_sizes);
+  if (no_matrix)
+    std::printf("%d matrix kernels without matrix instructions in their key loop\n", no_matrix);
   if (args.has("json")) {
     Json doc;
     doc["device"] = {{"name", dev.name},
@@ -545,7 +568,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
     doc["pipelines"] = list;
     write_text(args.text("json"), doc.dump(1) + "\n");
   }
-  return args.flag("check") && (spills > 0 || wrong_sizes > 0) ? 1 : 0;
+  return args.flag("check") && (spills > 0 || wrong_sizes > 0 || no_matrix > 0) ? 1 : 0;
 }
 
 }  // namespace flashvk::cli

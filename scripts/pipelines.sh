@@ -4,7 +4,8 @@
 # (`flashvk pipelines --suite kernels`) for RDNA2 (vangogh, the Steam Deck), RDNA3 (navi31) and
 # RDNA3.5 (gfx1150, a laptop APU), each at wave64 and wave32. Writes build/pipelines/<family>.txt
 # and <family>-wave32.txt with their .json, and fails if any pipeline spills a register, uses
-# scratch memory or runs at another subgroup size than it requires. Extra arguments go to
+# scratch memory or runs at another subgroup size than it requires, or a matrix kernel's key loop
+# has no v_wmma (RDNA3; LLVM 15 cannot disassemble RDNA3.5, whose loops go unchecked). Extra arguments go to
 # `flashvk pipelines` instead of --suite kernels (e.g. --variant flash2 --d 128 --dtype f16).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -70,6 +71,6 @@ for run in "${runs[@]}"; do
   head -2 "$out/$name.txt"
   tail -1 "$out/$name.txt"
 done
-[ $status -eq 0 ] && echo "no pipeline spills on any family at either subgroup size (tables: $out/*.txt)" ||
-  echo "pipelines spill or run at a subgroup size they did not require (see SPILLS and COMPILED AT in $out/*.txt)" >&2
+[ $status -eq 0 ] && echo "no pipeline spills on any family at either subgroup size, and every matrix key loop it could read has matrix instructions (tables: $out/*.txt)" ||
+  echo "pipelines spill, run at a subgroup size they did not require or lack matrix instructions (see SPILLS, COMPILED AT and NO MATRIX in $out/*.txt)" >&2
 exit $status

@@ -1011,16 +1011,19 @@ TEST_F(CliTest, PipelinesSkipTheBuildsAnEarlierReportLists) {
   }
 }
 
-// The FMA share of a kernel's key loop, from ACO's assembly: the loop is the largest span that
-// a branch jumps back over.
-TEST(IsaMix, CountsTheFmasOfTheLargestLoop) {
+// The FMA share and the matrix instructions of a kernel's key loop, from ACO's assembly: the
+// loop is the largest span that a branch jumps back over.
+TEST(IsaMix, CountsTheFmasAndMatrixInstructionsOfTheLargestLoop) {
   const char* assembly = R"(BB0:
   v_mov_b32 v0, 0
   s_mov_b32 s0, 0
+  v_wmma_f32_16x16x16_f16 v[8:15], v[0:7], v[16:23], v[8:15]
 BB1:
   v_fma_f32 v1, v2, v3, v1
   v_pk_fma_f16 v4, v5, v6, v4
   v_dot2_f32_f16 v7, v8, v9, v7
+  v_wmma_f32_16x16x16_f16 v[24:31], v[0:7], v[16:23], v[24:31]
+  v_wmma_f32_16x16x16_f16 v[32:39], v[0:7], v[16:23], v[32:39]
   v_add_f32 v1, v1, v0
   v_readlane_b32 s1, v1, 0
   s_cbranch_scc1 BB1
@@ -1030,10 +1033,12 @@ BB2:
   s_endpgm
 )";
   cli::IsaMix mix = cli::isa_mix(assembly);
-  EXPECT_EQ(mix.valu, 6u);  // v_readlane is not VALU arithmetic
+  EXPECT_EQ(mix.valu, 9u);  // v_readlane is not VALU arithmetic
   EXPECT_EQ(mix.fma, 4u);
-  EXPECT_EQ(mix.loop_valu, 4u);
+  EXPECT_EQ(mix.matrix, 3u);
+  EXPECT_EQ(mix.loop_valu, 6u);
   EXPECT_EQ(mix.loop_fma, 3u);
+  EXPECT_EQ(mix.loop_matrix, 2u);  // not the one before the loop
 }
 
 // RDNA's subgroups a SIMD by whole workgroups in a WGP's 128 KiB of LDS (1 KiB steps), over 4
