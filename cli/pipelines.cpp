@@ -41,11 +41,11 @@ rdna_subgroups_per_simd), instructions, code size, read from each driver's own n
 RADV's, AMD's or NVIDIA's; '-' where the driver gives none; every statistic by its own name in
 the JSON). Where the driver gives its disassembly (RADV), the kernel's largest loop (the key
 loop): its FMA share (v_fma*, v_pk_fma*, v_dot2* among the VALU instructions) and its matrix
-instructions (loop MMA: v_wmma*, v_swmmac*, v_mfma*). A pipeline that several calls build is
-listed once. With --score-mod or --mask-mod the kernels have the functions compiled in (their
-shaders' names end in +flex), after mask_mod's tile pass (flex_tiles). The context only
-compiles (no memory, no queue work), so it runs on
-Mesa's null devices: with Mesa 25,
+instructions (loop MMA: v_wmma*, v_swmmac*, v_mfma*, v_smfmac*). A pipeline that several
+calls build is listed once. With --score-mod or --mask-mod the kernels have the functions
+compiled in (their shaders' names end in +flex), after mask_mod's tile pass (flex_tiles). The
+context only compiles (no memory, no queue work), so it runs on Mesa's null devices: with
+Mesa 25,
   RADV_FORCE_FAMILY=navi31 flashvk pipelines --suite kernels
 reports AMD's compiler for RDNA3 on a machine without an AMD GPU (scripts/pipelines.sh sets
 that up for RDNA2, RDNA3 and RDNA3.5).
@@ -69,9 +69,9 @@ options:
                       (n: its row in the table)
   --check             exit with status 1 if a pipeline spills registers or uses scratch
                       memory (statistics whose names say spill or scratch, and NVIDIA's
-                      Local Memory Size, above 0), or, where the driver gives its assembly, a
-                      matrix kernel on the matrix units has none of their instructions in
-                      its key loop (loop MMA 0)
+                      Local Memory Size, above 0), or a matrix kernel on the matrix units
+                      has none of their instructions in its key loop (loop MMA 0; checked
+                      where the disassembly shows a key loop)
   --device N          Vulkan device index
   --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
                       `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
@@ -239,6 +239,10 @@ std::vector<std::optional<double>> column_values(const std::vector<PipelineStati
   return values;
 }
 
+bool lacks_matrix_loop(const IsaMix& mix) {
+  return mix.loop_valu > 0 && mix.loop_matrix == 0;
+}
+
 IsaMix isa_mix(const std::string& assembly) {
   // ACO's assembly: an instruction a line ("  v_fma_f32 v1, v2, v3, v4 ; d2..."), blocks
   // labelled "BB<n>:", branches naming them ("s_cbranch_scc1 BB3", "s_branch BB2"). A branch
@@ -347,7 +351,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
 #endif
   const DeviceInfo& dev = ctx.device();
   // The matrix kernels run on the device's matrix units (not emulated).
-  const bool matrix_units = dev.cooperative_matrix && options.matrix_api != MatrixApi::emulated;
+  const MatrixApi api = ctx.handles().matrix_api;
+  const bool matrix_units = api == MatrixApi::khr || api == MatrixApi::nv;
   if (args.flag("check") && !dev.pipeline_statistics)
     throw Error(
         "--check needs the driver's statistics (VK_KHR_pipeline_executable_properties), "
@@ -494,9 +499,10 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
           std::printf(" %*s", col.width, "-");
       }
       x["summary"] = summary;
-      std::string assembly = e.representation("Assembly");
-      if (!assembly.empty()) {
-        IsaMix mix = isa_mix(assembly);
+      IsaMix mix = isa_mix(e.representation("Assembly"));
+      if (mix.valu == 0) {  // no disassembly, or one its disassembler could not read
+        std::printf(" %9s %8s", "-", "-");
+      } else {
         x["isa"] = {{"valu", mix.valu},
                     {"fma", mix.fma},
                     {"matrix", mix.matrix},
@@ -508,12 +514,12 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
                       static_cast<unsigned long long>(mix.loop_matrix));
         else
           std::printf(" %9s %8s", "-", "-");
-        // A matrix kernel on the device's matrix units whose key loop has none of their
-        // instructions: the products went to ordinary arithmetic. (Where the disassembler
-        // does not know the chip, as LLVM 15 does not know RDNA3.5's gfx1150, no loop shows.)
-        matrixless = p.layout == TileLayout::cooperative_matrix && matrix_units &&
-                     mix.loop_valu > 0 && mix.loop_matrix == 0;
+        matrixless =
+            p.layout == TileLayout::cooperative_matrix && matrix_units && lacks_matrix_loop(mix);
       }
+    } else if (statistics) {  // a driver that gave this pipeline nothing: the row stays aligned
+      for (const StatisticColumn& col : statistic_columns()) std::printf(" %*s", col.width, "-");
+      std::printf(" %9s %8s", "-", "-");
     }
     if (spilled) {
       ++spills;

@@ -19,6 +19,10 @@ struct IsaMix {
   uint64_t valu = 0, fma = 0, matrix = 0, loop_valu = 0, loop_fma = 0, loop_matrix = 0;
 };
 IsaMix isa_mix(const std::string& assembly);
+/// A key loop was read and has no matrix instruction: a matrix kernel on the matrix units whose
+/// products went to ordinary arithmetic (`pipelines --check` fails). False where no loop was
+/// read, as where the disassembler does not know the chip (LLVM 15 and RDNA3.5's gfx1150).
+bool lacks_matrix_loop(const IsaMix& mix);
 
 /// A column of the report's table (and a key of its JSON's "summary"): one quantity, which
 /// each driver names its own way. `names` are the names drivers are known to give it (RADV,

@@ -4,9 +4,10 @@
 # (`flashvk pipelines --suite kernels`) for RDNA2 (vangogh, the Steam Deck), RDNA3 (navi31) and
 # RDNA3.5 (gfx1150, a laptop APU), each at wave64 and wave32. Writes build/pipelines/<family>.txt
 # and <family>-wave32.txt with their .json, and fails if any pipeline spills a register, uses
-# scratch memory or runs at another subgroup size than it requires, or a matrix kernel's key loop
-# has no v_wmma (RDNA3; LLVM 15 cannot disassemble RDNA3.5, whose loops go unchecked). Extra arguments go to
-# `flashvk pipelines` instead of --suite kernels (e.g. --variant flash2 --d 128 --dtype f16).
+# scratch memory or runs at another subgroup size than it requires, or a matrix kernel's key
+# loop has no v_wmma (RDNA3; LLVM 15 cannot disassemble RDNA3.5, whose loops go unchecked).
+# Extra arguments go to `flashvk pipelines` instead of --suite kernels (e.g. --variant flash2
+# --d 128 --dtype f16).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 [ -x "$root/build/flashvk" ] || bash "$root/scripts/build.sh"
@@ -69,8 +70,8 @@ for run in "${runs[@]}"; do
   [ "$(cat "$out/$name.status" 2>/dev/null)" = 0 ] || status=1
   grep -v -e "^ac_compute_device_uuid" -e "is not a recognized processor" "$out/$name.err" >&2 || true
   head -2 "$out/$name.txt"
-  tail -1 "$out/$name.txt"
+  grep -E "pipelines spill|subgroup size than|matrix kernels without" "$out/$name.txt" || true
 done
-[ $status -eq 0 ] && echo "no pipeline spills on any family at either subgroup size, and every matrix key loop it could read has matrix instructions (tables: $out/*.txt)" ||
-  echo "pipelines spill, run at a subgroup size they did not require or lack matrix instructions (see SPILLS, COMPILED AT and NO MATRIX in $out/*.txt)" >&2
+[ $status -eq 0 ] && echo "no pipeline spills or runs at a subgroup size it did not require, on any family at either size; every matrix key loop read has matrix instructions (tables: $out/*.txt)" ||
+  echo "a run failed: see SPILLS, COMPILED AT and NO MATRIX in $out/*.txt, and $out/*.err" >&2
 exit $status

@@ -164,8 +164,8 @@ void v_item(uint e, out uint dim, out uint g) {
 // last of them where a piece is past them (store_tile writes zeros there). Nothing reads what a
 // load gave until store_tile, on the next tile: a load under a condition, or its value chosen
 // here, was waited for at once (RADV), so that the loads overlapped neither each other nor the
-// products. Where WG does not divide the V items (d = 64 at 32 keys), the invocations past them
-// skip their last item: those loads stay under a condition that differs between lanes.
+// products. Where WG does not divide the V items (d = 64, 80, 96 at 32 keys), invocations
+// past them skip their last item: those loads stay under a condition that differs between lanes.
 void fetch_tile(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;

@@ -956,7 +956,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
                                              "naive_softmax", "naive_pv"}));
   EXPECT_EQ(run_cli("pipelines --suite nope").status, 2);
   // --check cannot tell spills without the statistics: refused, not passed. With them it fails
-  // exactly when the report counts a pipeline that spills.
+  // exactly when the report counts a pipeline that spills (this fp32 call builds no matrix
+  // kernel).
   Outcome check = run_cli("pipelines --variant flash2 --nq 8 --check");
   if (!statistics) {
     EXPECT_EQ(check.status, 1) << check.output;
@@ -1039,6 +1040,20 @@ BB2:
   EXPECT_EQ(mix.loop_valu, 6u);
   EXPECT_EQ(mix.loop_fma, 3u);
   EXPECT_EQ(mix.loop_matrix, 2u);  // not the one before the loop
+  EXPECT_FALSE(cli::lacks_matrix_loop(mix));
+  // The products outside the loop, in ordinary arithmetic within it: what --check fails.
+  cli::IsaMix outside = cli::isa_mix(R"(BB0:
+  v_wmma_f32_16x16x16_f16 v[8:15], v[0:7], v[16:23], v[8:15]
+BB1:
+  v_fma_f32 v1, v2, v3, v1
+  s_cbranch_scc1 BB1
+  s_endpgm
+)");
+  EXPECT_EQ(outside.matrix, 1u);
+  EXPECT_EQ(outside.loop_matrix, 0u);
+  EXPECT_TRUE(cli::lacks_matrix_loop(outside));
+  // Nothing read (a disassembler that does not know the chip): nothing to judge.
+  EXPECT_FALSE(cli::lacks_matrix_loop(cli::isa_mix("")));
 }
 
 // RDNA's subgroups a SIMD by whole workgroups in a WGP's 128 KiB of LDS (1 KiB steps), over 4
