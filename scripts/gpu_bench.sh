@@ -5,16 +5,19 @@
 #   log.txt             every table, each under the command that printed it, and its exit status
 #   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
 #   decode_warm.json    flushed before each run, and back to back (--warm-cache)
-#   prefill_f16_D.json  fp16 prefill, N=4096, at d = D: 64, 128 and 256
+#   prefill_f16_D.json  fp16 prefill, flash2 and flashd, N=4096, at d = D: 64, 128 and 256;
+#                       causal in prefill_f16_D_causal.json
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
-#   modifiers_f16.json  bench --suite modifiers in fp16 (the matrix path's modifier costs, and
-#                       its skip of hidden tiles: the sparse-mask row)
+#   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
+#                       costs, and its skip of hidden tiles: the sparse-mask row)
 #   decode_kv.json      decoding over 65536 keys with K and V in f16, q8_0 and q4_0 (vs_base)
-#   modifiers_f32.json  the same as modifiers_f16.json in fp32
+#   modifiers_f32.json  the same in fp32, at the suite's N=2048
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
 #   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
+#   targets.txt         issue #43's targets, each measured and met or not (gpu_targets.py,
+#                       run once the files it reads are written)
 # Usage: scripts/gpu_bench.sh [--tiny] [OUT]   (OUT defaults to out/gpu). --tiny: small shapes
 # and none of the fixed suites, a dry run of the script on any device (lavapipe) in a minute.
 # Environment: $FLASHVK the binary (default build/flashvk); $STEP_TIMEOUT the seconds one step
@@ -80,16 +83,16 @@ step() { run_step "flashvk $*" "$bin" "$@"; }
 if ((tiny)); then
   decode=(--nq 1 --heads 4 --kv-heads 2 --d 64 --repeat 3)
   decode_keys=(256 1024)
-  prefill=(--variant flash2 --heads 2 --nq 128 --repeat 3)
+  prefill=(--variant flash2,flashd --heads 2 --nq 128 --repeat 3)
   prefill_d=(64)
   shape=(--nq 64 --d 16 --repeat 2)  # for the modifiers suite
   peak=()                            # llvmpipe's calibrations take longer than the runs
 else
   decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --repeat 9)
   decode_keys=(4096 16384 65536)
-  prefill=(--variant flash2 --heads 8 --nq 4096 --repeat 9)
+  prefill=(--variant flash2,flashd --heads 8 --nq 4096 --repeat 9)
   prefill_d=(64 128 256)  # 256: the matrix kernel's split row blocks (Gemma's head dim)
-  shape=()
+  shape=(--nq 4096)  # issue #43's targets' N
   peak=(--peak)
 fi
 longest=${decode_keys[${#decode_keys[@]}-1]}
@@ -120,9 +123,15 @@ EOF
     json_files+=("$out/decode_$cache.json")
   fi
 done
+# Issue #43's shapes: flash2 and flashd (within 5%), full and causal (<= 0.6x full's time).
 for d in "${prefill_d[@]}"; do
-  step bench "${prefill[@]}" --d "$d" --dtype f16 "${peak[@]}" --json "$out/prefill_f16_$d.json"
-  json_files+=("$out/prefill_f16_$d.json")
+  for mask in full causal; do
+    file="$out/prefill_f16_$d.json"
+    flags=()
+    [[ $mask == causal ]] && file="$out/prefill_f16_${d}_causal.json" && flags=(--causal)
+    step bench "${prefill[@]}" --d "$d" --dtype f16 "${flags[@]}" "${peak[@]}" --json "$file"
+    json_files+=("$file")
+  done
 done
 # Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
 if command -v python3 >/dev/null; then
@@ -138,6 +147,11 @@ fi
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at the longest length (targets: q8_0 <= 0.7x, q4_0 <= 0.5x fp16).
 step bench --suite modifiers --dtype f16 "${shape[@]}" --json "$out/modifiers_f16.json"
+# Issue #43's targets, judged from the files so far: prefill, sdpa and modifiers_f16 (targets.txt).
+if command -v python3 >/dev/null; then
+  run_step "gpu_targets.py (issue #43's targets: measured, met or not)" \
+    python3 "$root/scripts/gpu_targets.py" "$out" --out "$out/targets.txt"
+fi
 step bench --variant splitkv --nk "$longest" "${decode[@]}" --dtype f16 --kv-dtype f16,q8_0,q4_0 \
   --json "$out/decode_kv.json"
 # Issue #34: a document mask written as a mask_mod, 8 documents of 512 at N=4096 (causal within

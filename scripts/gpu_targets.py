@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Issue #43's speed targets, judged from one gpu_bench.sh run's files: each target, what the
+run measured, and met / NOT MET / no data.
+
+Reads OUT/prefill_f16_D*.json (flash2 and flashd, full and causal), OUT/sdpa.json
+(PyTorch's SDPA on the same shapes, flash backend = FlashAttention-2) and OUT/modifiers_f16.json
+(bench --suite modifiers in fp16). A target "on the matrix path" is judged only on rows that ran
+the cooperative-matrix kernel; a run on other tiles says so instead. The targets are for
+N = 4096 (gpu_bench.sh's shapes; --tiny's are smaller), whose N the table's first line gives.
+Prints the table (and
+writes it to --out); exits 0 whatever the verdicts, 2 where OUT cannot be read.
+
+Usage: scripts/gpu_targets.py OUT [--out FILE]
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+MATRIX = "cooperative_matrix"
+
+
+def load(path):
+    """The JSON at path, or None where there is no such file."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def prefill_rows(out):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(out, "prefill_f16_*.json"))):
+        rows += load(path)["results"]
+    return rows
+
+
+def find(rows, **want):
+    """The first row whose fields equal `want` (None: none)."""
+    for r in rows:
+        if all(r.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def judge(value, limit):
+    return "met" if value <= limit else "NOT MET"
+
+
+def evaluate(out):
+    """[(target, measured, verdict)] for the run in directory `out`."""
+    results = []
+    prefill = prefill_rows(out)
+    sdpa = load(os.path.join(out, "sdpa.json"))
+    mods = load(os.path.join(out, "modifiers_f16.json"))
+    mod_rows = mods["results"] if mods else []
+
+    for d in (64, 128):
+        name = "d=%d full: flashvk <= 2x FlashAttention-2 (SDPA flash)" % d
+        row = None
+        if sdpa:
+            row = next((r for r in sdpa["rows"] if r["variant"] == "flash2" and not r["causal"]
+                        and r["shape"]["d"] == d and "flashvk_over_flash" in r), None)
+        if row is None:
+            results.append((name, "-", "no data"))
+        else:
+            x = row["flashvk_over_flash"]
+            results.append((name, "%.2fx (%.3f ms / %.3f ms)" % (x, row["flashvk_ms"],
+                                                                   row["flash_ms"]),
+                            judge(x, 2.0)))
+    for d in (64, 128):
+        name = "d=%d: causal <= 0.6x full (flash2)" % d
+        full = find(prefill, variant="flash2", d=d, causal=False)
+        causal = find(prefill, variant="flash2", d=d, causal=True)
+        if full is None or causal is None:
+            results.append((name, "-", "no data"))
+        else:
+            x = causal["ms"] / full["ms"]
+            results.append((name, "%.2fx" % x, judge(x, 0.6)))
+
+    def on_matrix(name, rows, value, limit):
+        if any(r is None for r in rows):
+            results.append((name, "-", "no data"))
+        elif any(r["tile_layout"] != MATRIX for r in rows):
+            results.append((name, "%.2fx" % value,
+                            "not on the matrix path (%s)" % rows[0]["tile_layout"]))
+        else:
+            results.append((name, "%.2fx" % value, judge(value, limit)))
+
+    def base_ratio(row):
+        return row["vs_base"] if row else 0.0
+
+    softcap = next((r for r in mod_rows if r["variant"] == "flash2" and r.get("softcap")), None)
+    on_matrix("softcap <= 1.2x causal (flash2)", [softcap], base_ratio(softcap), 1.2)
+    mask = find(mod_rows, variant="flash2", mask_name="causal")
+    on_matrix("causal pattern as an additive mask <= 1.1x causal (flash2)", [mask],
+              base_ratio(mask), 1.1)
+    builtin = next((r for r in mod_rows if r["variant"] == "flash2" and r.get("alibi")
+                    and not r.get("score_mod")), None)
+    written = next((r for r in mod_rows if r["variant"] == "flash2"
+                    and "alibi" in (r.get("score_mod") or "")), None)
+    ratio = written["ms"] / builtin["ms"] if builtin and written else 0.0
+    on_matrix("ALiBi as a score_mod <= 1.1x the built-in (flash2)", [written, builtin], ratio,
+              1.1)
+
+    for d in (64, 128):
+        for causal in (False, True):
+            name = "d=%d %s: flashd within 5%% of flash2" % (d, "causal" if causal else "full")
+            row = find(prefill, variant="flashd", d=d, causal=causal)
+            if row is None or "vs_flash2" not in row:
+                results.append((name, "-", "no data"))
+            else:
+                results.append((name, "%.3fx" % row["vs_flash2"], judge(row["vs_flash2"], 1.05)))
+    return results
+
+
+def describe(out):
+    """The prefill runs' device, commit and N, in words."""
+    for path in sorted(glob.glob(os.path.join(out, "prefill_f16_*.json"))):
+        doc = load(path)
+        if doc["results"]:
+            r = doc["results"][0]
+            return "%s, commit %s, prefill B=%d H=%d N=%d" % (
+                doc.get("device", "?"), doc.get("commit", "?"), r["batch"], r["heads"], r["nq"])
+    return "no prefill files"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="gpu_bench.sh's output directory")
+    ap.add_argument("--out", dest="file", help="also write the table here")
+    args = ap.parse_args()
+    if not os.path.isdir(args.out):
+        print("gpu_targets: no directory %s" % args.out, file=sys.stderr)
+        return 2
+    try:
+        results = evaluate(args.out)
+    except (OSError, ValueError, KeyError) as e:
+        print("gpu_targets: cannot read %s: %s" % (args.out, e), file=sys.stderr)
+        return 2
+    width = max(len(t) for t, _, _ in results)
+    lines = ["run: %s" % describe(args.out)]
+    lines += ["%-*s  %-30s %s" % (width, "target (issue #43)", "measured", "verdict")]
+    lines += ["%-*s  %-30s %s" % (width, t, m, v) for t, m, v in results]
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.file:
+        with open(args.file, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

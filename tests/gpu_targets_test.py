@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""scripts/gpu_targets.py on a made-up gpu_bench.sh run whose ratios are known: each target's
+measured value is the quotient of the times written here, and its verdict follows its limit."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import gpu_targets  # noqa: E402
+
+MATRIX = "cooperative_matrix"
+
+
+def row(variant, d, ms, causal=False, layout=MATRIX, **extra):
+    r = {"variant": variant, "batch": 1, "heads": 8, "kv_heads": 8, "nq": 4096, "nk": 4096,
+         "d": d, "dv": d, "causal": causal, "ms": ms, "tile_layout": layout}
+    r.update(extra)
+    return r
+
+
+def write(directory, name, doc):
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump(doc, f)
+
+
+class GpuTargets(unittest.TestCase):
+    def run_on(self, files):
+        with tempfile.TemporaryDirectory() as out:
+            for name, doc in files.items():
+                write(out, name, doc)
+            return {t: (m, v) for t, m, v in gpu_targets.evaluate(out)}
+
+    def test_each_target_from_its_times(self):
+        prefill64 = {"device": "GPU", "results": [row("flash2", 64, 1.0),
+                                                   row("flashd", 64, 1.04, vs_flash2=1.04)]}
+        causal64 = {"device": "GPU", "results": [row("flash2", 64, 0.55, True),
+                                                  row("flashd", 64, 0.66, True, vs_flash2=1.2)]}
+        prefill128 = {"device": "GPU", "results": [row("flash2", 128, 2.0)]}
+        sdpa = {"rows": [
+            {"variant": "flash2", "causal": False, "shape": {"d": 64, "nq": 4096},
+             "flashvk_ms": 1.0, "flash_ms": 0.4, "flashvk_over_flash": 2.5},
+            {"variant": "flash2", "causal": False, "shape": {"d": 128, "nq": 4096},
+             "flashvk_ms": 2.0, "flash_ms": 1.25, "flashvk_over_flash": 1.6}]}
+        mods = {"results": [
+            row("flash2", 64, 1.0, True, vs_base=1.0),
+            row("flash2", 64, 1.15, True, softcap=30, vs_base=1.15),
+            row("flash2", 64, 1.3, False, mask=True, mask_name="causal", vs_base=1.3),
+            row("flash2", 64, 1.05, True, alibi=True, vs_base=1.05),
+            row("flash2", 64, 1.2, True, score_mod="alibi.glsl", vs_base=1.2)]}
+        got = self.run_on({"prefill_f16_64.json": prefill64,
+                           "prefill_f16_64_causal.json": causal64,
+                           "prefill_f16_128.json": prefill128, "sdpa.json": sdpa,
+                           "modifiers_f16.json": mods})
+        full = "d=%d full: flashvk <= 2x FlashAttention-2 (SDPA flash)"
+        self.assertEqual(got[full % 64][1], "NOT MET")
+        self.assertTrue(got[full % 64][0].startswith("2.50x"))
+        self.assertEqual(got[full % 128][1], "met")
+        self.assertEqual(got["d=64: causal <= 0.6x full (flash2)"], ("0.55x", "met"))
+        self.assertEqual(got["d=128: causal <= 0.6x full (flash2)"], ("-", "no data"))
+        self.assertEqual(got["softcap <= 1.2x causal (flash2)"], ("1.15x", "met"))
+        self.assertEqual(got["causal pattern as an additive mask <= 1.1x causal (flash2)"],
+                         ("1.30x", "NOT MET"))
+        # 1.2 ms / 1.05 ms
+        self.assertEqual(got["ALiBi as a score_mod <= 1.1x the built-in (flash2)"],
+                         ("1.14x", "NOT MET"))
+        self.assertEqual(got["d=64 full: flashd within 5% of flash2"], ("1.040x", "met"))
+        self.assertEqual(got["d=64 causal: flashd within 5% of flash2"], ("1.200x", "NOT MET"))
+        self.assertEqual(got["d=128 full: flashd within 5% of flash2"], ("-", "no data"))
+
+    def test_other_tiles_are_not_judged_as_the_matrix_path(self):
+        mods = {"results": [row("flash2", 64, 1.0, True, layout="registers", vs_base=1.0),
+                            row("flash2", 64, 1.0, True, softcap=30, layout="registers",
+                                vs_base=1.0)]}
+        got = self.run_on({"modifiers_f16.json": mods})
+        self.assertEqual(got["softcap <= 1.2x causal (flash2)"],
+                         ("1.00x", "not on the matrix path (registers)"))
+        self.assertEqual(got["causal pattern as an additive mask <= 1.1x causal (flash2)"],
+                         ("-", "no data"))
+
+    def test_an_empty_run_has_no_data(self):
+        got = self.run_on({})
+        self.assertEqual({v for _, v in got.values()}, {"no data"})
+        self.assertEqual(len(got), 11)
+
+
+if __name__ == "__main__":
+    unittest.main()
