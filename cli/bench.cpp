@@ -108,10 +108,7 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       with --decode-loop: rotate each K as it is appended, and Q
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
-                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
-                      needed; slow; runs only where --layout coopmat asks) or none
-
+)" FLASHVK_MATRIX_API_HELP R"(
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
   flashvk bench --suite standard --peak --json suite.json

@@ -118,7 +118,7 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
   r.layout = res.tile_layout;
   r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
   r.emulated = r.layout == TileLayout::cooperative_matrix &&
-               ctx.handles().matrix_api == MatrixApi::emulated;
+               !on_matrix_units(ctx.handles().matrix_api);
 }
 
 constexpr int kMaxRounds = 100;

@@ -61,10 +61,7 @@ options:
   --rope none|interleaved|half   rotate Q and K first (default none)
   --rope-base B       RoPE base (default 10000)
 MODIFIERS  --device N          Vulkan device index (see `flashvk devices`)
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
-                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
-                      needed; slow; runs only where --layout coopmat asks) or none
-
+)" FLASHVK_MATRIX_API_HELP R"(
 example:
   flashvk run --q assets/sample/q.npy --k assets/sample/k.npy --v assets/sample/v.npy \
               --out o.npy --lse lse.npy --variant flashd --causal
@@ -176,8 +173,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
   std::string tiles =
       tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
-  if (r.tile_layout == TileLayout::cooperative_matrix &&
-      ctx.handles().matrix_api == MatrixApi::emulated)
+  if (r.tile_layout == TileLayout::cooperative_matrix && !on_matrix_units(ctx.handles().matrix_api))
     tiles += ", emulated";
   std::string mods = params_text(params);
   if (!mods.empty()) tiles += ", " + mods;
@@ -254,6 +250,7 @@ int cmd_devices(const std::vector<std::string>& argv) {
     std::string matrices = matrix_api_name(d.matrix_api);
     if (d.matrix_api != MatrixApi::none) matrices += ", " + matrix_shape_name(d.matrix_shape);
     if (d.matrix_api == MatrixApi::khr && d.nv_cooperative_matrix) matrices += " (nv too)";
+    if (d.nv_cooperative_matrix2) matrices += ", nv2 (--matrix-api nv2)";
     std::printf("   fp16 arithmetic %s, cooperative matrices (fp16 into fp32) %s\n",
                 d.fp16_arithmetic ? "yes" : "no", matrices.c_str());
     std::printf("   pipeline statistics (flashvk pipelines) %s",

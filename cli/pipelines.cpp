@@ -73,10 +73,7 @@ options:
                       has none of their instructions in its key loop (loop MMA 0; checked
                       where the disassembly shows a key loop)
   --device N          Vulkan device index
-  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see
-                      `flashvk devices`; else emulated), khr, nv, emulated (no matrix units
-                      needed; slow; runs only where --layout coopmat asks) or none
-  --subgroup-size N   build the subgroup kernels for subgroups of N lanes and require it
+)" FLASHVK_MATRIX_API_HELP R"(  --subgroup-size N   build the subgroup kernels for subgroups of N lanes and require it
                       (the device's `flashvk devices` range: 32 or 64 on AMD); default the
                       device's own size
   --skip-listed FILE  leave out, without compiling, the pipelines an earlier run's --json
@@ -352,7 +349,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   const DeviceInfo& dev = ctx.device();
   // The matrix kernels run on the device's matrix units (not emulated).
   const MatrixApi api = ctx.handles().matrix_api;
-  const bool matrix_units = api == MatrixApi::khr || api == MatrixApi::nv;
+  const bool matrix_units = on_matrix_units(api);
   if (args.flag("check") && !dev.pipeline_statistics)
     throw Error(
         "--check needs the driver's statistics (VK_KHR_pipeline_executable_properties), "

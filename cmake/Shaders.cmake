@@ -13,9 +13,15 @@ function(flashvk_add_shader out_list file name)
   foreach(def ${ARGN})
     list(APPEND defines -D${def})
   endforeach()
+  # Vulkan 1.1 (SPIR-V 1.3), but 1.3 (SPIR-V 1.6) for NVIDIA's second cooperative-matrix
+  # extension, which glslang takes only there (engine/src/flex.cpp chooses alike).
+  set(env vulkan1.1)
+  if("CM_NV2" IN_LIST ARGN)
+    set(env vulkan1.3)
+  endif()
   add_custom_command(
     OUTPUT ${header}
-    COMMAND ${FLASHVK_GLSLANG_VALIDATOR} -V --target-env vulkan1.1 ${defines} --vn ${name}
+    COMMAND ${FLASHVK_GLSLANG_VALIDATOR} -V --target-env ${env} ${defines} --vn ${name}
             --depfile ${header}.d -o ${header} ${FLASHVK_SHADER_DIR}/${file}
     DEPENDS ${FLASHVK_SHADER_DIR}/${file} ${FLASHVK_GLSLANG_VALIDATOR}  # another glslang: again
     DEPFILE ${header}.d
@@ -37,7 +43,8 @@ function(flashvk_add_builds table)
   set(SG_values "_nosg:-" "_sg:BLOCK_SHUFFLE")
   set(F16_values ":-" "_f16math:BLOCK_F16")
   set(QUANT_values ":-" "_quant:QUANT_OUT")
-  set(MAT_values "_khr:CM_KHR" "_nv:CM_NV" "_emu:CM_EMULATE")
+  set(MAT_values "_khr:CM_KHR" "_nv:CM_NV" "_nv2:CM_NV2" "_emu:CM_EMULATE"
+                 "_emunv2:CM_EMULATE_NV2")
   set(MATHW_values "_khr:CM_KHR" "_nv:CM_NV")
   set(FLASHVK_SHADERS_engine)
   set(FLASHVK_SHADERS_trace)

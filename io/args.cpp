@@ -332,10 +332,12 @@ TileLayout parse_layout(const std::string& text) {
 }
 
 MatrixApi parse_matrix_api(const std::string& text) {
-  for (MatrixApi api : {MatrixApi::automatic, MatrixApi::khr, MatrixApi::nv, MatrixApi::emulated,
-                        MatrixApi::none})
+  for (MatrixApi api : {MatrixApi::automatic, MatrixApi::khr, MatrixApi::nv, MatrixApi::nv2,
+                        MatrixApi::emulated, MatrixApi::emulated_nv2, MatrixApi::none})
     if (text == matrix_api_name(api)) return api;
-  throw UsageError{"--matrix-api must be auto, khr, nv, emulated or none, got '" + text + "'"};
+  throw UsageError{
+      "--matrix-api must be auto, khr, nv, nv2, emulated, emulated-nv2 or none, got '" + text +
+      "'"};
 }
 
 }  // namespace flashvk::cli

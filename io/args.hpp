@@ -90,8 +90,15 @@ std::string params_text(const AttentionParams& params);
 
 /// --layout: auto, shared, registers or coopmat.
 TileLayout parse_layout(const std::string& text);
-/// --matrix-api: auto, khr, nv, emulated or none (matrix_api_name()).
+/// --matrix-api: auto, khr, nv, nv2, emulated, emulated-nv2 or none (matrix_api_name()).
 MatrixApi parse_matrix_api(const std::string& text);
+/// --matrix-api's lines of the help of every command that takes it (a string literal).
+#define FLASHVK_MATRIX_API_HELP                                                                   \
+  "  --matrix-api API    how the matrix kernels reach matrix units: auto (the device's, see\n"   \
+  "                      `flashvk devices`; else emulated), khr, nv, nv2 (NVIDIA's second\n"      \
+  "                      extension: the softmax in matrices, d up to 128), emulated or\n"       \
+  "                      emulated-nv2 (no matrix units needed; slow; runs only where --layout\n" \
+  "                      coopmat asks) or none\n"
 
 /// Writes text to a temporary name in the same folder, then renames it into place, so a failed
 /// write leaves no output file behind; throws Error naming the file.

@@ -37,6 +37,13 @@
 // needs another's values. The loops are unrolled (llvmpipe stops an invocation's loops after
 // 65535 iterations in all).
 
+#ifdef CM_EMULATE_NV2  // the second extension's kernel, emulated: CM_EMULATE with row operations
+#define CM_EMULATE
+#endif
+#if defined(CM_NV2) || defined(CM_EMULATE_NV2)
+#define CM_ROW_OPS
+#endif
+
 const uint CM_LPG = SUBGROUP / CM_M;
 #ifdef CM_EMULATE
 #define CM_LANE (gl_LocalInvocationID.x % SUBGROUP)
@@ -46,8 +53,11 @@ const uint CM_LPG = SUBGROUP / CM_M;
 #define CM_GROUP gl_SubgroupID
 #endif
 
-#if defined(CM_KHR)
+#if defined(CM_KHR) || defined(CM_NV2)
 #extension GL_KHR_cooperative_matrix : require
+#ifdef CM_NV2
+#extension GL_NV_cooperative_matrix2 : require
+#endif
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -146,7 +156,7 @@ void cm_emu_mul_add(inout CmAcc c, CmA a, CmBt b) {
     c.v[cm_i] = c.v[cm_i] * (f).v[cm_i] + (x).v[cm_i] * (g).v[cm_i]
 
 #else
-#error "coopmat.glsl: build with CM_KHR, CM_NV or CM_EMULATE (shaders/builds.def, MAT)"
+#error "coopmat.glsl: build with CM_KHR, CM_NV, CM_NV2, CM_EMULATE or CM_EMULATE_NV2 (builds.def, MAT)"
 #endif
 
 #ifdef CM_EMULATE
@@ -169,5 +179,55 @@ void cm_sync() {
 }
 float cm_xor(float x, uint m) {
   return subgroupShuffleXor(x, m);
+}
+#endif
+
+// Row operations (CM_ROW_OPS: VK_NV_cooperative_matrix2, or emulated), for a kernel that keeps
+// the softmax in accumulator matrices. Only at CM_N = 16, where an accumulator's row is a left
+// operand's (cm_to_a).
+//   cm_len(c), CM_EL(c, i)      this invocation's elements of c; matrices of one type share the
+//                               element layout, so element i of each is in the same row
+//   cm_row_max(r, c), cm_row_sum(r, c)  every element of r: the max or sum of its row of c
+//   cm_each(r, c, fn, a, b)     r = fn(row, column, c's element, a, b) element by element (a, b:
+//                               uint; fn's parameters const in)
+//   cm_to_a(a, c)               an accumulator as a left operand (fp16)
+#if defined(CM_NV2)
+float cm_max_op(const in float x, const in float y) { return max(x, y); }
+float cm_sum_op(const in float x, const in float y) { return x + y; }
+#define cm_len(c) (c).length()
+#define CM_EL(c, i) c[i]
+#define cm_row_max(r, c) coopMatReduceNV(r, c, gl_CooperativeMatrixReduceRowNV, cm_max_op)
+#define cm_row_sum(r, c) coopMatReduceNV(r, c, gl_CooperativeMatrixReduceRowNV, cm_sum_op)
+#define cm_each(r, c, fn, a, b) coopMatPerElementNV(r, c, fn, a, b)
+#define cm_to_a(a, c) a = CmA(c)
+#elif defined(CM_EMULATE_NV2)
+// Element i of a lane's: row CM_LANE / CM_LPG, column (CM_LANE % CM_LPG) * 8 + i (see above).
+#define cm_len(c) 8
+#define CM_EL(c, i) c.v[i]
+void cm_row_max(out CmAcc r, CmAcc c) {
+  float x = c.v[0];
+  [[unroll]] for (uint i = 1u; i < 8u; ++i) x = max(x, c.v[i]);
+  [[unroll]] for (uint m = 1u; m < CM_LPG; m *= 2u) x = max(x, cm_xor(x, m));
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) r.v[i] = x;
+}
+void cm_row_sum(out CmAcc r, CmAcc c) {
+  float x = c.v[0];
+  [[unroll]] for (uint i = 1u; i < 8u; ++i) x += c.v[i];
+  [[unroll]] for (uint m = 1u; m < CM_LPG; m *= 2u) x += cm_xor(x, m);
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) r.v[i] = x;
+}
+#define cm_each(r, c, fn, a, b)                                                   \
+  [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i)                              \
+    r.v[cm_i] = fn(CM_LANE / CM_LPG, (CM_LANE % CM_LPG) * 8u + cm_i, (c).v[cm_i], a, b)
+// The row's CM_LPG lanes' elements through shared memory, rounded to fp16 as the conversion does.
+shared float cm_rows_x[gl_WorkGroupSize.x * 8u];
+void cm_to_a(out CmA a, CmAcc c) {
+  uint me = gl_LocalInvocationID.x, first = me - CM_LANE % CM_LPG;
+  [[unroll]] for (uint i = 0u; i < 8u; ++i) cm_rows_x[me * 8u + i] = c.v[i];
+  cm_sync();
+  [[unroll]] for (uint l = 0u; l < CM_LPG; ++l)
+    [[unroll]] for (uint i = 0u; i < 8u; ++i)
+      a.v[l * 8u + i] = unpackHalf2x16(packHalf2x16(vec2(cm_rows_x[(first + l) * 8u + i], 0.0))).x;
+  barrier();  // read before the next conversion writes
 }
 #endif

@@ -308,17 +308,9 @@ void add_pv(inout CmAcc acc, uint nv) {
   }
 }
 
-// Step 3: O <- O * keep + coef * P V on the accumulators, one CM_N-column piece at a time.
-void tile_accumulate() {
-  uint f = block_scratch();
-  CmAcc keep;
-  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
-#ifndef CM_FLASH2
-  CmAcc coef;
-  cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
-#endif
-  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
-    cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
+// Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
+// at a time.
+void accumulate(CmAcc keep, CmAcc coef) {
   [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
 #ifdef CM_FLASH2
     cm_scale(o_acc[nv], keep);  // coef is 1: P V accumulates into O
@@ -331,6 +323,130 @@ void tile_accumulate() {
 #endif
   }
 }
+
+// Step 3 after step 2: P and the factors from the block's scratch.
+void tile_accumulate() {
+  uint f = block_scratch();
+  CmAcc keep, coef;
+  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
+#ifdef CM_FLASH2
+  coef = keep;  // (unused: coef is 1)
+#else
+  cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
+#endif
+  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
+    cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
+  accumulate(keep, coef);
+}
+
+#ifdef CM_ROW_OPS
+// The softmax in accumulator matrices (VK_NV_cooperative_matrix2's row operations, or their
+// stand-in): steps 1 to 3 without the scratch. A block is one group (SPLIT = 1, CM_N = 16: the
+// host asks for nothing else), whose tile scores stay in accumulators: the score hook runs on
+// each element with its row and key (cm_each), the rows' max and sum are row reductions, and the
+// recurrence's state is a matrix per state word (STATE_WORDS) holding each row's value in every
+// element of its row, so that the variant's own hooks (tile_ref, tile_step) run element by
+// element on the state of the element's row, through the invocation's rows[0] and its state
+// slot 0. P becomes the left operand of P V by conversion.
+shared Row rows_sh[WG_ROWS];  // the workgroup's rows, for the hooks of any row of a block
+CmAcc st[STATE_WORDS];
+
+// Row r of this group's block as rows[0] (main() sets the lane's own row again for finish()).
+void use_block_row(uint r) { rows[0] = rows_sh[block() * SG_ROWS + r]; }
+
+// Element (r, c) of a tile's piece of scores whose first key is j0, n of its keys in the tile.
+float cm_score(const in uint r, const in uint c, const in float x, const in uint j0,
+               const in uint n) {
+  use_block_row(r);
+  uint j = j0 + c;
+  return row_score(0u, j, c < n && key_visible(0u, j), x * pc.scale);
+}
+
+// Row r's state word k before its first key.
+float cm_start(const in uint r, const in uint c, const in float x, const in uint k,
+               const in uint unused) {
+  use_block_row(r);
+  state_start(0u);
+  return state_word(0u, k);
+}
+
+// The state of element i's row into slot 0, and back.
+void load_state(int i) {
+  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) set_state_word(0u, k, CM_EL(st[k], i));
+}
+void save_state(int i) {
+  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) CM_EL(st[k], i) = state_word(0u, k);
+}
+
+void start_rows() {
+  for (uint r = gl_LocalInvocationID.x; r < WG_ROWS; r += WG) rows_sh[r] = local_row(r);
+  barrier();
+  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) {
+    cm_zero(st[k]);
+    cm_each(st[k], st[k], cm_start, k, 0u);
+  }
+}
+
+// Keys j0.. (n in the tile): the scores, the softmax and the recurrence, then O.
+void tile_row_ops(uint j0, uint n) {
+  CmAcc s[BC / CM_N], mx, sum, ref, keep, coef;
+  [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
+    cm_zero(s[c]);
+    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
+      CmBt kt;  // K^T: dims down, keys across
+      cm_load_bt(kt, kv_sh, (c * CM_N * KS + k * 16u) / 8u, KS / 8u);
+      cm_mul_add(s[c], q_frag[k], kt);
+    }
+    cm_each(s[c], s[c], cm_score, j0 + c * CM_N, n > c * CM_N ? n - c * CM_N : 0u);
+    CmAcc m;
+    cm_row_max(m, s[c]);
+    if (c == 0u) {
+      mx = m;
+    } else {
+      [[unroll]] for (int i = 0; i < cm_len(m); ++i) CM_EL(mx, i) = max(CM_EL(mx, i), CM_EL(m, i));
+    }
+  }
+  [[unroll]] for (int i = 0; i < cm_len(mx); ++i) {  // FLASH-D: the tile's own max
+    load_state(i);
+    CM_EL(ref, i) = tile_ref(0u, CM_EL(mx, i));
+  }
+  [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
+    [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
+      float x = CM_EL(s[c], i);
+      CM_EL(s[c], i) = x == NEG_INF ? 0.0 : exp(x - CM_EL(ref, i));  // exp(-inf) spelled out
+    }
+    CmAcc l;
+    cm_row_sum(l, s[c]);
+    if (c == 0u) {
+      sum = l;
+    } else {
+      [[unroll]] for (int i = 0; i < cm_len(l); ++i) CM_EL(sum, i) += CM_EL(l, i);
+    }
+    cm_to_a(p_frag[c], s[c]);
+  }
+  [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
+    load_state(i);
+    float k_i, c_i;
+    tile_step(0u, CM_EL(ref, i), CM_EL(sum, i), k_i, c_i);
+    CM_EL(keep, i) = k_i;
+    CM_EL(coef, i) = c_i;
+    save_state(i);
+  }
+  accumulate(keep, coef);
+}
+
+// The lane's own row and its state (from st, through the group's scratch), as the other flow
+// leaves them for finish().
+void end_rows(Row own) {
+  rows[0] = own;
+  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) {
+    cm_store(st[k], s_sh, group_scratch(), SS / 4u);
+    cm_sync();
+    set_state_word(0u, k, uintBitsToFloat(s_sh[group_scratch() + softmax_row() * SS / 4u].x));
+    cm_sync();  // read before the next word overwrites it
+  }
+}
+#endif
 
 // The keys this workgroup walks (its chunk for splitkv), from the union of those its rows see.
 void key_range(out uint begin, out uint end) {
@@ -393,6 +509,10 @@ void main() {
   rows[0] = row;
   state_start(0u);
   [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) cm_zero(o_acc[nv]);
+#ifdef CM_ROW_OPS
+  start_rows();
+  rows[0] = row;  // (cm_start went through the block's rows)
+#endif
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
@@ -407,10 +527,17 @@ void main() {
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
+#ifdef CM_ROW_OPS
+    tile_row_ops(j0, n);
+#else
     tile_scores();
     tile_softmax(j0, n);
     tile_accumulate();
+#endif
     j0 = next;
   }
+#ifdef CM_ROW_OPS
+  end_rows(row);
+#endif
   finish();
 }

@@ -16,6 +16,10 @@
 float lse_run[ROWS];  // L: log of the softmax denominator of the keys seen so far
 
 void state_start(uint rr) { lse_run[rr] = start_max(rr); }  // L = ln e^sink, or -inf
+// The state as numbers (max_state.glsl): L alone.
+const uint STATE_WORDS = 1u;
+float state_word(uint rr, uint k) { return lse_run[rr]; }
+void set_state_word(uint rr, uint k, float x) { lse_run[rr] = x; }
 
 // One step of L and of the weights, from the tile's max m and sum l (l > 0). x = t - L = a + ln l
 // with a = m - L, and w = sigma(x). With u = e^-|a| (at most 1, so nothing overflows): for a <= 0,

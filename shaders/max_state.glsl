@@ -10,6 +10,15 @@ void state_start(uint rr) {
   l_run[rr] = start_sum(rr);
 }
 
+// The state as STATE_WORDS numbers, for a kernel that keeps it elsewhere between tiles (the
+// matrix kernel's row operations keep it in accumulator matrices, flash_cm.comp).
+const uint STATE_WORDS = 2u;
+float state_word(uint rr, uint k) { return k == 0u ? m_run[rr] : l_run[rr]; }
+void set_state_word(uint rr, uint k, float x) {
+  if (k == 0u) m_run[rr] = x;
+  else l_run[rr] = x;
+}
+
 // The max that a tile's scores, whose own max is m_tile (-inf: none seen), are exponentiated
 // against: the running max once the tile is in.
 float tile_ref(uint rr, float m_tile) { return max(m_run[rr], m_tile); }

@@ -525,7 +525,7 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
 
 // --layout is checked; the cooperative-matrix layout runs on the matrix units where the device
 // has them, else emulated (the tiles column says so), and is refused by name (exit 1, before any
-// table) with --matrix-api none.
+// table) with --matrix-api none; --matrix-api is checked, nv2 refused where the device lacks it.
 TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   Outcome bad = run_cli("bench --nq 8 --d 16 --layout sideways");
   EXPECT_EQ(bad.status, 2) << bad.output;
@@ -552,9 +552,29 @@ TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
       << none.output;
   Outcome api = run_cli("bench --nq 8 --d 16 --matrix-api tensor");
   EXPECT_EQ(api.status, 2) << api.output;
-  EXPECT_NE(api.output.find("--matrix-api must be auto, khr, nv, emulated or none, got 'tensor'"),
+  EXPECT_NE(api.output.find("--matrix-api must be auto, khr, nv, nv2, emulated, emulated-nv2 or "
+                            "none, got 'tensor'"),
             std::string::npos)
       << api.output;
+  // The kernel that keeps the softmax in matrices: on NVIDIA's second extension where the device
+  // has it, else refused by name; emulated anywhere.
+  Outcome nv2 = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --matrix-api nv2 "
+                        "--repeat 1 --check");
+  if (context().device().nv_cooperative_matrix2) {
+    EXPECT_EQ(nv2.status, 0) << nv2.output;
+  } else {
+    EXPECT_EQ(nv2.status, 1) << nv2.output;
+    EXPECT_NE(nv2.output.find("matrix_api nv2, but"), std::string::npos) << nv2.output;
+  }
+  Outcome emu = run_cli(
+      "bench --variant flash2 --nq 40 --d 16 --dtype f16 --layout coopmat --matrix-api "
+      "emulated-nv2 --repeat 1 --check --json " +
+      path("emunv2.json"));
+  ASSERT_EQ(emu.status, 0) << emu.output;
+  EXPECT_NE(emu.output.find(", emulated\n"), std::string::npos) << emu.output;
+  EXPECT_LT(read_json(path("emunv2.json")).at("results").at(0).at("max_err").get<double>(),
+            5.0 / 2048)
+      << emu.output;
 }
 
 // --peak and --check: the figures in the JSON agree with each other and with the shape's FLOPs.

@@ -50,7 +50,8 @@ class GpuTargets(unittest.TestCase):
             row("flash2", 64, 1.3, False, mask=True, mask_name="causal", vs_base=1.3),
             row("flash2", 64, 1.05, True, alibi=True, vs_base=1.05),
             row("flash2", 64, 1.2, True, score_mod="alibi.glsl", vs_base=1.2)]}
-        got = self.run_on({"prefill_f16_64.json": prefill64,
+        nv2 = {"results": [row("flash2", 64, 0.8)]}
+        got = self.run_on({"prefill_nv2_f16_64.json": nv2, "prefill_f16_64.json": prefill64,
                            "prefill_f16_64_causal.json": causal64,
                            "prefill_f16_128.json": prefill128, "sdpa.json": sdpa,
                            "modifiers_f16.json": mods})
@@ -69,6 +70,11 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got["d=64 full: flashd within 5% of flash2"], ("1.040x", "met"))
         self.assertEqual(got["d=64 causal: flashd within 5% of flash2"], ("1.200x", "NOT MET"))
         self.assertEqual(got["d=128 full: flashd within 5% of flash2"], ("-", "no data"))
+        # nv2's rows are not khr's: 0.8 ms against 1.0 ms
+        self.assertEqual(got["d=64 full: nv2's kernel against khr's (flash2)"],
+                         ("0.80x", "nv2 wins"))
+        self.assertEqual(got["d=64 causal: nv2's kernel against khr's (flash2)"],
+                         ("-", "no data"))
 
     def test_other_tiles_are_not_judged_as_the_matrix_path(self):
         mods = {"results": [row("flash2", 64, 1.0, True, layout="registers", vs_base=1.0),
@@ -83,7 +89,7 @@ class GpuTargets(unittest.TestCase):
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 11)
+        self.assertEqual(len(got), 15)
 
 
 if __name__ == "__main__":

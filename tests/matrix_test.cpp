@@ -164,6 +164,67 @@ TEST_F(MatrixTest, IntelShapesMatchTheReference) {
   expect_refused([&] { Context::create(odd); }, "emulated_matrix_shape is for matrix_api emulated");
 }
 
+// The kernel that keeps the softmax in matrices (nv2's, emulated where the device lacks it: the
+// scores, the rows' max and sum, and the recurrence's state in accumulators, the hooks run
+// element by element): the ragged case of EachRecurrenceMatchesTheReference in every
+// recurrence, ModifiersMatchTheReference's modifiers, a user-written score_mod, and past
+// d = 128, where a block is split over two groups, the scratch's kernel in its place. An
+// emulated shape is for `emulated` alone.
+TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
+  Context& ctx = softmax_matrices_context();
+  EXPECT_TRUE(keeps_softmax_in_matrices(ctx.handles().matrix_api));
+  HostTensor q = random_tensor({2, 4, 70, 32}, 81), k = random_tensor({2, 2, 150, 32}, 82),
+             v = random_tensor({2, 2, 150, 48}, 83);
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  params.mods.key_mask.assign(2 * 150, 1);
+  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
+  for (Variant variant : kMatrixVariants) {
+    params.variant = variant;
+    expect_matches(q, k, v, params, variant_name(variant), ctx);
+  }
+  HostTensor qm = random_tensor({1, 4, 40, 32}, 84), km = random_tensor({1, 2, 130, 32}, 85),
+             vm = random_tensor({1, 2, 130, 32}, 86);
+  AttentionParams mods;
+  mods.want_lse = true;
+  mods.mods.causal = true;
+  mods.mods.window_left = 70;
+  mods.mods.softcap = 20.0f;
+  mods.mods.alibi_max_bias = 8.0f;
+  mods.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  for (Variant variant : {Variant::flash1, Variant::splitkv}) {
+    mods.variant = variant;
+    mods.hints.splits = variant == Variant::splitkv ? 3 : 0;
+    expect_matches(qm, km, vm, mods, std::string("modifiers, ") + variant_name(variant), ctx);
+  }
+#ifdef FLASHVK_TEST_FLEX
+  flex::enable(ctx);
+  AttentionParams user;
+  user.want_lse = true;
+  user.variant = Variant::flashd;
+  user.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - 0.03 * float(abs(q_idx - kv_idx)) + 0.5 * float(h);
+})";
+  user.mods.score_twin = [](double s, int, int h, int i, int j) {
+    return s - double(0.03f) * double(std::abs(i - j)) + 0.5 * double(h);
+  };
+  expect_matches(qm, km, vm, user, "score_mod", ctx);
+#endif
+  HostTensor q160 = random_tensor({1, 2, 24, 160}, 87), k160 = random_tensor({1, 1, 50, 160}, 88),
+             v96 = random_tensor({1, 1, 50, 96}, 89);
+  params.variant = Variant::flash2;
+  params.mods.key_mask.clear();
+  params.hints.max_shared_memory = 32 * 1024;
+  HostAttentionResult run = expect_matches(q160, k160, v96, params, "d = 160", ctx);
+  EXPECT_EQ(run.block_rows, 32u);  // split: the scratch's kernel
+  ContextOptions shaped = test_options();
+  shaped.matrix_api = MatrixApi::emulated_nv2;
+  shaped.emulated_matrix_shape = kMatrixShapes[2];
+  expect_refused([&] { Context::create(shaped); },
+                 "emulated_matrix_shape is for matrix_api emulated");
+}
+
 #ifdef FLASHVK_TEST_FLEX
 // A user-written score_mod compiled into the matrix kernel at run time.
 TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
@@ -183,9 +244,9 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
 }
 #endif
 
-// Each API the device has for its matrix units (khr, nv), on a context of its own, runs the same
-// kernel to the same answer; an API the device lacks is refused by name (on lavapipe both are:
-// the refusals are this test's assertions there).
+// Each API the device has for its matrix units (khr, nv, nv2), on a context of its own, runs the
+// same kernel to the same answer; an API the device lacks is refused by name (on lavapipe all
+// are: the refusals are this test's assertions there).
 TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
   const DeviceInfo& info = context().device();
   HostTensor q = round_to_half(random_tensor({1, 2, 40, 64}, 51)),
@@ -196,9 +257,10 @@ TEST_F(MatrixTest, EachMatrixApiOfTheDeviceMatchesTheReference) {
   params.mods.causal = true;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   reference::Result ref = reference::direct(q, k, v, params);
-  for (MatrixApi api : {MatrixApi::khr, MatrixApi::nv}) {
-    bool has =
-        api == MatrixApi::khr ? info.matrix_api == MatrixApi::khr : info.nv_cooperative_matrix;
+  for (MatrixApi api : {MatrixApi::khr, MatrixApi::nv, MatrixApi::nv2}) {
+    bool has = api == MatrixApi::khr ? info.matrix_api == MatrixApi::khr
+               : api == MatrixApi::nv ? info.nv_cooperative_matrix
+                                      : info.nv_cooperative_matrix2;
     ContextOptions options = test_options();
     options.matrix_api = api;
     if (!has) {

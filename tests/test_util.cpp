@@ -29,9 +29,10 @@ namespace {
   return true;
 }();
 
-// The default device as it is (0), and with Vulkan's guaranteed minimum limits (1).
+// The default device as it is (0), with Vulkan's guaranteed minimum limits (1), and with the
+// softmax in matrices (2).
 std::unique_ptr<Context>& shared_context(int which = 0) {
-  static std::unique_ptr<Context> ctx[2];
+  static std::unique_ptr<Context> ctx[3];
   return ctx[which];
 }
 
@@ -42,6 +43,12 @@ Context& make_shared_context(int which) {
   if (!ctx) {
     ContextOptions options = test_options();
     if (which == 1) options.limits = LimitOverrides::vulkan_minimums();
+    if (which == 2) {
+      std::vector<DeviceInfo> devices = list_devices();
+      options.matrix_api = devices[default_device(devices)].nv_cooperative_matrix2
+                               ? MatrixApi::nv2
+                               : MatrixApi::emulated_nv2;
+    }
     ctx = std::make_unique<Context>(Context::create(options));
   }
   return *ctx;
@@ -52,6 +59,7 @@ Context& make_shared_context(int which) {
 class SharedContextEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
+    shared_context(2).reset();
     shared_context(1).reset();
     shared_context(0).reset();
   }
@@ -87,6 +95,10 @@ Context& minimum_context() {
   return make_shared_context(1);
 }
 
+Context& softmax_matrices_context() {
+  return make_shared_context(2);
+}
+
 
 void expect_no_validation_messages(Context& ctx) {
   for (const std::string& m : ctx.take_validation_messages())
@@ -99,6 +111,9 @@ void expect_no_validation_messages() {
   if (shared_context(1))
     for (const std::string& m : shared_context(1)->take_validation_messages())
       ADD_FAILURE() << "validation layer (Vulkan's minimum limits): " << m;
+  if (shared_context(2))
+    for (const std::string& m : shared_context(2)->take_validation_messages())
+      ADD_FAILURE() << "validation layer (the softmax in matrices): " << m;
 }
 
 HostTensor random_tensor(std::vector<int64_t> shape, uint32_t seed, float scale) {

@@ -30,6 +30,9 @@ Context shipped_kernels_context();
 /// (LimitOverrides::vulkan_minimums: 16 KiB shared memory, 128 invocations, no subgroup
 /// operations), as the smallest device an app may meet.
 Context& minimum_context();
+/// The same device whose matrix kernels keep the softmax in matrices (MatrixApi::nv2 where the
+/// device has it, else emulated_nv2, which any device with fp16 storage runs).
+Context& softmax_matrices_context();
 
 /// Fails the current test if the validation layers said anything since the last call.
 void expect_no_validation_messages();

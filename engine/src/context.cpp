@@ -105,11 +105,11 @@ bool layer_present(const char* name) {
   });
 }
 
-VkInstance make_instance(ContextImpl* ctx, bool validation) {
+VkInstance make_instance(ContextImpl* ctx, bool validation, uint32_t api_version) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "flashvk";
   app.pEngineName = "flashvk";
-  app.apiVersion = VK_API_VERSION_1_1;
+  app.apiVersion = api_version;
   VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
   info.pApplicationInfo = &app;
   std::vector<const char*> layers;
@@ -197,7 +197,8 @@ struct CoopmatFeatures {
   CoopmatFeatures& operator=(const CoopmatFeatures&) = delete;
 };
 
-// The same for VK_KHR_cooperative_matrix.
+// The same for VK_KHR_cooperative_matrix, and VK_NV_cooperative_matrix2 (MatrixApi::nv2), which
+// the chain takes only where memory_model.pNext is pointed at it.
 struct KhrCoopmatFeatures {
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR coopmat{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
@@ -205,6 +206,8 @@ struct KhrCoopmatFeatures {
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
   VkPhysicalDeviceVulkanMemoryModelFeatures memory_model{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
+  VkPhysicalDeviceCooperativeMatrix2FeaturesNV coopmat2{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV};
   KhrCoopmatFeatures() {
     coopmat.pNext = &float16;
     float16.pNext = &memory_model;
@@ -230,7 +233,7 @@ void make_device(ContextImpl& ctx) {
   CoopmatFeatures coopmat;
   KhrCoopmatFeatures khr;
   std::vector<const char*> extensions;
-  if (ctx.matrix_api == MatrixApi::khr) {
+  if (ctx.matrix_api == MatrixApi::khr || ctx.matrix_api == MatrixApi::nv2) {
     khr.coopmat.cooperativeMatrix = VK_TRUE;
     khr.float16.shaderFloat16 = VK_TRUE;
     khr.memory_model.vulkanMemoryModel = VK_TRUE;
@@ -238,6 +241,13 @@ void make_device(ContextImpl& ctx) {
     khr.memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
     extensions.assign(std::begin(kKhrCoopmatExtensions), std::end(kKhrCoopmatExtensions));
     storage16.pNext = &khr.coopmat;
+    if (ctx.matrix_api == MatrixApi::nv2) {  // the row operations of flash_cm.comp's CM_NV2
+      khr.coopmat2.cooperativeMatrixReductions = VK_TRUE;
+      khr.coopmat2.cooperativeMatrixConversions = VK_TRUE;
+      khr.coopmat2.cooperativeMatrixPerElementOperations = VK_TRUE;
+      khr.memory_model.pNext = &khr.coopmat2;
+      extensions.push_back(VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME);
+    }
   } else if (ctx.matrix_api == MatrixApi::nv) {
     coopmat.coopmat.cooperativeMatrix = VK_TRUE;
     coopmat.float16.shaderFloat16 = VK_TRUE;
@@ -412,6 +422,18 @@ MatrixShape khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physica
   return usable ? pick_matrix_shape(khr_coopmat_shapes(instance, physical), info) : MatrixShape{};
 }
 
+// VK_NV_cooperative_matrix2 with what flash_cm.comp's CM_NV2 build uses, on Vulkan 1.3 (its
+// SPIR-V is 1.6).
+bool cooperative_matrix2(VkPhysicalDevice physical, const DeviceInfo& info) {
+  if (VK_API_VERSION_MINOR(info.api_version) < 3 && VK_API_VERSION_MAJOR(info.api_version) == 1)
+    return false;
+  if (!has_extensions(physical, {VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME})) return false;
+  auto f = device_features(physical, VkPhysicalDeviceCooperativeMatrix2FeaturesNV{
+                                         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV});
+  return f.cooperativeMatrixReductions && f.cooperativeMatrixConversions &&
+         f.cooperativeMatrixPerElementOperations;
+}
+
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, const DeviceInfo& info) {
   if (!can_require_subgroup(info, kMatrixShapes[0].subgroup) ||
       !has_extensions(physical, {std::begin(kCoopmatExtensions), std::end(kCoopmatExtensions)}))
@@ -486,6 +508,7 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
                                                  : MatrixApi::none;
   info.matrix_shape = khr.m ? khr : info.nv_cooperative_matrix ? kMatrixShapes[0] : MatrixShape{};
   info.cooperative_matrix = info.matrix_api != MatrixApi::none;
+  info.nv_cooperative_matrix2 = khr == kMatrixShapes[0] && cooperative_matrix2(physical, info);
   info.timestamps = limits.timestampComputeAndGraphics == VK_TRUE;
   info.timestamp_period_ns = limits.timestampPeriod;
   info.pipeline_statistics = pipeline_statistics(physical);
@@ -863,11 +886,20 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
                     " lacks VK_NV_cooperative_matrix with 16x16x16 fp16 products into fp32, "
                     "shaderFloat16, vulkanMemoryModel and its device scope, or a subgroup of 32");
       return MatrixApi::nv;
+    case MatrixApi::nv2:
+      if (!info.nv_cooperative_matrix2)
+        throw Error(who + ": matrix_api nv2, but " + info.name +
+                    " lacks VK_NV_cooperative_matrix2 with cooperativeMatrixReductions, "
+                    "cooperativeMatrixConversions and cooperativeMatrixPerElementOperations, "
+                    "Vulkan 1.3, or khr at 16x16x16 by 32; `flashvk devices` says what it has");
+      return MatrixApi::nv2;
     case MatrixApi::emulated:
+    case MatrixApi::emulated_nv2:
       if (!info.fp16_storage)
-        throw Error(who + ": matrix_api emulated needs fp16 storage (storageBuffer16BitAccess), "
-                    "which " + info.name + " lacks");
-      return MatrixApi::emulated;
+        throw Error(who + ": matrix_api " + matrix_api_name(requested) +
+                    " needs fp16 storage (storageBuffer16BitAccess), which " + info.name +
+                    " lacks");
+      return requested;
   }
   throw Error(who + ": matrix_api is not one of MatrixApi's values");
 }
@@ -884,7 +916,9 @@ MatrixShape context_matrix_shape(const DeviceInfo& info, MatrixApi api, MatrixSh
                 matrix_api_name(api));
   switch (api) {
     case MatrixApi::khr: return info.matrix_shape;
-    case MatrixApi::nv: return kMatrixShapes[0];
+    case MatrixApi::nv:
+    case MatrixApi::nv2:
+    case MatrixApi::emulated_nv2: return kMatrixShapes[0];
     case MatrixApi::emulated:
       return emulated.m ? emulated : info.matrix_shape.m ? info.matrix_shape : kMatrixShapes[0];
     default: return {};
@@ -905,14 +939,24 @@ const char* matrix_api_name(MatrixApi api) {
     case MatrixApi::none: return "none";
     case MatrixApi::khr: return "khr";
     case MatrixApi::nv: return "nv";
+    case MatrixApi::nv2: return "nv2";
     case MatrixApi::emulated: return "emulated";
+    case MatrixApi::emulated_nv2: return "emulated-nv2";
   }
   return "?";
 }
 
+bool on_matrix_units(MatrixApi api) {
+  return api == MatrixApi::khr || api == MatrixApi::nv || api == MatrixApi::nv2;
+}
+
+bool keeps_softmax_in_matrices(MatrixApi api) {
+  return api == MatrixApi::nv2 || api == MatrixApi::emulated_nv2;
+}
+
 std::vector<DeviceInfo> list_devices() {
   detail::ContextImpl probe;
-  probe.instance = detail::make_instance(&probe, false);
+  probe.instance = detail::make_instance(&probe, false, VK_API_VERSION_1_1);
   probe.owns = true;
   std::vector<DeviceInfo> infos;
   auto devices = detail::physical_devices(probe.instance);
@@ -937,7 +981,10 @@ Context::~Context() = default;
 Context Context::create(const ContextOptions& options) {
   auto impl = std::make_unique<detail::ContextImpl>();
   impl->owns = true;
-  impl->instance = detail::make_instance(impl.get(), options.validation);
+  // Vulkan 1.1, or 1.3 for nv2's kernels (SPIR-V 1.6).
+  impl->instance = detail::make_instance(
+      impl.get(), options.validation,
+      options.matrix_api == MatrixApi::nv2 ? VK_API_VERSION_1_3 : VK_API_VERSION_1_1);
   if (options.validation) {
     auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
         vkGetInstanceProcAddr(impl->instance, "vkCreateDebugUtilsMessengerEXT"));
@@ -1019,8 +1066,11 @@ Context Context::adopt(const ExternalDevice& external) {
     throw Error("Context::adopt: fp16_storage_enabled is set, but " + impl->info.name +
                 " does not support storageBuffer16BitAccess (VkPhysicalDevice16BitStorage"
                 "Features); leave it false and use DType::f32");
-  if (external.matrix_api == MatrixApi::emulated && !external.fp16_storage_enabled)
-    throw Error("Context::adopt: matrix_api emulated needs fp16_storage_enabled");
+  if ((external.matrix_api == MatrixApi::emulated ||
+       external.matrix_api == MatrixApi::emulated_nv2) &&
+      !external.fp16_storage_enabled)
+    throw Error(std::string("Context::adopt: matrix_api ") + matrix_api_name(external.matrix_api) +
+                " needs fp16_storage_enabled");
   impl->matrix_api = external.matrix_api == MatrixApi::automatic
                          ? MatrixApi::none
                          : detail::usable_matrix_api(impl->info, external.matrix_api,
@@ -1035,17 +1085,15 @@ Context Context::adopt(const ExternalDevice& external) {
     throw Error("Context::adopt: subgroup_size_control_enabled is set, but " + impl->info.name +
                 " lacks VK_EXT_subgroup_size_control with subgroupSizeControl and "
                 "computeFullSubgroups for compute shaders; leave it false");
-  if ((impl->matrix_api == MatrixApi::khr || impl->matrix_api == MatrixApi::nv) &&
-      !external.subgroup_size_control_enabled)
+  if (on_matrix_units(impl->matrix_api) && !external.subgroup_size_control_enabled)
     throw Error(std::string("Context::adopt: matrix_api ") + matrix_api_name(impl->matrix_api) +
                 " needs subgroup_size_control_enabled (subgroupSizeControl and "
                 "computeFullSubgroups): the matrix kernels require full subgroups of their "
                 "shape's size (" + matrix_shape_name(impl->info.matrix_shape) + ")");
   impl->size_control_enabled = external.subgroup_size_control_enabled;
   impl->fp16_enabled = external.fp16_storage_enabled;
-  impl->fp16_arithmetic_enabled = external.fp16_arithmetic_enabled ||
-                                  impl->matrix_api == MatrixApi::khr ||
-                                  impl->matrix_api == MatrixApi::nv;
+  impl->fp16_arithmetic_enabled =
+      external.fp16_arithmetic_enabled || on_matrix_units(impl->matrix_api);
   impl->cache_path = external.pipeline_cache_path;
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(external.physical_device, &count, nullptr);

@@ -231,8 +231,13 @@ std::vector<uint32_t> run_glslang(const Job& job, const Modifiers& mods) {
   shader.setStringsWithLengthsAndNames(texts, nullptr, names, 2);
   shader.setPreamble(job.preamble.c_str());
   shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
-  shader.setEnvClient(glslang::EShClientVulkan, glslang::EShTargetVulkan_1_1);
-  shader.setEnvTarget(glslang::EShTargetSpv, glslang::EShTargetSpv_1_3);
+  // Vulkan 1.1 (SPIR-V 1.3), as cmake/Shaders.cmake builds them; 1.3 (SPIR-V 1.6) for NVIDIA's
+  // second cooperative-matrix extension, which glslang takes only there.
+  bool nv2 = job.preamble.find("#define CM_NV2\n") != std::string::npos;
+  shader.setEnvClient(glslang::EShClientVulkan,
+                      nv2 ? glslang::EShTargetVulkan_1_3 : glslang::EShTargetVulkan_1_1);
+  shader.setEnvTarget(glslang::EShTargetSpv,
+                      nv2 ? glslang::EShTargetSpv_1_6 : glslang::EShTargetSpv_1_3);
   auto messages = static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules);
   if (!shader.parse(GetDefaultResources(), 460, false, messages, includer))
     throw Error(first_error(shader.getInfoLog(), mods, job.score, job.mask));

@@ -87,7 +87,9 @@ std::string kernel_name(const KernelKey& key) {
   if (b->options & (MAT | MATHW)) {
     if (key.matrix == MatrixApi::khr) name += "_khr";
     else if (key.matrix == MatrixApi::nv) name += "_nv";
+    else if (key.matrix == MatrixApi::nv2 && (b->options & MAT)) name += "_nv2";
     else if (key.matrix == MatrixApi::emulated && (b->options & MAT)) name += "_emu";
+    else if (key.matrix == MatrixApi::emulated_nv2 && (b->options & MAT)) name += "_emunv2";
     else
       throw Error(std::string("internal: the ") + name + " build needs a matrix API, not " +
                   matrix_api_name(key.matrix));

@@ -121,6 +121,16 @@ uint32_t coopmat_split(const MatrixShape& shape, uint32_t d, uint32_t dv) {
   return d > whole || dv > whole ? 2 : 1;
 }
 
+// The matrix API of the kernel a call runs: nv2's keeps its softmax in matrices only where a
+// block of rows is one group's (split 1: d and dv up to 128); split, khr's kernel (emulated:
+// emulated's), on the same units.
+MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
+  if (split == 1) return api;
+  return api == MatrixApi::nv2 ? MatrixApi::khr
+         : api == MatrixApi::emulated_nv2 ? MatrixApi::emulated
+                                          : api;
+}
+
 // Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
 // 16 whose fp16 K tile and V^T tile and the groups' scratch (kMatrixRows rows of S in fp32, over
 // which P in fp16 and the rows' factor matrices go: at least keys / 2 + 2 n words a row, or
@@ -139,8 +149,13 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
                       MatrixApi api, Variant variant) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
-  uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   const uint32_t split = coopmat_split(shape, d, dv);
+  api = coopmat_kernel_api(api, split);
+  uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
+  if (api == MatrixApi::emulated_nv2) exchange = wg * 4 * 9;  // and 8 for cm_to_a
+  // The softmax in matrices: the workgroup's rows (rows_sh: common.glsl's Row, 11 words, taken
+  // as 16).
+  if (keeps_softmax_in_matrices(api)) exchange += kMatrixRows * 64;
   const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
   // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
@@ -198,7 +213,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           "memory for the tiles");
     return !trace;  // traces record from the shared-memory kernels
   }
-  bool units = (api == MatrixApi::khr || api == MatrixApi::nv) && matrix_hardware(info);
+  bool units = on_matrix_units(api) && matrix_hardware(info);
   return params.hints.tile_layout == TileLayout::automatic && units && fits && !trace;
 }
 
@@ -505,13 +520,13 @@ Spec choose_layout(const TilingRequest& request) {
   if (!forced_keys &&
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
-    spec.matrix = request.matrix_api;
     const MatrixShape shape = coopmat_shape(info);
     spec.workgroup = coopmat_workgroup(shape);  // a block of m query rows to `lanes` groups
     spec.subgroup = shape.subgroup;
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
+    spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
     spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant);
     return spec;
   }

@@ -120,8 +120,7 @@ struct Spec {
   /// is not a tile layout), blocks without shuffles and the emulated matrix kernel (whose groups
   /// are not subgroups) need none (0).
   uint32_t required_subgroup(uint32_t context_subgroup) const {
-    bool units = layout == TileLayout::cooperative_matrix &&
-                 (matrix == MatrixApi::khr || matrix == MatrixApi::nv);
+    bool units = layout == TileLayout::cooperative_matrix && on_matrix_units(matrix);
     bool shuffles = layout == TileLayout::registers || layout == TileLayout::lanes ||
                     (layout == TileLayout::blocks && block_shuffle);
     return units ? subgroup : shuffles ? context_subgroup : 0;

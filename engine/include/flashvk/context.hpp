@@ -22,13 +22,24 @@ enum class MatrixApi {
   none,       ///< no matrix kernels
   khr,        ///< VK_KHR_cooperative_matrix (NVIDIA, AMD RDNA3 and later, Intel Arc)
   nv,         ///< VK_NV_cooperative_matrix (NVIDIA's first extension)
+  /// VK_NV_cooperative_matrix2 (NVIDIA): khr's products, with the softmax kept in accumulator
+  /// matrices by the second extension's row operations (reductions, per-element functions,
+  /// conversions); 16x16x16 and Vulkan 1.3 (its kernels are SPIR-V 1.6). Only where asked for;
+  /// past d or dv = 128 the calls run khr's kernel.
+  nv2,
   /// The same kernels with the products in ordinary arithmetic, on any device with fp16
   /// storage: slow, for running the matrix kernels where there are no matrix units (tests on a
   /// CPU). Runs only where a call asks for TileLayout::cooperative_matrix.
   emulated,
+  /// nv2's kernel the same way (its row operations in ordinary arithmetic too), at 16x16x16.
+  emulated_nv2,
 };
-/// "auto", "none", "khr", "nv", "emulated".
+/// "auto", "none", "khr", "nv", "nv2", "emulated", "emulated-nv2".
 const char* matrix_api_name(MatrixApi api);
+/// Whether `api` runs the matrix kernels on the device's matrix units (khr, nv, nv2).
+bool on_matrix_units(MatrixApi api);
+/// Whether `api` runs nv2's kernel, the softmax in accumulators (nv2, emulated_nv2).
+bool keeps_softmax_in_matrices(MatrixApi api);
 
 /// A shape of the matrix units as the cooperative-matrix kernels take it: an m x k fp16 matrix
 /// times a k x n one, accumulated in fp32, by a subgroup of `subgroup` lanes (each lane holds 8
@@ -94,6 +105,9 @@ struct DeviceInfo {
   MatrixShape matrix_shape;
   bool cooperative_matrix = false;     ///< matrix_api is khr or nv
   bool nv_cooperative_matrix = false;  ///< nv can run (also where khr is the default)
+  /// nv2 can run: khr at 16x16x16 by 32, VK_NV_cooperative_matrix2 with its reductions,
+  /// per-element operations and conversions, and Vulkan 1.3.
+  bool nv_cooperative_matrix2 = false;
   bool timestamps = false;
   float timestamp_period_ns = 1.0f;
   /// VK_KHR_pipeline_executable_properties: the driver tells what it compiled (registers,
@@ -139,8 +153,8 @@ struct ContextOptions {
   /// properties (describe_pipelines). Tensors and attention calls on it throw Error.
   bool compile_only = false;
   /// Which API the matrix kernels use (automatic: DeviceInfo::matrix_api, or emulated where that
-  /// is none). khr or nv where the device lacks it, or emulated without fp16 storage, throws
-  /// Error.
+  /// is none). khr, nv or nv2 where the device lacks it, or emulated without fp16 storage,
+  /// throws Error. nv2 creates the instance for Vulkan 1.3.
   MatrixApi matrix_api = MatrixApi::automatic;
   /// The subgroup size the kernels that use subgroup operations are built for and require
   /// (0: the device's default, DeviceInfo::subgroup_size): one of min_subgroup_size ..
@@ -168,17 +182,19 @@ struct ExternalDevice {
   /// What the device was created with for the matrix kernels: khr, VK_KHR_cooperative_matrix
   /// (feature cooperativeMatrix), shaderFloat16, vulkanMemoryModel and
   /// vulkanMemoryModelDeviceScope; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
-  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; both also
-  /// subgroup_size_control_enabled; emulated, fp16 storage alone (slow; for tests); none
-  /// (automatic is taken as none).
+  /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; nv2, khr's and
+  /// VK_NV_cooperative_matrix2 (cooperativeMatrixReductions, cooperativeMatrixConversions and
+  /// cooperativeMatrixPerElementOperations) on an instance and device of Vulkan 1.3; all three
+  /// also subgroup_size_control_enabled; emulated or emulated_nv2, fp16 storage alone (slow; for
+  /// tests); none (automatic is taken as none).
   MatrixApi matrix_api = MatrixApi::none;
   /// Whether shaderFloat16 (VkPhysicalDeviceShaderFloat16Int8Features) was enabled:
-  /// ExecutionHints::fp16_arithmetic needs it. Implied by matrix_api khr or nv.
+  /// ExecutionHints::fp16_arithmetic needs it. Implied by matrix_api khr, nv or nv2.
   bool fp16_arithmetic_enabled = false;
   /// Whether subgroupSizeControl and computeFullSubgroups (VkPhysicalDeviceSubgroupSizeControl
   /// Features, VK_EXT_subgroup_size_control or Vulkan 1.3) were enabled: the kernels that use
   /// subgroup operations require their subgroup size, so without it they give way to shared
-  /// memory (slower on GPUs), and matrix_api khr or nv is refused.
+  /// memory (slower on GPUs), and matrix_api khr, nv or nv2 is refused.
   bool subgroup_size_control_enabled = false;
   std::string pipeline_cache_path;  ///< as in ContextOptions
 };

@@ -114,7 +114,8 @@ double measure_fma_peak(Context& ctx, int repeat, double min_ms) {
 double measure_coopmat_peak(Context& ctx, int repeat, double min_ms) {
   if (repeat < 1) throw Error("measure_coopmat_peak: repeat must be at least 1");
   MatrixApi api = ctx.impl().matrix_api;
-  if (api != MatrixApi::khr && api != MatrixApi::nv) return 0;  // no matrix units
+  if (!on_matrix_units(api)) return 0;  // no matrix units
+  if (api == MatrixApi::nv2) api = MatrixApi::khr;  // the same units, through khr's products
   const MatrixShape shape = ctx.device().matrix_shape;  // the attention kernels'
   constexpr uint32_t kGroups = 4096;
   const uint32_t subgroups = kGroupSize / shape.subgroup;
