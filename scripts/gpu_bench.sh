@@ -6,7 +6,8 @@
 #   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
 #   decode_warm.json    flushed before each run, and back to back (--warm-cache)
 #   prefill_f16_D.json  fp16 prefill, flash2 and flashd, N=4096, at d = D: 64, 128 and 256;
-#                       causal in prefill_f16_D_causal.json
+#                       causal in prefill_f16_D_causal.json; prefill_nv2_f16_D*.json the same
+#                       through --matrix-api nv2 (d <= 128), where the device has it
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
@@ -133,6 +134,24 @@ for d in "${prefill_d[@]}"; do
     json_files+=("$file")
   done
 done
+# Issue #43: NVIDIA's second extension (--matrix-api nv2: the softmax kept in matrices) on the
+# same shapes where the device has it (`flashvk devices`), for gpu_targets.py to set against
+# khr's (the default): the engine takes nv2 only where asked until it wins.
+if "$bin" devices 2>/dev/null | grep -q "nv2 (--matrix-api nv2)"; then
+  for d in "${prefill_d[@]}"; do
+    ((d > 128)) && continue  # past 128, khr's kernel anyway
+    for mask in full causal; do
+      file="$out/prefill_nv2_f16_$d.json"
+      flags=()
+      [[ $mask == causal ]] && file="$out/prefill_nv2_f16_${d}_causal.json" && flags=(--causal)
+      step bench "${prefill[@]}" --d "$d" --dtype f16 --matrix-api nv2 "${flags[@]}" \
+        --json "$file"
+    done
+  done
+else
+  echo "== nv2: skipped: the device lacks VK_NV_cooperative_matrix2 (flashvk devices)" |
+    tee -a "$log"
+fi
 # Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
 if command -v python3 >/dev/null; then
   present=()

@@ -2,7 +2,8 @@
 """Issue #43's speed targets, judged from one gpu_bench.sh run's files: each target, what the
 run measured, and met / NOT MET / no data.
 
-Reads OUT/prefill_f16_D*.json (flash2 and flashd, full and causal), OUT/sdpa.json
+Reads OUT/prefill_f16_D*.json (flash2 and flashd, full and causal; prefill_nv2_f16_D*.json the
+same through --matrix-api nv2), OUT/sdpa.json
 (PyTorch's SDPA on the same shapes, flash backend = FlashAttention-2) and OUT/modifiers_f16.json
 (bench --suite modifiers in fp16). A target "on the matrix path" is judged only on rows that ran
 the cooperative-matrix kernel; a run on other tiles says so instead. The targets are for
@@ -29,9 +30,10 @@ def load(path):
         return json.load(f)
 
 
-def prefill_rows(out):
+def prefill_rows(out, api=""):
+    """The rows of the prefill files: khr's (the default), or with api="nv2_" nv2's."""
     rows = []
-    for path in sorted(glob.glob(os.path.join(out, "prefill_f16_*.json"))):
+    for path in sorted(glob.glob(os.path.join(out, "prefill_%sf16_*.json" % api))):
         rows += load(path)["results"]
     return rows
 
@@ -112,6 +114,19 @@ def evaluate(out):
                 results.append((name, "-", "no data"))
             else:
                 results.append((name, "%.3fx" % row["vs_flash2"], judge(row["vs_flash2"], 1.05)))
+    # Where NVIDIA's second extension wins (gpu_bench.sh runs it where the device has it).
+    nv2 = prefill_rows(out, "nv2_")
+    for d in (64, 128):
+        for causal in (False, True):
+            name = "d=%d %s: nv2's kernel against khr's (flash2)" % (d, "causal" if causal else
+                                                                      "full")
+            mine = find(nv2, variant="flash2", d=d, causal=causal)
+            base = find(prefill, variant="flash2", d=d, causal=causal)
+            if mine is None or base is None:
+                results.append((name, "-", "no data"))
+            else:
+                x = mine["ms"] / base["ms"]
+                results.append((name, "%.2fx" % x, "nv2 wins" if x < 1.0 else "khr wins"))
     return results
 
 
