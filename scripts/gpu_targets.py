@@ -124,6 +124,9 @@ def evaluate(out):
             base = find(prefill, variant="flash2", d=d, causal=causal)
             if mine is None or base is None:
                 results.append((name, "-", "no data"))
+            elif mine["tile_layout"] != MATRIX or base["tile_layout"] != MATRIX:
+                results.append((name, "-", "not on the matrix path (%s, %s)" %
+                                (mine["tile_layout"], base["tile_layout"])))
             else:
                 x = mine["ms"] / base["ms"]
                 results.append((name, "%.2fx" % x, "nv2 wins" if x < 1.0 else "khr wins"))

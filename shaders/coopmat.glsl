@@ -1,10 +1,13 @@
 // The matrix units as the cooperative-matrix kernel (flash_cm.comp) uses them, one home for the
-// three ways a build reaches them (shaders/builds.def, option MAT; DeviceInfo::matrix_api):
+// ways a build reaches them (shaders/builds.def, option MAT; DeviceInfo::matrix_api):
 //   CM_KHR       GL_KHR_cooperative_matrix (VK_KHR_cooperative_matrix: NVIDIA, AMD RDNA3 and
 //                later, Intel Arc)
 //   CM_NV        GL_NV_cooperative_matrix (VK_NV_cooperative_matrix, NVIDIA's first extension)
+//   CM_NV2       CM_KHR's types with GL_NV_cooperative_matrix2's row operations (CM_ROW_OPS,
+//                at the end)
 //   CM_EMULATE   the same products in ordinary arithmetic, on any device (MatrixApi::emulated:
-//                what lets the tests run this kernel on a CPU; slow)
+//                what lets the tests run this kernel on a CPU; slow); CM_EMULATE_NV2 with the
+//                row operations too (MatrixApi::emulated_nv2)
 // The shape is the device's (DeviceInfo::matrix_shape, as specialization constants): CM_M x 16
 // times 16 x CM_N into CM_M x CM_N, by a group of SUBGROUP = CM_M * CM_N / 8 invocations:
 // 16 x 16 by 32 (NVIDIA, AMD RDNA3), 8 x 16 by 16 (Intel Xe2), 8 x 8 by 8 (Intel Arc A). On the

@@ -2,7 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 // Cooperative-matrix kernel (TileLayout::cooperative_matrix, fp16 storage): the tile products
 // S = Q K^T and O += P V run on the device's matrix units, fp16 in and fp32 accumulate, through
-// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, or emulated (coopmat.glsl). Built once
+// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, or emulated (coopmat.glsl); with
+// VK_NV_cooperative_matrix2's row operations (or their stand-in) the softmax too stays in
+// accumulators (CM_ROW_OPS, tile_row_ops). Built once
 // per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's
 // partial pass, each for every matrix API.
 //
@@ -352,6 +354,9 @@ shared Row rows_sh[WG_ROWS];  // the workgroup's rows, for the hooks of any row 
 CmAcc st[STATE_WORDS];
 
 // Row r of this group's block as rows[0] (main() sets the lane's own row again for finish()).
+// cm_each's functions run in no set order, perhaps more than once (VK_NV_cooperative_matrix2),
+// so each sets rows[0] before the hooks read it, and what follows a cm_each in the key loop
+// (tile_ref, tile_step, accumulate) reads no field of rows[0]: after it, rows[0] is any row.
 void use_block_row(uint r) { rows[0] = rows_sh[block() * SG_ROWS + r]; }
 
 // Element (r, c) of a tile's piece of scores whose first key is j0, n of its keys in the tile.

@@ -4,10 +4,12 @@
 // machine, lavapipe included, runs their tiles, recurrences, modifiers and user-written
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
 #include <string>
+#include <vector>
 
 #ifdef FLASHVK_TEST_FLEX
 #include "flashvk/flex.hpp"
 #endif
+#include "flashvk/pipelines.hpp"
 #include "test_util.hpp"
 
 namespace flashvk::test {
@@ -172,7 +174,19 @@ TEST_F(MatrixTest, IntelShapesMatchTheReference) {
 // emulated shape is for `emulated` alone.
 TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   Context& ctx = softmax_matrices_context();
-  EXPECT_TRUE(keeps_softmax_in_matrices(ctx.handles().matrix_api));
+  // The build a call's attention kernel comes from (its first pipeline past RoPE's).
+  auto kernel_build = [&](uint32_t d, uint32_t dv, AttentionParams p) {
+    p.hints.tile_layout = TileLayout::cooperative_matrix;
+    std::vector<PipelineDescription> pipes =
+        describe_pipelines(ctx, PipelineCall{1, 2, 1, 24, 50, d, dv, p, DType::f16});
+    return pipes.empty() ? std::string() : pipes[0].shader;
+  };
+  const std::string rows_build =
+      ctx.handles().matrix_api == MatrixApi::nv2 ? "flash2_cooperative_matrix_nv2"
+                                                 : "flash2_cooperative_matrix_emunv2";
+  AttentionParams plain;
+  plain.variant = Variant::flash2;
+  EXPECT_EQ(kernel_build(32, 48, plain), rows_build);
   HostTensor q = random_tensor({2, 4, 70, 32}, 81), k = random_tensor({2, 2, 150, 32}, 82),
              v = random_tensor({2, 2, 150, 48}, 83);
   AttentionParams params;
@@ -218,6 +232,8 @@ TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   params.hints.max_shared_memory = 32 * 1024;
   HostAttentionResult run = expect_matches(q160, k160, v96, params, "d = 160", ctx);
   EXPECT_EQ(run.block_rows, 32u);  // split: the scratch's kernel
+  EXPECT_NE(kernel_build(160, 96, params).find("flash2_cooperative_matrix_"), std::string::npos);
+  EXPECT_EQ(kernel_build(160, 96, params).find("nv2"), std::string::npos);
   ContextOptions shaped = test_options();
   shaped.matrix_api = MatrixApi::emulated_nv2;
   shaped.emulated_matrix_shape = kMatrixShapes[2];

@@ -208,6 +208,10 @@ struct KhrCoopmatFeatures {
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
   VkPhysicalDeviceCooperativeMatrix2FeaturesNV coopmat2{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV};
+  // SPIR-V 1.6 declares a workgroup size from specialisation constants with LocalSizeId, which
+  // needs maintenance4 (VUID-RuntimeSpirv-LocalSizeId-06434): nv2's kernels and flex builds.
+  VkPhysicalDeviceMaintenance4Features maintenance4{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_FEATURES};
   KhrCoopmatFeatures() {
     coopmat.pNext = &float16;
     float16.pNext = &memory_model;
@@ -245,7 +249,9 @@ void make_device(ContextImpl& ctx) {
       khr.coopmat2.cooperativeMatrixReductions = VK_TRUE;
       khr.coopmat2.cooperativeMatrixConversions = VK_TRUE;
       khr.coopmat2.cooperativeMatrixPerElementOperations = VK_TRUE;
+      khr.maintenance4.maintenance4 = VK_TRUE;
       khr.memory_model.pNext = &khr.coopmat2;
+      khr.coopmat2.pNext = &khr.maintenance4;
       extensions.push_back(VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME);
     }
   } else if (ctx.matrix_api == MatrixApi::nv) {
@@ -423,15 +429,17 @@ MatrixShape khr_cooperative_matrix(VkInstance instance, VkPhysicalDevice physica
 }
 
 // VK_NV_cooperative_matrix2 with what flash_cm.comp's CM_NV2 build uses, on Vulkan 1.3 (its
-// SPIR-V is 1.6).
+// SPIR-V is 1.6, whose LocalSizeId needs maintenance4: every 1.3 device has it).
 bool cooperative_matrix2(VkPhysicalDevice physical, const DeviceInfo& info) {
   if (VK_API_VERSION_MINOR(info.api_version) < 3 && VK_API_VERSION_MAJOR(info.api_version) == 1)
     return false;
   if (!has_extensions(physical, {VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME})) return false;
   auto f = device_features(physical, VkPhysicalDeviceCooperativeMatrix2FeaturesNV{
                                          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV});
+  auto m4 = device_features(physical, VkPhysicalDeviceMaintenance4Features{
+                                          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_FEATURES});
   return f.cooperativeMatrixReductions && f.cooperativeMatrixConversions &&
-         f.cooperativeMatrixPerElementOperations;
+         f.cooperativeMatrixPerElementOperations && m4.maintenance4;
 }
 
 bool cooperative_matrix(VkInstance instance, VkPhysicalDevice physical, const DeviceInfo& info) {

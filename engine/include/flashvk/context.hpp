@@ -184,7 +184,8 @@ struct ExternalDevice {
   /// vulkanMemoryModelDeviceScope; nv, VK_NV_cooperative_matrix (feature cooperativeMatrix),
   /// shaderFloat16, vulkanMemoryModel and vulkanMemoryModelDeviceScope; nv2, khr's and
   /// VK_NV_cooperative_matrix2 (cooperativeMatrixReductions, cooperativeMatrixConversions and
-  /// cooperativeMatrixPerElementOperations) on an instance and device of Vulkan 1.3; all three
+  /// cooperativeMatrixPerElementOperations) and maintenance4 (its kernels' SPIR-V 1.6 sizes the
+  /// workgroup with LocalSizeId) on an instance and device of Vulkan 1.3; all three
   /// also subgroup_size_control_enabled; emulated or emulated_nv2, fp16 storage alone (slow; for
   /// tests); none (automatic is taken as none).
   MatrixApi matrix_api = MatrixApi::none;
