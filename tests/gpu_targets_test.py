@@ -80,7 +80,11 @@ class GpuTargets(unittest.TestCase):
         mods = {"results": [row("flash2", 64, 1.0, True, layout="registers", vs_base=1.0),
                             row("flash2", 64, 1.0, True, softcap=30, layout="registers",
                                 vs_base=1.0)]}
-        got = self.run_on({"modifiers_f16.json": mods})
+        nv2 = {"results": [row("flash2", 64, 0.5, layout="registers")]}
+        got = self.run_on({"modifiers_f16.json": mods, "prefill_nv2_f16_64.json": nv2,
+                           "prefill_f16_64.json": {"results": [row("flash2", 64, 1.0)]}})
+        self.assertEqual(got["d=64 full: nv2's kernel against khr's (flash2)"],
+                         ("-", "not on the matrix path (registers, cooperative_matrix)"))
         self.assertEqual(got["softcap <= 1.2x causal (flash2)"],
                          ("1.00x", "not on the matrix path (registers)"))
         self.assertEqual(got["causal pattern as an additive mask <= 1.1x causal (flash2)"],
