@@ -17,6 +17,7 @@
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
 #   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
+#                       (pipelines_nv2.json: with --matrix-api nv2, where the device has it)
 #   targets.txt         issue #43's targets, each measured and met or not (gpu_targets.py,
 #                       run once the files it reads are written)
 # Usage: scripts/gpu_bench.sh [--tiny] [OUT]   (OUT defaults to out/gpu). --tiny: small shapes
@@ -137,7 +138,9 @@ done
 # Issue #43: NVIDIA's second extension (--matrix-api nv2: the softmax kept in matrices) on the
 # same shapes where the device has it (`flashvk devices`), for gpu_targets.py to set against
 # khr's (the default): the engine takes nv2 only where asked until it wins.
+has_nv2=0
 if "$bin" devices 2>/dev/null | grep -q "nv2 (--matrix-api nv2)"; then
+  has_nv2=1
   for d in "${prefill_d[@]}"; do
     ((d > 128)) && continue  # past 128, khr's kernel anyway
     for mask in full causal; do
@@ -194,6 +197,8 @@ if ((!tiny)); then
   step bench --suite standard --peak --json "$out/suite.json"
   # What the driver compiled (NVIDIA's driver has VK_KHR_pipeline_executable_properties).
   step pipelines --suite kernels --json "$out/pipelines.json"
+  # nv2's kernels too: their registers, the softmax in accumulators beside O.
+  ((has_nv2)) && step pipelines --suite kernels --matrix-api nv2 --json "$out/pipelines_nv2.json"
 fi
 echo "gpu_bench: $failed step(s) failed, $skipped skipped for time; tables in $log" | tee -a "$log"
 exit $((failed > 0))

@@ -899,7 +899,8 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
         throw Error(who + ": matrix_api nv2, but " + info.name +
                     " lacks VK_NV_cooperative_matrix2 with cooperativeMatrixReductions, "
                     "cooperativeMatrixConversions and cooperativeMatrixPerElementOperations, "
-                    "Vulkan 1.3, or khr at 16x16x16 by 32; `flashvk devices` says what it has");
+                    "Vulkan 1.3 with maintenance4, or khr at 16x16x16 by 32; `flashvk devices` "
+                    "says what it has");
       return MatrixApi::nv2;
     case MatrixApi::emulated:
     case MatrixApi::emulated_nv2:
