@@ -207,18 +207,16 @@ float cm_sum_op(const in float x, const in float y) { return x + y; }
 // Element i of a lane's: row CM_LANE / CM_LPG, column (CM_LANE % CM_LPG) * 8 + i (see above).
 #define cm_len(c) 8
 #define CM_EL(c, i) c.v[i]
-void cm_row_max(out CmAcc r, CmAcc c) {
+// The max (or the sum) of the row: the lane's 8 elements, then its row's CM_LPG lanes'.
+float cm_emu_combine(float x, float y, bool sum) { return sum ? x + y : max(x, y); }
+void cm_emu_row(out CmAcc r, CmAcc c, bool sum) {
   float x = c.v[0];
-  [[unroll]] for (uint i = 1u; i < 8u; ++i) x = max(x, c.v[i]);
-  [[unroll]] for (uint m = 1u; m < CM_LPG; m *= 2u) x = max(x, cm_xor(x, m));
+  [[unroll]] for (uint i = 1u; i < 8u; ++i) x = cm_emu_combine(x, c.v[i], sum);
+  [[unroll]] for (uint m = 1u; m < CM_LPG; m *= 2u) x = cm_emu_combine(x, cm_xor(x, m), sum);
   [[unroll]] for (uint i = 0u; i < 8u; ++i) r.v[i] = x;
 }
-void cm_row_sum(out CmAcc r, CmAcc c) {
-  float x = c.v[0];
-  [[unroll]] for (uint i = 1u; i < 8u; ++i) x += c.v[i];
-  [[unroll]] for (uint m = 1u; m < CM_LPG; m *= 2u) x += cm_xor(x, m);
-  [[unroll]] for (uint i = 0u; i < 8u; ++i) r.v[i] = x;
-}
+#define cm_row_max(r, c) cm_emu_row(r, c, false)
+#define cm_row_sum(r, c) cm_emu_row(r, c, true)
 #define cm_each(r, c, fn, a, b)                                                   \
   [[unroll]] for (uint cm_i = 0u; cm_i < 8u; ++cm_i)                              \
     r.v[cm_i] = fn(CM_LANE / CM_LPG, (CM_LANE % CM_LPG) * 8u + cm_i, (c).v[cm_i], a, b)

@@ -217,15 +217,21 @@ void store_tile(uint n) {
 
 // Step 1: this group's part of its block's scores against the tile (over its head dims),
 // unscaled, into its scratch.
+// The group's scores (its part of the head dims) for the tile's keys n CM_N .. n CM_N + CM_N - 1.
+CmAcc score_piece(uint n) {
+  CmAcc acc;
+  cm_zero(acc);
+  [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
+    CmBt kt;  // K^T: dims down, keys across
+    cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+    cm_mul_add(acc, q_frag[k], kt);
+  }
+  return acc;
+}
+
 void tile_scores() {
   [[unroll]] for (uint n = 0u; n < BC / CM_N; ++n) {
-    CmAcc acc;
-    cm_zero(acc);
-    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
-      CmBt kt;  // K^T: dims down, keys across
-      cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
-      cm_mul_add(acc, q_frag[k], kt);
-    }
+    CmAcc acc = score_piece(n);
     cm_store(acc, s_sh, group_scratch() + n * CM_N / 4u, SS / 4u);
   }
   block_sync();
@@ -396,12 +402,7 @@ void start_rows() {
 void tile_row_ops(uint j0, uint n) {
   CmAcc s[BC / CM_N], mx, sum, ref, keep, coef;
   [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
-    cm_zero(s[c]);
-    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
-      CmBt kt;  // K^T: dims down, keys across
-      cm_load_bt(kt, kv_sh, (c * CM_N * KS + k * 16u) / 8u, KS / 8u);
-      cm_mul_add(s[c], q_frag[k], kt);
-    }
+    s[c] = score_piece(c);
     cm_each(s[c], s[c], cm_score, j0 + c * CM_N, n > c * CM_N ? n - c * CM_N : 0u);
     CmAcc m;
     cm_row_max(m, s[c]);

@@ -3,6 +3,7 @@
 // emulated (a context's default, MatrixApi::emulated, where there are none), so that every
 // machine, lavapipe included, runs their tiles, recurrences, modifiers and user-written
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -37,17 +38,72 @@ HostAttentionResult expect_matches(const HostTensor& q, const HostTensor& k, con
   return gpu;
 }
 
+// Inputs (seeds seed, seed + 1, seed + 2) and what to run on them.
+struct Case {
+  HostTensor q, k, v;
+  AttentionParams params;
+};
+
+// GQA, the causal mask, a key mask, ragged lengths (70 queries, 150 keys: partial tiles and
+// workgroups) and dv != d.
+Case ragged_case(uint32_t seed) {
+  Case c{random_tensor({2, 4, 70, 32}, seed), random_tensor({2, 2, 150, 32}, seed + 1),
+         random_tensor({2, 2, 150, 48}, seed + 2), {}};
+  c.params.want_lse = true;
+  c.params.mods.causal = true;
+  c.params.mods.key_mask.assign(2 * 150, 1);
+  for (int j = 0; j < 150; j += 7) c.params.mods.key_mask[size_t(j)] = 0;
+  return c;
+}
+
+// The modifiers current models use, together: a sliding window, ALiBi, softcapping and
+// attention sinks (GQA, 40 queries, 130 keys).
+Case modifiers_case(uint32_t seed) {
+  Case c{random_tensor({1, 4, 40, 32}, seed), random_tensor({1, 2, 130, 32}, seed + 1),
+         random_tensor({1, 2, 130, 32}, seed + 2), {}};
+  c.params.want_lse = true;
+  c.params.mods.causal = true;
+  c.params.mods.window_left = 70;
+  c.params.mods.softcap = 20.0f;
+  c.params.mods.alibi_max_bias = 8.0f;
+  c.params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  return c;
+}
+
+// Runs the modifiers case in each of `variants` (splitkv in 3 chunks).
+void expect_modifiers_match(const Case& c, std::initializer_list<Variant> variants,
+                            Context& ctx = context()) {
+  AttentionParams params = c.params;
+  for (Variant variant : variants) {
+    params.variant = variant;
+    params.hints.splits = variant == Variant::splitkv ? 3 : 0;
+    expect_matches(c.q, c.k, c.v, params, std::string("modifiers, ") + variant_name(variant), ctx);
+  }
+}
+
+#ifdef FLASHVK_TEST_FLEX
+// A user-written score_mod (a relative-position bias and a head's offset) and its float64 twin.
+AttentionParams with_score_mod(Variant variant) {
+  AttentionParams params;
+  params.want_lse = true;
+  params.variant = variant;
+  params.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+  return score - 0.03 * float(abs(q_idx - kv_idx)) + 0.5 * float(h);
+})";
+  params.mods.score_twin = [](double s, int, int h, int i, int j) {
+    return s - double(0.03f) * double(std::abs(i - j)) + 0.5 * double(h);
+  };
+  return params;
+}
+#endif
+
 // Every recurrence the matrix kernel has, with GQA, the causal mask, a key mask, ragged lengths
 // (70 queries, 150 keys: partial tiles and workgroups) and dv != d; what it does not run is
 // refused by name, and a context without matrix units refuses the layout.
 TEST_F(MatrixTest, EachRecurrenceMatchesTheReference) {
-  HostTensor q = random_tensor({2, 4, 70, 32}, 21), k = random_tensor({2, 2, 150, 32}, 22),
-             v = random_tensor({2, 2, 150, 48}, 23);
-  AttentionParams params;
-  params.want_lse = true;
-  params.mods.causal = true;
-  params.mods.key_mask.assign(2 * 150, 1);
-  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
+  Case ragged = ragged_case(21);
+  const HostTensor &q = ragged.q, &k = ragged.k, &v = ragged.v;
+  AttentionParams& params = ragged.params;
   for (Variant variant : kMatrixVariants) {
     params.variant = variant;
     expect_matches(q, k, v, params, variant_name(variant));
@@ -70,20 +126,7 @@ TEST_F(MatrixTest, EachRecurrenceMatchesTheReference) {
 // The modifiers current models use, together, in FLASH-D's recurrence and in splitkv's chunks:
 // a sliding window, ALiBi, softcapping and attention sinks.
 TEST_F(MatrixTest, ModifiersMatchTheReference) {
-  HostTensor q = random_tensor({1, 4, 40, 32}, 31), k = random_tensor({1, 2, 130, 32}, 32),
-             v = random_tensor({1, 2, 130, 32}, 33);
-  AttentionParams params;
-  params.want_lse = true;
-  params.mods.causal = true;
-  params.mods.window_left = 70;
-  params.mods.softcap = 20.0f;
-  params.mods.alibi_max_bias = 8.0f;
-  params.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
-  for (Variant variant : {Variant::flashd, Variant::splitkv}) {
-    params.variant = variant;
-    params.hints.splits = variant == Variant::splitkv ? 3 : 0;
-    expect_matches(q, k, v, params, variant_name(variant));
-  }
+  expect_modifiers_match(modifiers_case(31), {Variant::flashd, Variant::splitkv});
 }
 
 // Past d = 128 a block of 16 rows is two groups', each with half of the head dims of Q, K and
@@ -187,43 +230,18 @@ TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   AttentionParams plain;
   plain.variant = Variant::flash2;
   EXPECT_EQ(kernel_build(32, 48, plain), rows_build);
-  HostTensor q = random_tensor({2, 4, 70, 32}, 81), k = random_tensor({2, 2, 150, 32}, 82),
-             v = random_tensor({2, 2, 150, 48}, 83);
-  AttentionParams params;
-  params.want_lse = true;
-  params.mods.causal = true;
-  params.mods.key_mask.assign(2 * 150, 1);
-  for (int j = 0; j < 150; j += 7) params.mods.key_mask[size_t(j)] = 0;
+  Case ragged = ragged_case(81);
+  const HostTensor &q = ragged.q, &k = ragged.k, &v = ragged.v;
+  AttentionParams& params = ragged.params;
   for (Variant variant : kMatrixVariants) {
     params.variant = variant;
     expect_matches(q, k, v, params, variant_name(variant), ctx);
   }
-  HostTensor qm = random_tensor({1, 4, 40, 32}, 84), km = random_tensor({1, 2, 130, 32}, 85),
-             vm = random_tensor({1, 2, 130, 32}, 86);
-  AttentionParams mods;
-  mods.want_lse = true;
-  mods.mods.causal = true;
-  mods.mods.window_left = 70;
-  mods.mods.softcap = 20.0f;
-  mods.mods.alibi_max_bias = 8.0f;
-  mods.mods.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
-  for (Variant variant : {Variant::flash1, Variant::splitkv}) {
-    mods.variant = variant;
-    mods.hints.splits = variant == Variant::splitkv ? 3 : 0;
-    expect_matches(qm, km, vm, mods, std::string("modifiers, ") + variant_name(variant), ctx);
-  }
+  Case mods = modifiers_case(84);
+  expect_modifiers_match(mods, {Variant::flash1, Variant::splitkv}, ctx);
 #ifdef FLASHVK_TEST_FLEX
   flex::enable(ctx);
-  AttentionParams user;
-  user.want_lse = true;
-  user.variant = Variant::flashd;
-  user.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
-  return score - 0.03 * float(abs(q_idx - kv_idx)) + 0.5 * float(h);
-})";
-  user.mods.score_twin = [](double s, int, int h, int i, int j) {
-    return s - double(0.03f) * double(std::abs(i - j)) + 0.5 * double(h);
-  };
-  expect_matches(qm, km, vm, user, "score_mod", ctx);
+  expect_matches(mods.q, mods.k, mods.v, with_score_mod(Variant::flashd), "score_mod", ctx);
 #endif
   HostTensor q160 = random_tensor({1, 2, 24, 160}, 87), k160 = random_tensor({1, 1, 50, 160}, 88),
              v96 = random_tensor({1, 1, 50, 96}, 89);
@@ -247,16 +265,7 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
   flex::enable(context());
   HostTensor q = random_tensor({1, 2, 40, 32}, 41), k = random_tensor({1, 2, 90, 32}, 42),
              v = random_tensor({1, 2, 90, 32}, 43);
-  AttentionParams params;
-  params.want_lse = true;
-  params.variant = Variant::flash2;
-  params.mods.score_mod = R"(float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
-  return score - 0.03 * float(abs(q_idx - kv_idx)) + 0.5 * float(h);
-})";
-  params.mods.score_twin = [](double s, int, int h, int i, int j) {
-    return s - double(0.03f) * double(std::abs(i - j)) + 0.5 * double(h);
-  };
-  expect_matches(q, k, v, params, "score_mod");
+  expect_matches(q, k, v, with_score_mod(Variant::flash2), "score_mod");
 }
 #endif
 

@@ -155,6 +155,9 @@ struct Job {
   std::string preamble;
   std::map<std::string, std::string> files;
   std::string score, mask;  // the user's files' names, as errors give them
+  // For Vulkan 1.3 (SPIR-V 1.6), as cmake/Shaders.cmake builds a CM_NV2 build: NVIDIA's second
+  // cooperative-matrix extension, which glslang takes only there; else Vulkan 1.1 (SPIR-V 1.3).
+  bool vulkan_1_3 = false;
 };
 
 Job prepare(const std::string& build, const Modifiers& mods) {
@@ -169,7 +172,10 @@ Job prepare(const std::string& build, const Modifiers& mods) {
     if (std::strcmp(s.name, found->source) == 0) job.source = s.text;
   if (!job.source) throw Error(std::string("internal: flashvk::flex lacks ") + found->source);
   std::istringstream defines(found->defines);
-  for (std::string d; defines >> d;) job.preamble += "#define " + d + "\n";
+  for (std::string d; defines >> d;) {
+    job.preamble += "#define " + d + "\n";
+    job.vulkan_1_3 = job.vulkan_1_3 || d == "CM_NV2";
+  }
   job.preamble += "#define FLEX\n#define main flex_kernel_main\n";
   if (!mods.score_mod.empty()) job.preamble += "#define FLEX_SCORE_MOD\n";
   if (!mods.mask_mod.empty()) job.preamble += "#define FLEX_MASK_MOD\n";
@@ -231,13 +237,11 @@ std::vector<uint32_t> run_glslang(const Job& job, const Modifiers& mods) {
   shader.setStringsWithLengthsAndNames(texts, nullptr, names, 2);
   shader.setPreamble(job.preamble.c_str());
   shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
-  // Vulkan 1.1 (SPIR-V 1.3), as cmake/Shaders.cmake builds them; 1.3 (SPIR-V 1.6) for NVIDIA's
-  // second cooperative-matrix extension, which glslang takes only there.
-  bool nv2 = job.preamble.find("#define CM_NV2\n") != std::string::npos;
+  const bool v13 = job.vulkan_1_3;
   shader.setEnvClient(glslang::EShClientVulkan,
-                      nv2 ? glslang::EShTargetVulkan_1_3 : glslang::EShTargetVulkan_1_1);
+                      v13 ? glslang::EShTargetVulkan_1_3 : glslang::EShTargetVulkan_1_1);
   shader.setEnvTarget(glslang::EShTargetSpv,
-                      nv2 ? glslang::EShTargetSpv_1_6 : glslang::EShTargetSpv_1_3);
+                      v13 ? glslang::EShTargetSpv_1_6 : glslang::EShTargetSpv_1_3);
   auto messages = static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules);
   if (!shader.parse(GetDefaultResources(), 460, false, messages, includer))
     throw Error(first_error(shader.getInfoLog(), mods, job.score, job.mask));
