@@ -246,23 +246,26 @@ void rows_key_union(out uint lo, out uint hi) {
 }
 
 #if !defined(REG_TILE) && !defined(LANE_TILE)
-shared uint wg_key_lo, wg_key_hi;
+// [0] lo, [1] hi; 16 bytes, so that the arrays declared after it stay 16-byte aligned (RADV places
+// shared variables at their components' alignment: two uints put the next uvec4 array 8 bytes
+// off, and every 16-byte access to it split in two, with moves to put the halves together).
+shared uint wg_keys[4];
 
 // The union over a workgroup of the keys its invocations' rows see, [lo, hi), each invocation
 // giving its own union (lo >= hi when it sees none).
 void workgroup_keys(inout uint lo, inout uint hi) {
   if (gl_LocalInvocationID.x == 0u) {
-    wg_key_lo = 0xffffffffu;
-    wg_key_hi = 0u;
+    wg_keys[0] = 0xffffffffu;
+    wg_keys[1] = 0u;
   }
   barrier();
   if (lo < hi) {
-    atomicMin(wg_key_lo, lo);
-    atomicMax(wg_key_hi, hi);
+    atomicMin(wg_keys[0], lo);
+    atomicMax(wg_keys[1], hi);
   }
   barrier();
-  lo = wg_key_lo;
-  hi = wg_key_hi;
+  lo = wg_keys[0];
+  hi = wg_keys[1];
 }
 #endif
 

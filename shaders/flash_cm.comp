@@ -66,7 +66,9 @@ const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the outpu
 const uint VB = BC * KS;                     // where the V^T tile starts, in fp16 values
 
 // K tile, then V^T tile (the queries pass through the same space first, so at least WG_ROWS
-// rows of KS); zeros past the keys.
+// rows of KS). Past the tile's n keys each piece repeats its last key: those keys' scores are
+// -inf (tile_softmax's `seen`), their weights exactly 0, so what K and V hold there is never used
+// (zeros there cost a select a value where every tile but the last has none past it).
 const uint KV_TILES = BC * KS + DV * VTS;                               // fp16
 const uint KV_SIZE = KV_TILES > WG_ROWS * KS ? KV_TILES : WG_ROWS * KS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
@@ -163,7 +165,7 @@ void v_item(uint e, out uint dim, out uint g) {
 }
 
 // Keys j0 .. j0 + n - 1 (n > 0) of this workgroup's K/V head into k_next and v_next, and the
-// last of them where a piece is past them (store_tile writes zeros there). Nothing reads what a
+// last of them where a piece is past them (see KV_TILES). Nothing reads what a
 // load gave until store_tile, on the next tile: a load under a condition, or its value chosen
 // here, was waited for at once (RADV), so that the loads overlapped neither each other nor the
 // products. Where WG does not divide the V items (d = 64, 80, 96 at 32 keys), invocations
@@ -185,33 +187,30 @@ void fetch_tile(uint kv_base, uint j0, uint n) {
   }
 }
 
-// Keys 2 p and 2 p + 1 of V item i's head dim h (0 .. 3), as one word of fp16 values; zeros
-// past the tile's n keys (key group g).
-uint v_pair(uint i, uint p, uint h, uint g, uint n) {
-  uint c = g * 8u + p * 2u;
-  uint lo = c < n ? v_next[i * 8u + p * 2u][h / 2u] : 0u;
-  uint hi = c + 1u < n ? v_next[i * 8u + p * 2u + 1u][h / 2u] : 0u;
+// Keys 2 p and 2 p + 1 of V item i's head dim h (0 .. 3), as one word of fp16 values.
+uint v_pair(uint i, uint p, uint h) {
+  uint lo = v_next[i * 8u + p * 2u][h / 2u];
+  uint hi = v_next[i * 8u + p * 2u + 1u][h / 2u];
   return h % 2u == 0u ? (lo & 0xffffu) | (hi << 16u) : (lo >> 16u) | (hi & 0xffff0000u);
 }
 
-// The fetched tile of n keys into kv_sh, zeros past them. Where the invocations share the
+// The fetched tile into kv_sh. Where the invocations share the
 // pieces evenly (WG divides them, as K's do in every shape at d = 128), no invocation skips
 // any: the test folds away once the constants are known, and with it the branch, at whose end
 // RADV waited for each store.
-void store_tile(uint n) {
+void store_tile() {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
     if ((BC * D / 8u) % WG == 0u || e < BC * D / 8u)
-      kv_sh[c * KS / 8u + e % (D / 8u)] = c < n ? k_next[i] : uvec4(0u);
+      kv_sh[c * KS / 8u + e % (D / 8u)] = k_next[i];
   }
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
     v_item(e, dim, g);
     if (VITEMS % WG != 0u && e >= VITEMS) continue;
     [[unroll]] for (uint h = 0u; h < 4u; ++h)  // head dim dim + h, keys 8 g .. 8 g + 7
-      kv_sh[(VB + (dim + h) * VTS) / 8u + g] = uvec4(
-          v_pair(i, 0u, h, g, n), v_pair(i, 1u, h, g, n), v_pair(i, 2u, h, g, n),
-          v_pair(i, 3u, h, g, n));
+      kv_sh[(VB + (dim + h) * VTS) / 8u + g] =
+          uvec4(v_pair(i, 0u, h), v_pair(i, 1u, h), v_pair(i, 2u, h), v_pair(i, 3u, h));
   }
 }
 
@@ -273,12 +272,21 @@ void tile_softmax(uint j0, uint n) {
     [[unroll]] for (uint g = 0u; g < SPLIT; ++g)
       dots[c] += uintBitsToFloat(s_sh[s_at + g * SG_ROWS * SS / 4u + c]);
   }
+  // The lane's keys its row sees by its range (in_row_keys) and the tile's n, as the lane's
+  // c in [c_lo, c_lo + width): one comparison a key where key_visible and the tile's end took
+  // three and two ANDs (RADV).
+  int base = int(j0 + first);
+  int lo = max(int(rows[0].key_begin), base) - base;
+  int hi = min(int(rows[0].key_end), int(j0 + n)) - base;
+  uint c_lo = uint(lo), width = uint(max(hi - lo, 0));
   float s[PART];
+  bool seen[PART];
   float m_loc = NEG_INF;
   [[unroll]] for (uint c = 0u; c < PART; ++c) {
     uint j = j0 + first + c;
-    bool seen = first + c < n && key_visible(0u, j);
-    s[c] = row_score(0u, j, seen, dots[c / 4u][c % 4u] * pc.scale);
+    seen[c] = c - c_lo < width;  // (c < c_lo wraps past width)
+    if (KEY_MASK) seen[c] = seen[c] && key_visible(0u, j);
+    s[c] = row_score(0u, j, seen[c], dots[c / 4u][c % 4u] * pc.scale);
     m_loc = max(m_loc, s[c]);
   }
   cm_sync();  // the row's scores are read (by its lanes, all in this group) before P goes over them
@@ -286,8 +294,13 @@ void tile_softmax(uint j0, uint n) {
   uint p_at = softmax_row() * SS + first / 2u;  // in the block's scratch, in fp32: 2 fp16 each
   float l_loc = 0.0;
   float p[PART];
+  const float LOG2E = 1.4426950408889634;
+  float ref2 = ref * LOG2E;  // e^(s - ref) as 2^(s log2(e) - ref log2(e)): one FMA a score
   [[unroll]] for (uint c = 0u; c < PART; ++c) {
-    p[c] = s[c] == NEG_INF ? 0.0 : exp(s[c] - ref);  // exp(-inf) spelled out as 0
+    // exp(-inf) spelled out as 0, from `seen` where only it hides keys (a seen score is then
+    // finite, and so is ref)
+    bool hidden = SCORE_MAY_HIDE ? s[c] == NEG_INF : !seen[c];
+    p[c] = hidden ? 0.0 : exp2(fma(s[c], LOG2E, -ref2));
     l_loc += p[c];
   }
   if (PART % 8u == 0u) {  // whole uvec4s (first / 2 is a multiple of 4)
@@ -529,7 +542,7 @@ void main() {
   while (j0 < end) {
     uint n = min(BC, end - j0);
     barrier();  // every group is done with the previous tile
-    store_tile(n);
+    store_tile();
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));

@@ -115,6 +115,15 @@ float modify_score(uint rr, uint j, float s) {
 float start_max(uint rr) { return rows[rr].sink; }
 float start_sum(uint rr) { return rows[rr].sink == NEG_INF ? 0.0 : 1.0; }
 
+// Whether modify_score can hide a key itself (return -inf): the additive mask, or a user's
+// mask_mod or score_mod. Where it cannot, a row's score is -inf exactly where `seen` was false,
+// and a kernel may test that instead of the score.
+#ifdef FLEX
+const bool SCORE_MAY_HIDE = true;
+#else
+const bool SCORE_MAY_HIDE = (MODS & MOD_MASK) != 0u;
+#endif
+
 // Row rr's score for key j, or -inf where `seen` says the row does not see it.
 float row_score(uint rr, uint j, bool seen, float scaled_dot) {
   return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
