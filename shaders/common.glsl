@@ -246,7 +246,7 @@ void rows_key_union(out uint lo, out uint hi) {
 }
 
 #if !defined(REG_TILE) && !defined(LANE_TILE)
-// [0] lo, [1] hi; 16 bytes, so that the arrays declared after it stay 16-byte aligned (RADV places
+// [0] lo, [1] hi (workgroup_keys), [2] and [3] (workgroup_inner_keys); 16 bytes, so that the arrays declared after it stay 16-byte aligned (RADV places
 // shared variables at their components' alignment: two uints put the next uvec4 array 8 bytes
 // off, and every 16-byte access to it split in two, with moves to put the halves together).
 shared uint wg_keys[4];
@@ -266,6 +266,27 @@ void workgroup_keys(inout uint lo, inout uint hi) {
   barrier();
   lo = wg_keys[0];
   hi = wg_keys[1];
+}
+
+// The keys every valid row of the workgroup sees by its range, [lo, hi) (lo >= hi: none), in
+// wg_keys[2] and [3]: a whole tile inside them needs no test a key for the ranges.
+void workgroup_inner_keys(out uint lo, out uint hi) {
+  uint b = 0u, e = 0xffffffffu;
+  [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
+    if (rows[rr].valid) {
+      b = max(b, rows[rr].key_begin);
+      e = min(e, rows[rr].key_end);
+    }
+  if (gl_LocalInvocationID.x == 0u) {
+    wg_keys[2] = 0u;
+    wg_keys[3] = 0xffffffffu;
+  }
+  barrier();
+  atomicMax(wg_keys[2], b);
+  atomicMin(wg_keys[3], e);
+  barrier();
+  lo = wg_keys[2];
+  hi = wg_keys[3];
 }
 #endif
 

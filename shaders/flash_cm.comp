@@ -260,8 +260,11 @@ void write_factors(float keep, float coef) {
 }
 
 // Step 2: the row's scores of keys j0.. (n in the tile), the parts added, the recurrence, then
-// over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)).
-void tile_softmax(uint j0, uint n) {
+// over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)). `inner`:
+// every key of the tile is inside every row's range (main() calls a copy for each, inlined with
+// the constant, so that inner tiles test no key: all but the diagonal's in a causal walk;
+// emulated, one copy, which tests `inner` at run time).
+void tile_softmax(uint j0, uint n, bool inner) {
   uint first = (lane() % LPR) * PART;
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
   // Every score is read first, 4 at a time (PART is a multiple of 4): read where each is used,
@@ -284,7 +287,7 @@ void tile_softmax(uint j0, uint n) {
   float m_loc = NEG_INF;
   [[unroll]] for (uint c = 0u; c < PART; ++c) {
     uint j = j0 + first + c;
-    seen[c] = c - c_lo < width;  // (c < c_lo wraps past width)
+    seen[c] = inner || c - c_lo < width;  // (c < c_lo wraps past width)
     if (KEY_MASK) seen[c] = seen[c] && key_visible(0u, j);
     s[c] = row_score(0u, j, seen[c], dots[c / 4u][c % 4u] * pc.scale);
     m_loc = max(m_loc, s[c]);
@@ -535,6 +538,10 @@ void main() {
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
+#ifndef CM_ROW_OPS
+  uint inner_lo, inner_hi;  // the keys of tile_softmax's inner tiles
+  workgroup_inner_keys(inner_lo, inner_hi);
+#endif
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
   // Tiles the additive mask hides from every row of the workgroup are skipped (next_seen_tile).
   uint j0 = next_seen_tile(begin, end);
@@ -549,8 +556,16 @@ void main() {
 #ifdef CM_ROW_OPS
     tile_row_ops(j0, n);
 #else
+    bool inner = n == BC && j0 >= inner_lo && j0 + BC <= inner_hi;  // the same in the workgroup
     tile_scores();
-    tile_softmax(j0, n);
+#ifdef CM_EMULATE
+    tile_softmax(j0, n, inner);  // one copy: llvmpipe compiles the kernel anew for many tests
+#else
+    if (inner)
+      tile_softmax(j0, n, true);
+    else
+      tile_softmax(j0, n, false);
+#endif
     tile_accumulate();
 #endif
     j0 = next;
