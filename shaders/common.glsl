@@ -246,9 +246,10 @@ void rows_key_union(out uint lo, out uint hi) {
 }
 
 #if !defined(REG_TILE) && !defined(LANE_TILE)
-// [0] lo, [1] hi (workgroup_keys), [2] and [3] (workgroup_inner_keys); 16 bytes, so that the arrays declared after it stay 16-byte aligned (RADV places
-// shared variables at their components' alignment: two uints put the next uvec4 array 8 bytes
-// off, and every 16-byte access to it split in two, with moves to put the halves together).
+// [0] lo, [1] hi (workgroup_keys), [2] and [3] (workgroup_inner_keys); 16 bytes, so that the
+// arrays declared after it stay 16-byte aligned (RADV places shared variables at their
+// components' alignment: two uints put the next uvec4 array 8 bytes off, and every 16-byte
+// access to it split in two, with moves to put the halves together).
 shared uint wg_keys[4];
 
 // The union over a workgroup of the keys its invocations' rows see, [lo, hi), each invocation

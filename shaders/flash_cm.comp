@@ -261,9 +261,12 @@ void write_factors(float keep, float coef) {
 
 // Step 2: the row's scores of keys j0.. (n in the tile), the parts added, the recurrence, then
 // over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)). `inner`:
-// every key of the tile is inside every row's range (main() calls a copy for each, inlined with
-// the constant, so that inner tiles test no key: all but the diagonal's in a causal walk;
-// emulated, one copy, which tests `inner` at run time).
+// every key of the tile is inside every valid row's range (rows past the problem then see the
+// keys too, harmlessly: their output is never written). main() calls a copy for each, inlined
+// with the constant, so that inner tiles test no key: in a causal walk over consecutive queries
+// of one head, all but the WG_ROWS / BC or so at the diagonal (GQA rows that wrap into the next
+// head, or a window narrower than the rows, leave few). Emulated, one copy, which tests `inner`
+// at run time.
 void tile_softmax(uint j0, uint n, bool inner) {
   uint first = (lane() % LPR) * PART;
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4

@@ -8,12 +8,13 @@ const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in table_words, from pc.mask_values)
 const uint MOD_TILES = 16u;   // a tile bitmap (pc.mask_tiles): an additive mask's, or mask_mod's
 
-// The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so
-// that query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right)
-// keeps keys diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by
-// the host), and a chunk size C those of the diagonal's chunk of C keys. Every kernel and layout takes its key loop's bounds and its per-key test
-// (key_visible) from here, so the fused kernels never read keys outside the window (naive's
-// scores pass writes every key's score, -inf for hidden ones).
+// The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so that
+// query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right) keeps keys
+// diagonal - left .. diagonal + right (-1: unbounded; causal is right = 0, set by the host), and a
+// chunk size C those of the diagonal's chunk of C keys. Every kernel and layout takes its key
+// loop's bounds and its per-key test (key_visible, or in flash_cm.comp's tile_softmax the same
+// range as per-lane bounds) from here, so the fused kernels never read keys outside the window
+// (naive's scores pass writes every key's score, -inf for hidden ones).
 // With an additive mask the keys also stop at the row's first and last finite mask entry.
 uint mask_row_of(uint b, uint h, uint i) {
   return b * pc.mask_bstride + h * pc.mask_hstride + i;

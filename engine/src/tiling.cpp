@@ -348,7 +348,7 @@ uint64_t block_bytes(const Dims& dims, uint32_t br, uint32_t bc, bool share_kv,
                      uint32_t invocations, bool shuffle, uint32_t element) {
   uint64_t kv = share_kv ? std::max(dims.d, dims.dv) : dims.d + dims.dv;
   return element * (uint64_t(dims.d) * br + kv * bc + uint64_t(bc) * br) +
-         (shuffle ? 0 : 4 * invocations) + 8;
+         (shuffle ? 0 : 4 * invocations) + 16;  // + common.glsl's wg_keys
 }
 
 // The 32-bit registers an invocation of the register blocks needs, estimated: its 4 x OW outputs,
