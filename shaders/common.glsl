@@ -252,42 +252,42 @@ void rows_key_union(out uint lo, out uint hi) {
 // access to it split in two, with moves to put the halves together).
 shared uint wg_keys[4];
 
+// Over the workgroup, the least of the invocations' x_min into wg_keys[at_min] and the greatest
+// of their x_max into wg_keys[at_max], both returned.
+void workgroup_min_max(uint at_min, inout uint x_min, uint at_max, inout uint x_max) {
+  if (gl_LocalInvocationID.x == 0u) {
+    wg_keys[at_min] = 0xffffffffu;
+    wg_keys[at_max] = 0u;
+  }
+  barrier();
+  atomicMin(wg_keys[at_min], x_min);
+  atomicMax(wg_keys[at_max], x_max);
+  barrier();
+  x_min = wg_keys[at_min];
+  x_max = wg_keys[at_max];
+}
+
 // The union over a workgroup of the keys its invocations' rows see, [lo, hi), each invocation
 // giving its own union (lo >= hi when it sees none).
 void workgroup_keys(inout uint lo, inout uint hi) {
-  if (gl_LocalInvocationID.x == 0u) {
-    wg_keys[0] = 0xffffffffu;
-    wg_keys[1] = 0u;
+  if (lo >= hi) {  // none: what changes neither bound
+    lo = 0xffffffffu;
+    hi = 0u;
   }
-  barrier();
-  if (lo < hi) {
-    atomicMin(wg_keys[0], lo);
-    atomicMax(wg_keys[1], hi);
-  }
-  barrier();
-  lo = wg_keys[0];
-  hi = wg_keys[1];
+  workgroup_min_max(0u, lo, 1u, hi);
 }
 
 // The keys every valid row of the workgroup sees by its range, [lo, hi) (lo >= hi: none), in
 // wg_keys[2] and [3]: a whole tile inside them needs no test a key for the ranges.
 void workgroup_inner_keys(out uint lo, out uint hi) {
-  uint b = 0u, e = 0xffffffffu;
+  lo = 0u;
+  hi = 0xffffffffu;
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
     if (rows[rr].valid) {
-      b = max(b, rows[rr].key_begin);
-      e = min(e, rows[rr].key_end);
+      lo = max(lo, rows[rr].key_begin);
+      hi = min(hi, rows[rr].key_end);
     }
-  if (gl_LocalInvocationID.x == 0u) {
-    wg_keys[2] = 0u;
-    wg_keys[3] = 0xffffffffu;
-  }
-  barrier();
-  atomicMax(wg_keys[2], b);
-  atomicMin(wg_keys[3], e);
-  barrier();
-  lo = wg_keys[2];
-  hi = wg_keys[3];
+  workgroup_min_max(3u, hi, 2u, lo);
 }
 #endif
 
