@@ -30,9 +30,10 @@
 //   cm_blend(c, f, x, g)           c = c * f + x * g, element by element (all CmAcc)
 // and CM_LANE, CM_GROUP (this invocation's lane in its group, and the group in the workgroup),
 // CM_LPG (the lanes of a group a matrix row has: SUBGROUP / CM_M), cm_sync() (the group's
-// shared-memory writes before it are seen by the group after it), and cm_xor(x, m) (x of lane
-// CM_LANE ^ m, m below SUBGROUP). cm_sync and cm_xor are workgroup barriers when emulated: the
-// kernel calls them in uniform control flow.
+// shared-memory writes before it are seen by the group after it), cm_xor(x, m) (x of lane
+// CM_LANE ^ m, m below SUBGROUP) and cm_any(x) (whether x holds in any lane of the group: the same
+// in every lane, so a condition the matrix operations may run under). cm_sync, cm_xor and cm_any
+// are workgroup barriers when emulated: the kernel calls them in uniform control flow.
 //
 // Emulated, a lane holds its row of CmA whole (row CM_LANE / CM_LPG), and of CmAcc the 8 columns
 // (CM_LANE % CM_LPG) * 8 .. + 7 of that row (CM_M * CM_N = 8 * SUBGROUP); CmBt stays where it
@@ -64,6 +65,7 @@ const uint CM_LPG = SUBGROUP / CM_M;
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #define CmA coopmat<float16_t, gl_ScopeSubgroup, CM_M, 16, gl_MatrixUseA>
 #define CmB coopmat<float16_t, gl_ScopeSubgroup, 16, CM_N, gl_MatrixUseB>
 #define CmBt CmB
@@ -86,6 +88,7 @@ const uint CM_LPG = SUBGROUP / CM_M;
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #define CmA fcoopmatNV<16, gl_ScopeSubgroup, CM_M, 16>
 #define CmB fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N>
 #define CmBt CmB
@@ -175,6 +178,15 @@ float cm_xor(float x, uint m) {
   barrier();  // read before the next exchange writes
   return y;
 }
+bool cm_any(bool x) {
+  cm_pair[gl_LocalInvocationID.x] = x ? 1.0 : 0.0;
+  cm_sync();
+  uint first = gl_LocalInvocationID.x - CM_LANE;
+  float any = 0.0;
+  [[unroll]] for (uint l = 0u; l < SUBGROUP; ++l) any = max(any, cm_pair[first + l]);
+  barrier();  // read before the next exchange writes
+  return any != 0.0;
+}
 #else
 void cm_sync() {
   subgroupMemoryBarrierShared();
@@ -183,6 +195,7 @@ void cm_sync() {
 float cm_xor(float x, uint m) {
   return subgroupShuffleXor(x, m);
 }
+bool cm_any(bool x) { return subgroupAny(x); }
 #endif
 
 // Row operations (CM_ROW_OPS: VK_NV_cooperative_matrix2, or emulated), for a kernel that keeps

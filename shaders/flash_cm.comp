@@ -28,7 +28,8 @@
 //      is row r's factor; keep alone for FlashAttention-2);
 //   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
 //      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
-//      coef is 1: P V accumulates straight into O.
+//      coef is 1: P V accumulates straight into O, which is scaled only where a row of the
+//      block moved its max (keep is 1 elsewhere: the group votes, cm_any).
 // The output leaves the accumulators once, at the end, through the scratch.
 // Rounding P to fp16 moves each weight by at most 2^-11 of itself, so the output by at most
 // 2^-11 of max |v|; the tests allow for it.
@@ -260,14 +261,15 @@ void write_factors(float keep, float coef) {
 }
 
 // Step 2: the row's scores of keys j0.. (n in the tile), the parts added, the recurrence, then
-// over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)). `inner`:
+// over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)); returns
+// whether step 3 must scale O by keep (the same in the group). `inner`:
 // every key of the tile is inside every valid row's range (rows past the problem then see the
 // keys too, harmlessly: their output is never written). main() calls a copy for each, inlined
 // with the constant, so that inner tiles test no key: in a causal walk over consecutive queries
 // of one head, all but the WG_ROWS / BC or so at the diagonal (GQA rows that wrap into the next
 // head, or a window narrower than the rows, leave few). Emulated, one copy, which tests `inner`
 // at run time.
-void tile_softmax(uint j0, uint n, bool inner) {
+bool tile_softmax(uint j0, uint n, bool inner) {
   uint first = (lane() % LPR) * PART;
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
   // Every score is read first, 4 at a time (PART is a multiple of 4): read where each is used,
@@ -324,6 +326,10 @@ void tile_softmax(uint j0, uint n, bool inner) {
   tile_step(0u, ref, row_sum(l_loc), keep, coef);
   write_factors(keep, coef);
   block_sync();
+  // Whether step 3 must scale O (FlashAttention-2's keep, whose other factor coef is 1): not
+  // where no valid row of the block moved its max (keep exactly 1: a causal or long walk's
+  // later tiles, mostly). A split block's other rows are another group's: it always does.
+  return SPLIT > 1u || cm_any(rows[0].valid && keep != 1.0);
 }
 
 // acc += the CM_N columns of P V from the group's column CM_N nv.
@@ -336,34 +342,38 @@ void add_pv(inout CmAcc acc, uint nv) {
 }
 
 // Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
-// at a time.
-void accumulate(CmAcc keep, CmAcc coef) {
-  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
+// at a time; FlashAttention-2's O is scaled only where `rescale` says (else keep is 1).
+void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
 #ifdef CM_FLASH2
-    cm_scale(o_acc[nv], keep);  // coef is 1: P V accumulates into O
-    add_pv(o_acc[nv], nv);
+  // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
+  if (rescale) {
+    [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) cm_scale(o_acc[nv], keep);
+  }
+  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) add_pv(o_acc[nv], nv);  // coef is 1
 #else
+  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
     CmAcc pv;
     cm_zero(pv);
     add_pv(pv, nv);
     cm_blend(o_acc[nv], keep, pv, coef);
-#endif
   }
+#endif
 }
 
 // Step 3 after step 2: P and the factors from the block's scratch.
-void tile_accumulate() {
+void tile_accumulate(bool rescale) {
   uint f = block_scratch();
   CmAcc keep, coef;
-  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
 #ifdef CM_FLASH2
+  if (rescale) cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
   coef = keep;  // (unused: coef is 1)
 #else
+  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
   cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
 #endif
   [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
     cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
-  accumulate(keep, coef);
+  accumulate(keep, coef, rescale);
 }
 
 #ifdef CM_ROW_OPS
@@ -457,7 +467,7 @@ void tile_row_ops(uint j0, uint n) {
     CM_EL(coef, i) = c_i;
     save_state(i);
   }
-  accumulate(keep, coef);
+  accumulate(keep, coef, true);
 }
 
 // The lane's own row and its state (from st, through the group's scratch), as the other flow
@@ -562,14 +572,15 @@ void main() {
     bool inner = n == BC && j0 >= inner_lo && j0 + BC <= inner_hi;  // the same in the workgroup
     tile_scores();
 #ifdef CM_EMULATE
-    tile_softmax(j0, n, inner);  // one copy: llvmpipe compiles the kernel anew for many tests
+    bool rescale = tile_softmax(j0, n, inner);  // one copy: llvmpipe compiles it for many tests
 #else
+    bool rescale;
     if (inner)
-      tile_softmax(j0, n, true);
+      rescale = tile_softmax(j0, n, true);
     else
-      tile_softmax(j0, n, false);
+      rescale = tile_softmax(j0, n, false);
 #endif
-    tile_accumulate();
+    tile_accumulate(rescale);
 #endif
     j0 = next;
   }

@@ -3,6 +3,7 @@
 // emulated (a context's default, MatrixApi::emulated, where there are none), so that every
 // machine, lavapipe included, runs their tiles, recurrences, modifiers and user-written
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
+#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -127,6 +128,40 @@ TEST_F(MatrixTest, EachRecurrenceMatchesTheReference) {
 // a sliding window, ALiBi, softcapping and attention sinks.
 TEST_F(MatrixTest, ModifiersMatchTheReference) {
   expect_modifiers_match(modifiers_case(31), {Variant::flashd, Variant::splitkv});
+}
+
+// FlashAttention-2's matrix kernel scales O only in tiles where some row of a block of 16 moves
+// its max (flash_cm.comp's vote, coopmat.glsl's cm_any). Key 0 gives every row its largest
+// score, so that most tiles move no row's max; key 70 then beats it for one row of each block,
+// the 14th (packed rows: GQA's heads one after the other), and key 130 for its 3rd, so that one
+// row, in either half of the block's lanes, decides its block's vote. (Tiles of 64 keys or 32:
+// the two are in tiles of their own at either.) In flash2 (every row walks every tile) and
+// splitkv (causal, three chunks: only the first has key 0).
+TEST_F(MatrixTest, FlashAttention2RescalesOnlyWhereARowsMaxMoves) {
+  HostTensor q = random_tensor({1, 2, 40, 32}, 71), k = random_tensor({1, 1, 150, 32}, 72),
+             v = random_tensor({1, 1, 150, 48}, 73);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 40; ++i) {
+      int64_t in_block = (h * 40 + i) % 16;
+      q.at({0, h, i, 0}) = 1.0f + 0.2f * std::abs(q.at({0, h, i, 0}));
+      q.at({0, h, i, 1}) = in_block == 13 ? 2.0f : 0.0f;
+      q.at({0, h, i, 2}) = in_block == 2 ? 2.0f : 0.0f;
+    }
+  auto only = [&](int64_t j, int64_t dim, float x) {
+    for (int64_t c = 0; c < 32; ++c) k.at({0, 0, j, c}) = c == dim ? x : 0.0f;
+  };
+  only(0, 0, 30.0f);
+  only(70, 1, 50.0f);
+  only(130, 2, 50.0f);
+  AttentionParams params;
+  params.want_lse = true;
+  params.hints.max_shared_memory = 32 * 1024;  // the same tiles on every device
+  params.variant = Variant::flash2;
+  expect_matches(q, k, v, params, "flash2");
+  params.variant = Variant::splitkv;
+  params.hints.splits = 3;
+  params.mods.causal = true;
+  expect_matches(q, k, v, params, "splitkv, causal");
 }
 
 // Past d = 128 a block of 16 rows is two groups', each with half of the head dims of Q, K and

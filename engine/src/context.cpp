@@ -508,9 +508,15 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
   info.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
   info.fp16_arithmetic = fp16_arithmetic(physical);
   describe_size_control(physical, info);
-  info.nv_cooperative_matrix = info.fp16_storage && cooperative_matrix(instance, physical, info);
+  // The matrix kernel's groups exchange row values (shuffles) and vote on rescaling O.
+  const VkSubgroupFeatureFlags matrix_ops =
+      VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_VOTE_BIT;
+  const bool matrix_subgroups = info.fp16_storage &&
+                                (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                                (subgroup.supportedOperations & matrix_ops) == matrix_ops;
+  info.nv_cooperative_matrix = matrix_subgroups && cooperative_matrix(instance, physical, info);
   MatrixShape khr =
-      info.fp16_storage ? khr_cooperative_matrix(instance, physical, info) : MatrixShape{};
+      matrix_subgroups ? khr_cooperative_matrix(instance, physical, info) : MatrixShape{};
   info.matrix_api = khr.m                        ? MatrixApi::khr
                     : info.nv_cooperative_matrix ? MatrixApi::nv
                                                  : MatrixApi::none;
@@ -885,14 +891,16 @@ MatrixApi usable_matrix_api(const DeviceInfo& info, MatrixApi requested, const s
                     " lacks VK_KHR_cooperative_matrix with fp16 products into fp32 in one of the "
                     "kernels' shapes (" + matrix_shapes_text() +
                     ": subgroup sizes VK_EXT_subgroup_size_control can require) in compute "
-                    "shaders, shaderFloat16, or vulkanMemoryModel and its device scope; "
+                    "shaders, shaderFloat16, vulkanMemoryModel and its device scope, or subgroup "
+                    "shuffles and votes in compute shaders; "
                     "`flashvk devices` says what it has");
       return MatrixApi::khr;
     case MatrixApi::nv:
       if (!info.nv_cooperative_matrix)
         throw Error(who + ": matrix_api nv, but " + info.name +
                     " lacks VK_NV_cooperative_matrix with 16x16x16 fp16 products into fp32, "
-                    "shaderFloat16, vulkanMemoryModel and its device scope, or a subgroup of 32");
+                    "shaderFloat16, vulkanMemoryModel and its device scope, a subgroup of 32, or "
+                    "subgroup shuffles and votes in compute shaders");
       return MatrixApi::nv;
     case MatrixApi::nv2:
       if (!info.nv_cooperative_matrix2)
