@@ -36,6 +36,10 @@
 // Every array the matrices are loaded from or stored to is of 16-byte elements (uvec4: 8 fp16
 // values or 4 fp32), so that each matrix starts 16-byte aligned: with fp16 arrays, the
 // NVIDIA driver read the tiles 4 bytes off.
+// On the matrix units the kernel is on the Vulkan memory model, and the driver gets its shared
+// memory coherent at the barriers alone (engine/src/spirv.hpp: not at every access, which made
+// RADV wait on each load and store): whatever one invocation writes there, another reads only
+// after a barrier() or cm_sync() between them.
 #define FP16
 #include "common.glsl"
 

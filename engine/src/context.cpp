@@ -11,6 +11,7 @@
 
 #include "flashvk/context.hpp"
 #include "shader_registry.hpp"
+#include "spirv.hpp"
 #include "vk.hpp"
 
 namespace flashvk {
@@ -573,18 +574,6 @@ ContextImpl::~ContextImpl() {
 
 namespace {
 
-// Clears the Unroll bit of every OpLoopMerge's loop control (testing::
-// clear_unroll_hints_on_llvmpipe): a hint, whose bit takes no operands, so nothing else moves.
-void clear_unroll_hints(std::vector<uint32_t>& words) {
-  constexpr uint32_t kOpLoopMerge = 246, kUnroll = 0x1, kHeader = 5;
-  for (size_t i = kHeader; i < words.size();) {
-    uint32_t opcode = words[i] & 0xffffu, count = words[i] >> 16;
-    if (count == 0 || i + count > words.size()) break;  // malformed: the driver will say so
-    if (opcode == kOpLoopMerge && count >= 4) words[i + 3] &= ~kUnroll;
-    i += count;
-  }
-}
-
 // The saved cache if it was written for this device and driver, else nothing: the header
 // (VkPipelineCacheHeaderVersionOne) is checked here rather than trusting every driver to
 // reject a foreign or damaged file.
@@ -705,6 +694,12 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
   return UINT32_MAX;
 }
 
+std::vector<uint32_t> ContextImpl::driver_spirv(const ShaderBlob& blob) const {
+  std::vector<uint32_t> words(blob.words, blob.words + blob.bytes / 4);
+  coherence_at_barriers(words);
+  return words;
+}
+
 VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec) {
   std::lock_guard lock(pipeline_mutex);
   return pipeline(blob, spec, lock);
@@ -721,15 +716,11 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
                 std::to_string(spec.workgroup));
   VkShaderModule& module = modules[key.first];
   if (module == VK_NULL_HANDLE) {
+    std::vector<uint32_t> words = driver_spirv(blob);
+    if (clear_unroll) clear_unroll_hints(words);  // testing::clear_unroll_hints_on_llvmpipe
     VkShaderModuleCreateInfo module_info{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-    module_info.codeSize = blob.bytes;
-    module_info.pCode = blob.words;
-    std::vector<uint32_t> words;
-    if (clear_unroll) {  // testing::clear_unroll_hints_on_llvmpipe
-      words.assign(blob.words, blob.words + blob.bytes / 4);
-      clear_unroll_hints(words);
-      module_info.pCode = words.data();
-    }
+    module_info.codeSize = words.size() * 4;
+    module_info.pCode = words.data();
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
@@ -796,8 +787,9 @@ VkPipeline ContextImpl::user_pipeline(const std::string& build, const Modifiers&
         "flashvk::flex: link flashvk::flex and call flashvk::flex::enable(ctx) first");
   std::vector<uint32_t> words = with->compile(build, mods);
   std::lock_guard lock(pipeline_mutex);
-  VkPipeline made = pipeline(ShaderBlob{name.c_str(), words.data(), words.size() * 4}, spec, lock);
-  user_words[name] = std::move(words);  // for the pipeline report
+  ShaderBlob blob{name.c_str(), words.data(), words.size() * 4};
+  VkPipeline made = pipeline(blob, spec, lock);
+  user_words[name] = driver_spirv(blob);  // for the pipeline report
   return made;
 }
 

@@ -176,7 +176,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
     } else {
       blob = &detail::find_build(detail::shader_blobs(), build);
       p.shader = blob->name;
-      p.spirv.assign(blob->words, blob->words + blob->bytes / 4);
+      p.spirv = impl.driver_spirv(*blob);
     }
     p.program = c.key.program;
     p.source = detail::kernel_source(c.key.program, c.key.layout);
