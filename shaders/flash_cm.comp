@@ -28,8 +28,9 @@
 //      is row r's factor; keep alone for FlashAttention-2);
 //   3. O <- O * keep + coef * P V on the accumulators, element by element (the factor matrices
 //      share the accumulators' element layout, whatever the driver's is). FlashAttention-2's
-//      coef is 1: P V accumulates straight into O, which is scaled only where a row of the
-//      block moved its max (keep is 1 elsewhere: the group votes, cm_any).
+//      coef is 1: P V accumulates straight into O, which is scaled only where a valid row of
+//      the block has keep != 1 (the group votes, cm_any: a row that moved its max, or saw
+//      nothing yet), and always in a split block.
 // The output leaves the accumulators once, at the end, through the scratch.
 // Rounding P to fp16 moves each weight by at most 2^-11 of itself, so the output by at most
 // 2^-11 of max |v|; the tests allow for it.

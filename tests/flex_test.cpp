@@ -273,8 +273,8 @@ TEST(FlexPipelines, TheReportListsWhatThePlanBuildsWithTheFunctions) {
       ASSERT_GT(p.shader.size(), 5u);
       EXPECT_EQ(p.shader.substr(p.shader.size() - 5), "+flex") << p.shader;
       std::string build = p.shader.substr(0, p.shader.size() - 5);
-      // What the driver got: the functions' build, made coherent at its barriers where it is on
-      // the Vulkan memory model (the matrix units' kernels).
+      // What the driver got (but for the tests' unroll hints on llvmpipe): the functions' build,
+      // made coherent at its barriers where it is on the Vulkan memory model (matrix units).
       std::vector<uint32_t> want = flex::compile(build, params.mods);
       detail::coherence_at_barriers(want);
       EXPECT_EQ(p.spirv, want) << build;

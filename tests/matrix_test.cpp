@@ -132,14 +132,15 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
 
 // FlashAttention-2's matrix kernel scales O only in tiles where some row of a block of 16 moves
 // its max (flash_cm.comp's vote, coopmat.glsl's cm_any). Key 0 gives every row its largest
-// score, so that most tiles move no row's max; key 70 then beats it for one row of each block,
-// the 14th (packed rows: GQA's heads one after the other), and key 130 for its 3rd, so that one
-// row, in either half of the block's lanes, decides its block's vote. (Tiles of 64 keys or 32:
-// the two are in tiles of their own at either.) In flash2 (every row walks every tile) and
-// splitkv (causal, three chunks: only the first has key 0).
+// score, so that most tiles move no row's max and skip the scaling; key 70 then beats it for one
+// row of each block, the 14th (packed rows: GQA's heads one after the other), and key 200 for its
+// 3rd, so that one row, in either half of the block's lanes, decides its block's vote. (Tiles of
+// 64 keys or 32: each of the three in a tile of its own, tiles between and after them with
+// none.) In flash2 (every row walks every tile) and splitkv (causal, three chunks: the second
+// starts without key 0 and meets key 200 in a later tile).
 TEST_F(MatrixTest, FlashAttention2RescalesOnlyWhereARowsMaxMoves) {
-  HostTensor q = random_tensor({1, 2, 40, 32}, 71), k = random_tensor({1, 1, 150, 32}, 72),
-             v = random_tensor({1, 1, 150, 48}, 73);
+  HostTensor q = random_tensor({1, 2, 40, 32}, 71), k = random_tensor({1, 1, 300, 32}, 72),
+             v = random_tensor({1, 1, 300, 48}, 73);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t i = 0; i < 40; ++i) {
       int64_t in_block = (h * 40 + i) % 16;
@@ -152,7 +153,7 @@ TEST_F(MatrixTest, FlashAttention2RescalesOnlyWhereARowsMaxMoves) {
   };
   only(0, 0, 30.0f);
   only(70, 1, 50.0f);
-  only(130, 2, 50.0f);
+  only(200, 2, 50.0f);
   AttentionParams params;
   params.want_lse = true;
   params.hints.max_shared_memory = 32 * 1024;  // the same tiles on every device

@@ -48,8 +48,10 @@ Module read(const std::vector<uint32_t>& w) {
     if (op == 14) m.vulkan_memory_model = x[2] == 3;        // OpMemoryModel
     if (op == 32 && x[2] == 4) pointer_types.insert(x[1]);  // OpTypePointer Workgroup
     if (op == 43 && n == 4) constants[x[2]] = x[3];         // OpConstant
-    if ((op == 59 || (op >= 65 && op <= 67)) && pointer_types.count(x[1]))  // variables, chains
-      pointers.insert(x[2]);
+    // variables, access chains, copies, selections, phis and parameters of such pointers
+    bool typed = op == 59 || (op >= 65 && op <= 67) || op == 70 || op == 83 || op == 169 ||
+                 op == 245 || op == 55;
+    if (typed && n >= 3 && pointer_types.count(x[1])) pointers.insert(x[2]);
     if (op == 61 && n > 4) accesses.push_back({x[3], x[4]});                    // OpLoad
     if (op == 62 && n > 3) accesses.push_back({x[1], x[3]});                    // OpStore
     if ((op == 4457 || op == 5359) && n > 6) accesses.push_back({x[3], x[6]});  // matrix loads
@@ -101,7 +103,8 @@ TEST(SpirvRewrite, MatrixKernelsMakeWorkgroupMemoryCoherentAtTheirBarriers) {
     // Every barrier on workgroup memory (each acquire-release, as glslang writes them) makes it
     // available and visible, where none did before.
     ASSERT_FALSE(before.shared_barrier_semantics.empty()) << blob.name;
-    ASSERT_EQ(after.shared_barrier_semantics.size(), before.shared_barrier_semantics.size());
+    ASSERT_EQ(after.shared_barrier_semantics.size(), before.shared_barrier_semantics.size())
+        << blob.name;
     for (size_t i = 0; i < before.shared_barrier_semantics.size(); ++i) {
       uint32_t was = before.shared_barrier_semantics[i], is = after.shared_barrier_semantics[i];
       EXPECT_EQ(was & (kMakeAvailable | kMakeVisible), 0u) << blob.name;
@@ -127,7 +130,7 @@ TEST(SpirvRewrite, MatrixKernelsMakeWorkgroupMemoryCoherentAtTheirBarriers) {
 TEST(SpirvRewrite, LeavesWhatItCannotReadAsItWas) {
   const std::vector<uint32_t> whole =
       words_of(find_build(shader_blobs(), "flash2_cooperative_matrix_khr"));
-  std::vector<std::vector<uint32_t>> broken(3, whole);
+  std::vector<std::vector<uint32_t>> broken(4, whole);
   broken[0].resize(3);  // a header cut short
   broken[1][0] = 0;     // not SPIR-V
   for (size_t i = 5; i < whole.size(); i += whole[i] >> 16)
@@ -135,6 +138,18 @@ TEST(SpirvRewrite, LeavesWhatItCannotReadAsItWas) {
       broken[2][i] &= 0xffffu;
       break;
     }
+  // An atomic on workgroup memory that synchronises (acquire-release, a barrier's semantics)
+  // rather than the relaxed ones of workgroup_min_max (common.glsl).
+  uint32_t ordering = 0;
+  size_t atomic = 0;
+  for (size_t i = 5; i < whole.size(); i += whole[i] >> 16) {
+    uint32_t op = whole[i] & 0xffffu;
+    if (op == 224 && !ordering) ordering = whole[i + 3];      // OpControlBarrier's semantics
+    if ((op == 237 || op == 239) && !atomic) atomic = i + 5;  // OpAtomicUMin/UMax's
+  }
+  ASSERT_NE(ordering, 0u);
+  ASSERT_NE(atomic, 0u);
+  broken[3][atomic] = ordering;
   for (std::vector<uint32_t>& words : broken) {
     const std::vector<uint32_t> was = words;
     EXPECT_FALSE(coherence_at_barriers(words));

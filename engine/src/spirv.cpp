@@ -31,6 +31,14 @@ enum Op : uint32_t {
   kOpSelect = 169,
   kOpControlBarrier = 224,
   kOpMemoryBarrier = 225,
+  kOpAtomicLoad = 227,
+  kOpAtomicStore = 228,
+  kOpAtomicCompareExchange = 230,
+  kOpAtomicCompareExchangeWeak = 231,
+  kOpAtomicXor = 242,
+  kOpAtomicFMinEXT = 5614,
+  kOpAtomicFMaxEXT = 5615,
+  kOpAtomicFAddEXT = 6035,
   kOpPhi = 245,
   kOpLoopMerge = 246,
   kOpCooperativeMatrixLoadKHR = 4457,
@@ -45,8 +53,8 @@ constexpr uint32_t kMemoryModelVulkan = 3;
 constexpr uint32_t kAligned = 0x2, kMakePointerAvailable = 0x8, kMakePointerVisible = 0x10,
                    kKnownMemoryOperands = 0x3f;
 // Memory semantics.
-constexpr uint32_t kAcquire = 0x2, kRelease = 0x4, kAcquireRelease = 0x8, kWorkgroupMemory = 0x100,
-                   kMakeAvailable = 0x2000, kMakeVisible = 0x4000;
+constexpr uint32_t kAcquire = 0x2, kRelease = 0x4, kAcquireRelease = 0x8, kSeqCst = 0x10,
+                   kWorkgroupMemory = 0x100, kMakeAvailable = 0x2000, kMakeVisible = 0x4000;
 
 struct Inst {
   size_t at;  // where its first word is
@@ -85,6 +93,21 @@ std::pair<uint32_t, uint32_t> access_operands(uint32_t op) {
   }
 }
 
+// Where an atomic's pointer and memory semantics are (word offsets; {0} for other instructions):
+// OpAtomicStore's pointer, scope, semantics, value; the compare-exchanges' two semantics; every
+// other's result type, result, pointer, scope, semantics.
+struct AtomicOperands {
+  uint32_t pointer;
+  uint32_t semantics[2];
+};
+AtomicOperands atomic_operands(uint32_t op) {
+  if (op == kOpAtomicStore) return {1, {3, 0}};
+  if (op == kOpAtomicCompareExchange || op == kOpAtomicCompareExchangeWeak) return {3, {5, 6}};
+  bool atomic = (op >= kOpAtomicLoad && op <= kOpAtomicXor) || op == kOpAtomicFMinEXT ||
+                op == kOpAtomicFMaxEXT || op == kOpAtomicFAddEXT;
+  return atomic ? AtomicOperands{3, {5, 0}} : AtomicOperands{0, {0, 0}};
+}
+
 }  // namespace
 
 void clear_unroll_hints(std::vector<uint32_t>& words) {
@@ -113,7 +136,7 @@ bool coherence_at_barriers(std::vector<uint32_t>& words) {
   }
   if (!vulkan_model || pointers.empty()) return false;
 
-  // The accesses to rewrite: their new masks, and the words their dropped operands took.
+  // The accesses to rewrite, with their new masks.
   std::unordered_map<size_t, uint32_t> new_mask;  // instruction -> mask
   for (size_t n = 0; n < insts.size(); ++n) {
     const Inst& in = insts[n];
@@ -121,6 +144,21 @@ bool coherence_at_barriers(std::vector<uint32_t>& words) {
     if ((in.op == kOpCopyMemory || in.op == kOpCopyMemorySized) &&
         (pointers.count(w[1]) || pointers.count(w[2])))
       return false;  // (glslang writes none into these kernels)
+    // An atomic that orders workgroup memory (acquire or release: synchronisation through it
+    // rather than a barrier) would lose the per-access operations it relies on; relaxed ones
+    // (common.glsl's workgroup_min_max) order nothing.
+    if (const AtomicOperands a = atomic_operands(in.op); a.pointer) {
+      if (in.count <= a.semantics[0] || !pointers.count(w[a.pointer])) continue;
+      for (uint32_t at : a.semantics) {
+        if (at == 0) continue;
+        if (in.count <= at) return false;
+        auto c = constants.find(w[at]);
+        if (c == constants.end()) return false;
+        if (words[insts[c->second].at + 3] & (kAcquire | kRelease | kAcquireRelease | kSeqCst))
+          return false;
+      }
+      continue;
+    }
     auto [pointer, mask_at] = access_operands(in.op);
     if (pointer == 0 || in.count <= mask_at || !pointers.count(w[pointer])) continue;
     uint32_t mask = w[mask_at];

@@ -20,9 +20,12 @@ void clear_unroll_hints(std::vector<uint32_t>& words);
 /// barrier that orders workgroup memory (acquire, release or both) makes it visible or available
 /// (MakeVisible, MakeAvailable: the Vulkan memory model's barrier-based form). That is the same
 /// program wherever workgroup memory passes between invocations only across such barriers, as
-/// the kernels' shared tiles, scratch and exchanges do. Returns whether the module changed: not
-/// for another memory model, nor where a barrier's semantics are not a constant or an access
-/// has memory operands this does not know.
+/// the kernels' shared tiles, scratch and exchanges do (their atomics there are relaxed). A
+/// subgroup barrier whose semantics name buffer and image memory too makes those available and
+/// visible as well: correct, if more than needed. Returns whether the module changed: not for
+/// another memory model or nothing to rewrite, nor (left whole) where a barrier's semantics are
+/// not a constant, an access has memory operands this does not know, an atomic on workgroup
+/// memory acquires or releases, or OpCopyMemory touches it.
 bool coherence_at_barriers(std::vector<uint32_t>& words);
 
 }  // namespace flashvk::detail
