@@ -491,10 +491,13 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
   info.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations;
   for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = limits.maxComputeWorkGroupCount[i];
   info.subgroup_size = subgroup.subgroupSize;
-  const VkSubgroupFeatureFlags needed =
-      VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
-  info.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                          (subgroup.supportedOperations & needed) == needed;
+  // Whether compute shaders have all of `ops`.
+  auto compute_subgroups = [&](VkSubgroupFeatureFlags ops) {
+    return (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+           (subgroup.supportedOperations & ops) == ops;
+  };
+  info.subgroup_shuffle =
+      compute_subgroups(VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
   info.max_storage_buffer_range = limits.maxStorageBufferRange;
   info.max_texel_buffer_elements = limits.maxTexelBufferElements;
   info.min_storage_offset_alignment = limits.minStorageBufferOffsetAlignment;
@@ -510,11 +513,9 @@ DeviceInfo describe(VkInstance instance, VkPhysicalDevice physical, uint32_t ind
   info.fp16_arithmetic = fp16_arithmetic(physical);
   describe_size_control(physical, info);
   // The matrix kernel's groups exchange row values (shuffles) and vote on rescaling O.
-  const VkSubgroupFeatureFlags matrix_ops =
-      VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_VOTE_BIT;
-  const bool matrix_subgroups = info.fp16_storage &&
-                                (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                                (subgroup.supportedOperations & matrix_ops) == matrix_ops;
+  const bool matrix_subgroups =
+      info.fp16_storage &&
+      compute_subgroups(VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_VOTE_BIT);
   info.nv_cooperative_matrix = matrix_subgroups && cooperative_matrix(instance, physical, info);
   MatrixShape khr =
       matrix_subgroups ? khr_cooperative_matrix(instance, physical, info) : MatrixShape{};
