@@ -7,7 +7,9 @@
 #   decode_warm.json    flushed before each run, and back to back (--warm-cache)
 #   prefill_f16_D.json  fp16 prefill, flash2 and flashd, N=4096, at d = D: 64, 128 and 256;
 #                       causal in prefill_f16_D_causal.json; prefill_nv2_f16_D*.json the same
-#                       through --matrix-api nv2 (d <= 128), where the device has it
+#                       through --matrix-api nv2 (d <= 128), where the device has it;
+#                       prefill_as_built_f16_D.json the full shapes (d <= 128) with the
+#                       SPIR-V as glslang built it (FLASHVK_SPIRV_AS_BUILT=1)
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
@@ -18,8 +20,9 @@
 #                       included where the engine picks them)
 #   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
 #                       (pipelines_nv2.json: with --matrix-api nv2, where the device has it)
-#   targets.txt         issue #43's targets, each measured and met or not (gpu_targets.py,
-#                       run once the files it reads are written)
+#   targets.txt         issue #43's targets, each measured and met or not, nv2 and the
+#                       SPIR-V as built against the default (gpu_targets.py, run once the
+#                       files it reads are written)
 # Usage: scripts/gpu_bench.sh [--tiny] [OUT]   (OUT defaults to out/gpu). --tiny: small shapes
 # and none of the fixed suites, a dry run of the script on any device (lavapipe) in a minute.
 # Environment: $FLASHVK the binary (default build/flashvk); $STEP_TIMEOUT the seconds one step
@@ -155,6 +158,15 @@ else
   echo "== nv2: skipped: the device lacks VK_NV_cooperative_matrix2 (flashvk devices)" |
     tee -a "$log"
 fi
+# Issue #43: what engine/src/spirv.hpp's rewrite of the matrix kernels (shared memory coherent at
+# barriers, not at each access) is worth on this driver: the full shapes again with the SPIR-V
+# as glslang built it (FLASHVK_SPIRV_AS_BUILT=1), for gpu_targets.py to set against the above.
+for d in "${prefill_d[@]}"; do
+  ((d > 128)) && continue
+  run_step "FLASHVK_SPIRV_AS_BUILT=1 flashvk bench ... --d $d (the SPIR-V as built)" \
+    env FLASHVK_SPIRV_AS_BUILT=1 "$bin" bench "${prefill[@]}" --d "$d" --dtype f16 \
+    --json "$out/prefill_as_built_f16_$d.json"
+done
 # Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
 if command -v python3 >/dev/null; then
   present=()

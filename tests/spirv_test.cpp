@@ -6,6 +6,7 @@
 // visible instead; every other build is left as it is. (That the drivers take the result is
 // RADV's part: scripts/pipelines.sh compiles every matrix kernel.)
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -155,6 +156,28 @@ TEST(SpirvRewrite, LeavesWhatItCannotReadAsItWas) {
     EXPECT_FALSE(coherence_at_barriers(words));
     EXPECT_EQ(words, was);
   }
+}
+
+// FLASHVK_SPIRV_AS_BUILT, the diagnostic that gives the driver glslang's modules untouched: on
+// where it is set to anything but 0.
+TEST(SpirvRewrite, TheEnvironmentCanAskForModulesAsBuilt) {
+  const char* name = "FLASHVK_SPIRV_AS_BUILT";
+  const char* was = std::getenv(name);
+  const std::string saved = was ? was : "";
+  ::unsetenv(name);
+  EXPECT_FALSE(spirv_as_built());
+  for (const char* value : {"1", "yes"}) {
+    ::setenv(name, value, 1);
+    EXPECT_TRUE(spirv_as_built()) << value;
+  }
+  for (const char* value : {"0", ""}) {
+    ::setenv(name, value, 1);
+    EXPECT_FALSE(spirv_as_built()) << '"' << value << '"';
+  }
+  if (was)
+    ::setenv(name, saved.c_str(), 1);
+  else
+    ::unsetenv(name);
 }
 
 }  // namespace

@@ -697,7 +697,7 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
 
 std::vector<uint32_t> ContextImpl::driver_spirv(const ShaderBlob& blob) const {
   std::vector<uint32_t> words(blob.words, blob.words + blob.bytes / 4);
-  coherence_at_barriers(words);
+  if (!spirv_as_built()) coherence_at_barriers(words);
   return words;
 }
 

@@ -1,6 +1,8 @@
 #include "spirv.hpp"
 
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -219,6 +221,11 @@ bool coherence_at_barriers(std::vector<uint32_t>& words) {
   }
   words = std::move(out);
   return true;
+}
+
+bool spirv_as_built() {
+  const char* env = std::getenv("FLASHVK_SPIRV_AS_BUILT");
+  return env && *env && std::strcmp(env, "0") != 0;
 }
 
 }  // namespace flashvk::detail

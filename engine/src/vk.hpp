@@ -226,8 +226,8 @@ struct ContextImpl {
   /// Writes the pipeline cache to cache_path (a temporary file, then a rename); false on failure.
   bool save_pipeline_cache() const;
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const;
-  /// The SPIR-V the driver gets for `blob` (spirv.hpp's coherence_at_barriers; the tests' unroll
-  /// hints aside): the pipeline report's.
+  /// The SPIR-V the driver gets for `blob` (spirv.hpp's coherence_at_barriers, unless
+  /// spirv_as_built(); the tests' unroll hints aside): the pipeline report's.
   std::vector<uint32_t> driver_spirv(const ShaderBlob& blob) const;
   /// The pipeline of the embedded build `blob` with these constants, built once and cached.
   VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec);
