@@ -399,11 +399,23 @@ CmAcc st[STATE_WORDS];
 // (tile_ref, tile_step, accumulate) reads no field of rows[0]: after it, rows[0] is any row.
 void use_block_row(uint r) { rows[0] = rows_sh[block() * SG_ROWS + r]; }
 
-// Element (r, c) of a tile's piece of scores whose first key is j0, n of its keys in the tile.
+// Whether the score hook reads nothing of a row where every key is visible to it by its range:
+// no key mask, ALiBi, additive mask or user function.
+#ifdef FLEX
+const bool ROWLESS_SCORES = false;
+#else
+const bool ROWLESS_SCORES = !KEY_MASK && (MODS & (MOD_ALIBI | MOD_MASK)) == 0u;
+#endif
+const uint CM_INNER = 0xffffffffu;  // cm_score's n in an inner tile (tile_softmax's `inner`)
+
+// Element (r, c) of a tile's piece of scores whose first key is j0, n of its keys in the tile
+// (CM_INNER: an inner tile, where no row's range hides a key). An inner tile with ROWLESS_SCORES
+// reads no row: on the matrix units, a row's fields from shared memory for every element.
 float cm_score(const in uint r, const in uint c, const in float x, const in uint j0,
                const in uint n) {
-  use_block_row(r);
   uint j = j0 + c;
+  if (ROWLESS_SCORES && n == CM_INNER) return modify_score(0u, j, x * pc.scale);
+  use_block_row(r);
   return row_score(0u, j, c < n && key_visible(0u, j), x * pc.scale);
 }
 
@@ -432,12 +444,14 @@ void start_rows() {
   }
 }
 
-// Keys j0.. (n in the tile): the scores, the softmax and the recurrence, then O.
-void tile_row_ops(uint j0, uint n) {
+// Keys j0.. (n in the tile): the scores, the softmax and the recurrence, then O. `inner` as
+// tile_softmax's.
+void tile_row_ops(uint j0, uint n, bool inner) {
   CmAcc s[BC / CM_N], mx, sum, ref, keep, coef;
   [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
     s[c] = score_piece(c);
-    cm_each(s[c], s[c], cm_score, j0 + c * CM_N, n > c * CM_N ? n - c * CM_N : 0u);
+    uint in_piece = inner ? CM_INNER : n > c * CM_N ? n - c * CM_N : 0u;
+    cm_each(s[c], s[c], cm_score, j0 + c * CM_N, in_piece);
     CmAcc m;
     cm_row_max(m, s[c]);
     if (c == 0u) {
@@ -556,10 +570,8 @@ void main() {
   load_queries();
   uint begin, end;
   key_range(begin, end);  // its barriers also keep kv_sh's queries until all are loaded
-#ifndef CM_ROW_OPS
-  uint inner_lo, inner_hi;  // the keys of tile_softmax's inner tiles
+  uint inner_lo, inner_hi;  // the keys of the inner tiles (tile_softmax, tile_row_ops)
   workgroup_inner_keys(inner_lo, inner_hi);
-#endif
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
   // Tiles the additive mask hides from every row of the workgroup are skipped (next_seen_tile).
   uint j0 = next_seen_tile(begin, end);
@@ -571,10 +583,10 @@ void main() {
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
     if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
-#ifdef CM_ROW_OPS
-    tile_row_ops(j0, n);
-#else
     bool inner = n == BC && j0 >= inner_lo && j0 + BC <= inner_hi;  // the same in the workgroup
+#ifdef CM_ROW_OPS
+    tile_row_ops(j0, n, inner);
+#else
     tile_scores();
 #ifdef CM_EMULATE
     bool rescale = tile_softmax(j0, n, inner);  // one copy: llvmpipe compiles it for many tests

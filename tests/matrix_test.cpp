@@ -248,9 +248,9 @@ TEST_F(MatrixTest, IntelShapesMatchTheReference) {
 // The kernel that keeps the softmax in matrices (nv2's, emulated where the device lacks it: the
 // scores, the rows' max and sum, and the recurrence's state in accumulators, the hooks run
 // element by element): the ragged case of EachRecurrenceMatchesTheReference in every
-// recurrence, ModifiersMatchTheReference's modifiers, a user-written score_mod, and past
-// d = 128, where a block is split over two groups, the scratch's kernel in its place. An
-// emulated shape is for `emulated` alone.
+// recurrence, ModifiersMatchTheReference's modifiers, a user-written score_mod, inner tiles
+// (plain and softcapped: their scores read no row), and past d = 128, where a block is split
+// over two groups, the scratch's kernel in its place. An emulated shape is for `emulated` alone.
 TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   Context& ctx = softmax_matrices_context();
   // The build a call's attention kernel comes from (its first pipeline past RoPE's).
@@ -279,6 +279,17 @@ TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   flex::enable(ctx);
   expect_matches(mods.q, mods.k, mods.v, with_score_mod(Variant::flashd), "score_mod", ctx);
 #endif
+  // Inner tiles (every key inside every row's range: here all but the last, partial tile's),
+  // whose scores read no row where no modifier needs one: plain, and softcapped in FLASH-D.
+  HostTensor qi = random_tensor({1, 2, 40, 32}, 91), ki = random_tensor({1, 1, 100, 32}, 92),
+             vi = random_tensor({1, 1, 100, 48}, 93);
+  AttentionParams inner;
+  inner.want_lse = true;
+  inner.variant = Variant::flash2;
+  expect_matches(qi, ki, vi, inner, "inner tiles", ctx);
+  inner.variant = Variant::flashd;
+  inner.mods.softcap = 4.0f;
+  expect_matches(qi, ki, vi, inner, "inner tiles, softcap", ctx);
   HostTensor q160 = random_tensor({1, 2, 24, 160}, 87), k160 = random_tensor({1, 1, 50, 160}, 88),
              v96 = random_tensor({1, 1, 50, 96}, 89);
   params.variant = Variant::flash2;
