@@ -8,8 +8,8 @@
 #   prefill_f16_D.json  fp16 prefill, flash2 and flashd, N=4096, at d = D: 64, 128 and 256;
 #                       causal in prefill_f16_D_causal.json; prefill_nv2_f16_D*.json the same
 #                       through --matrix-api nv2 (d <= 128), where the device has it;
-#                       prefill_as_built_f16_D.json the full shapes (d <= 128) with the
-#                       SPIR-V as glslang built it (FLASHVK_SPIRV_AS_BUILT=1)
+#                       prefill_as_built_f16_D.json flash2's full shapes (d <= 128) with
+#                       the SPIR-V as glslang built it (FLASHVK_SPIRV_AS_BUILT=1)
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
@@ -88,18 +88,19 @@ step() { run_step "flashvk $*" "$bin" "$@"; }
 if ((tiny)); then
   decode=(--nq 1 --heads 4 --kv-heads 2 --d 64 --repeat 3)
   decode_keys=(256 1024)
-  prefill=(--variant flash2,flashd --heads 2 --nq 128 --repeat 3)
+  prefill_shape=(--heads 2 --nq 128 --repeat 3)
   prefill_d=(64)
   shape=(--nq 64 --d 16 --repeat 2)  # for the modifiers suite
   peak=()                            # llvmpipe's calibrations take longer than the runs
 else
   decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --repeat 9)
   decode_keys=(4096 16384 65536)
-  prefill=(--variant flash2,flashd --heads 8 --nq 4096 --repeat 9)
+  prefill_shape=(--heads 8 --nq 4096 --repeat 9)
   prefill_d=(64 128 256)  # 256: the matrix kernel's split row blocks (Gemma's head dim)
   shape=(--nq 4096)  # issue #43's targets' N
   peak=(--peak)
 fi
+prefill=(--variant flash2,flashd "${prefill_shape[@]}")
 longest=${decode_keys[${#decode_keys[@]}-1]}
 
 step devices
@@ -158,15 +159,6 @@ else
   echo "== nv2: skipped: the device lacks VK_NV_cooperative_matrix2 (flashvk devices)" |
     tee -a "$log"
 fi
-# Issue #43: what engine/src/spirv.hpp's rewrite of the matrix kernels (shared memory coherent at
-# barriers, not at each access) is worth on this driver: the full shapes again with the SPIR-V
-# as glslang built it (FLASHVK_SPIRV_AS_BUILT=1), for gpu_targets.py to set against the above.
-for d in "${prefill_d[@]}"; do
-  ((d > 128)) && continue
-  run_step "FLASHVK_SPIRV_AS_BUILT=1 flashvk bench ... --d $d (the SPIR-V as built)" \
-    env FLASHVK_SPIRV_AS_BUILT=1 "$bin" bench "${prefill[@]}" --d "$d" --dtype f16 \
-    --json "$out/prefill_as_built_f16_$d.json"
-done
 # Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
 if command -v python3 >/dev/null; then
   present=()
@@ -181,6 +173,16 @@ fi
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at the longest length (targets: q8_0 <= 0.7x, q4_0 <= 0.5x fp16).
 step bench --suite modifiers --dtype f16 "${shape[@]}" --json "$out/modifiers_f16.json"
+# Issue #43: what engine/src/spirv.hpp's rewrite of the matrix kernels (shared memory coherent at
+# barriers, not at each access) is worth on this driver: the full shapes again with the SPIR-V
+# as glslang built it (FLASHVK_SPIRV_AS_BUILT=1), flash2 alone, for gpu_targets.py to set
+# against the default's.
+for d in "${prefill_d[@]}"; do
+  ((d > 128)) && continue
+  run_step "FLASHVK_SPIRV_AS_BUILT=1 flashvk bench ... --d $d (the SPIR-V as built)" \
+    env FLASHVK_SPIRV_AS_BUILT=1 "$bin" bench --variant flash2 "${prefill_shape[@]}" --d "$d" \
+    --dtype f16 --json "$out/prefill_as_built_f16_$d.json"
+done
 # Issue #43's targets, judged from the files so far: prefill, sdpa and modifiers_f16 (targets.txt).
 if command -v python3 >/dev/null; then
   run_step "gpu_targets.py (issue #43's targets: measured, met or not)" \

@@ -3,12 +3,14 @@
 # binaries built elsewhere (docs/performance.md, "On a GPU": build, strip, xz and carry them).
 # The suite runs sharded over the machine's cores (GoogleTest's GTEST_TOTAL_SHARDS /
 # GTEST_SHARD_INDEX, one process a core, FLASHVK_VALIDATION=0: such machines have no validation
-# layers); on an H200 it needs more than 16 shards of 200 s (NVIDIA's compiler). Everything goes to OUT as it happens, so a lease cut
-# short keeps what ran:
+# layers); on an H200 it needs more than 16 shards of 200 s (NVIDIA's compiler). Everything goes
+# to OUT as it happens, so a lease cut short keeps what ran:
 #   OUT/system.txt               the GPU (nvidia-smi), the libraries used and `flashvk devices`
 #   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test
 #   OUT/tests.txt                each shard's exit status (and its last test, if cut off), every
-#                                failed test, the slowest tests
+#                                failed test, the slowest tests, and the reruns' counts
+#   OUT/rerun/<binary>-<run>.txt the failed tests again, with the SPIR-V as glslang built it
+#                                (as-built) and as they ran (control)
 #   OUT/bench/                   gpu_bench.sh's log.txt and JSON, in the time that is left
 # Usage: scripts/gpu_check.sh BIN OUT
 #   BIN holds flashvk, flashvk_tests and flashvk_cli_tests (each may be .xz), and optionally
@@ -84,6 +86,7 @@ cat "$out/system.txt"
 
 # The suite: flashvk_tests over most cores, the CLI's tests (each starts flashvk processes) over
 # a quarter, all at once.
+rm -rf "$out/tests" "$out/rerun"  # an earlier run's shards and reruns
 mkdir -p "$out/tests"
 cli_shards=$(((shards + 3) / 4))
 engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
@@ -105,9 +108,11 @@ echo "gpu_check: ${#pids[@]} test processes, at most $test_timeout s"
 summary="$out/tests.txt"
 : >"$summary"
 failed_shards=0
+statuses=()
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
   status=$?
+  statuses[$i]=$status
   file="$out/tests/${names[$i]}.txt"
   passed=$(grep -c '^\[       OK \]' "$file")
   failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$file")
@@ -128,19 +133,43 @@ done
     awk '{printf "  %8.1f s  %s\n", $1 / 1000, $2}'
 } | tee -a "$summary"
 
-# Failed tests again with the SPIR-V as glslang built it (FLASHVK_SPIRV_AS_BUILT=1: none of
-# engine/src/spirv.hpp's rewrites), each binary's in one process of at most 120 s: a test that
-# passes so fails through a rewrite, not the driver or the kernel.
+# Failed tests again, each binary's in one process, twice: with the SPIR-V as glslang built it
+# (FLASHVK_SPIRV_AS_BUILT=1: no coherence_at_barriers, engine/src/spirv.hpp), then as they ran
+# (the control: alone on the GPU now). Passing as built and failing as they ran puts the fault
+# on the rewrite. A shard that crashed or was cut off gives its last test too. A run takes at
+# most 120 s, and half of what is left of the budget (none under 15 s).
+mkdir -p "$out/rerun"
 for binary in flashvk_tests flashvk_cli_tests; do
-  failed_here=$(grep -hsE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out"/tests/"$binary"-[0-9]*.txt |
-    sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
-  [[ -z "$failed_here" ]] && continue
-  rerun="$out/tests/$binary-as-built.txt"
-  FLASHVK_SPIRV_AS_BUILT=1 timeout 120 "$bin/$binary" --gtest_filter="$failed_here" >"$rerun" 2>&1
-  status=$?
-  echo "$binary's failed tests with FLASHVK_SPIRV_AS_BUILT=1: exit $status," \
-    "$(grep -c '^\[       OK \]' "$rerun") passed, $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' \
-      "$rerun") failed ($rerun)" | tee -a "$summary"
+  failed_here=()
+  for i in "${!names[@]}"; do
+    [[ "${names[$i]}" == "$binary-"* ]] || continue
+    file="$out/tests/${names[$i]}.txt"
+    while read -r name; do failed_here+=("$name"); done < <(
+      grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$file" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/')
+    last=$(grep '^\[ RUN      \]' "$file" | tail -1 | cut -c14-)
+    if [[ -n "$last" && "${statuses[$i]}" -ne 0 ]] &&
+      ! grep -qE "^\[ +(OK|FAILED|SKIPPED) +\] $last[ ,]" "$file"; then
+      failed_here+=("$last")  # crashed or cut off in it
+    fi
+  done
+  ((${#failed_here[@]})) || continue
+  filter=$(printf '%s\n' "${failed_here[@]}" | sort -u | paste -sd: -)
+  for run in as-built control; do
+    t=$(((budget - SECONDS - 5) / 2))
+    ((t > 120)) && t=120
+    if ((t < 15)); then
+      echo "$binary's failed tests, $run: skipped, out of time" | tee -a "$summary"
+      continue
+    fi
+    rerun="$out/rerun/$binary-$run.txt"
+    env_as_built=()
+    [[ $run == as-built ]] && env_as_built=(FLASHVK_SPIRV_AS_BUILT=1)
+    env "${env_as_built[@]}" timeout "$t" "$bin/$binary" --gtest_filter="$filter" >"$rerun" 2>&1
+    status=$?
+    echo "$binary's failed tests, $run${env_as_built[*]:+ (${env_as_built[*]})}: exit $status," \
+      "$(grep -c '^\[       OK \]' "$rerun") passed," \
+      "$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$rerun") failed ($rerun)" | tee -a "$summary"
+  done
 done
 
 # The measurements, in what is left of the budget.

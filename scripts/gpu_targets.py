@@ -31,10 +31,11 @@ def load(path):
         return json.load(f)
 
 
-def prefill_rows(out, api=""):
-    """The rows of the prefill files: khr's (the default), or with api="nv2_" nv2's."""
+def prefill_rows(out, prefix=""):
+    """The rows of the prefill files: the default's (khr, the SPIR-V rewritten), or with
+    prefix "nv2_" nv2's, with "as_built_" the SPIR-V as glslang built it."""
     rows = []
-    for path in sorted(glob.glob(os.path.join(out, "prefill_%sf16_*.json" % api))):
+    for path in sorted(glob.glob(os.path.join(out, "prefill_%sf16_*.json" % prefix))):
         rows += load(path)["results"]
     return rows
 

@@ -28,7 +28,7 @@ void clear_unroll_hints(std::vector<uint32_t>& words);
 /// memory acquires or releases, or OpCopyMemory touches it.
 bool coherence_at_barriers(std::vector<uint32_t>& words);
 
-/// Whether the driver gets every module as glslang built it, none of the rewrites above
+/// Whether the driver gets every module as glslang built it, without coherence_at_barriers
 /// (environment FLASHVK_SPIRV_AS_BUILT set and not 0): a diagnostic for a GPU machine, where
 /// nothing can be rebuilt, to tell a driver's fault from a rewrite's (scripts/gpu_check.sh reruns
 /// failed tests so) and to time what a rewrite is worth (scripts/gpu_bench.sh).
