@@ -399,18 +399,15 @@ CmAcc st[STATE_WORDS];
 // (tile_ref, tile_step, accumulate) reads no field of rows[0]: after it, rows[0] is any row.
 void use_block_row(uint r) { rows[0] = rows_sh[block() * SG_ROWS + r]; }
 
-// Whether the score hook reads nothing of a row where every key is visible to it by its range:
-// no key mask, ALiBi, additive mask or user function.
-#ifdef FLEX
-const bool ROWLESS_SCORES = false;
-#else
-const bool ROWLESS_SCORES = !KEY_MASK && (MODS & (MOD_ALIBI | MOD_MASK)) == 0u;
-#endif
+// Whether a score in an inner tile needs nothing of its row: no key mask, and a score hook that
+// reads none (modifiers.glsl).
+const bool ROWLESS_SCORES = !KEY_MASK && !SCORE_READS_ROW;
 const uint CM_INNER = 0xffffffffu;  // cm_score's n in an inner tile (tile_softmax's `inner`)
 
 // Element (r, c) of a tile's piece of scores whose first key is j0, n of its keys in the tile
-// (CM_INNER: an inner tile, where no row's range hides a key). An inner tile with ROWLESS_SCORES
-// reads no row: on the matrix units, a row's fields from shared memory for every element.
+// (CM_INNER: an inner tile, where no valid row's range hides a key; rows past the problem then
+// see the keys too, harmlessly). An inner tile with ROWLESS_SCORES reads no row: on the matrix
+// units, a row's fields from shared memory for every element.
 float cm_score(const in uint r, const in uint c, const in float x, const in uint j0,
                const in uint n) {
   uint j = j0 + c;

@@ -125,6 +125,14 @@ const bool SCORE_MAY_HIDE = true;
 const bool SCORE_MAY_HIDE = (MODS & MOD_MASK) != 0u;
 #endif
 
+// Whether modify_score reads its row (the additive mask, ALiBi, a user's function): where it
+// does not, a kernel that has already tested the row's range and key mask may call it on any row.
+#ifdef FLEX
+const bool SCORE_READS_ROW = true;
+#else
+const bool SCORE_READS_ROW = (MODS & (MOD_ALIBI | MOD_MASK)) != 0u;
+#endif
+
 // Row rr's score for key j, or -inf where `seen` says the row does not see it.
 float row_score(uint rr, uint j, bool seen, float scaled_dot) {
   return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;

@@ -279,14 +279,19 @@ TEST_F(MatrixTest, SoftmaxInMatricesMatchesTheReference) {
   flex::enable(ctx);
   expect_matches(mods.q, mods.k, mods.v, with_score_mod(Variant::flashd), "score_mod", ctx);
 #endif
-  // Inner tiles (every key inside every row's range: here all but the last, partial tile's),
-  // whose scores read no row where no modifier needs one: plain, and softcapped in FLASH-D.
-  HostTensor qi = random_tensor({1, 2, 40, 32}, 91), ki = random_tensor({1, 1, 100, 32}, 92),
-             vi = random_tensor({1, 1, 100, 48}, 93);
+  // Inner tiles (every key inside every valid row's range), whose scores read no row where no
+  // modifier needs one: all but the last, partial tile without a mask (plain, and softcapped in
+  // FLASH-D); causal over 200 keys, where query i sees keys 0 .. 160 + i: the tiles wholly
+  // before key 161 are inner, the later ones are not.
+  HostTensor qi = random_tensor({1, 2, 40, 32}, 91), ki = random_tensor({1, 1, 200, 32}, 92),
+             vi = random_tensor({1, 1, 200, 48}, 93);
   AttentionParams inner;
   inner.want_lse = true;
   inner.variant = Variant::flash2;
   expect_matches(qi, ki, vi, inner, "inner tiles", ctx);
+  inner.mods.causal = true;
+  expect_matches(qi, ki, vi, inner, "inner tiles, causal", ctx);
+  inner.mods.causal = false;
   inner.variant = Variant::flashd;
   inner.mods.softcap = 4.0f;
   expect_matches(qi, ki, vi, inner, "inner tiles, softcap", ctx);
