@@ -6,9 +6,10 @@
 # layers); on an H200 it needs more than 16 shards of 200 s (NVIDIA's compiler). Everything goes
 # to OUT as it happens, so a lease cut short keeps what ran:
 #   OUT/system.txt               the GPU (nvidia-smi), the libraries used and `flashvk devices`
-#   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test
-#   OUT/tests.txt                each shard's exit status (and its last test, if cut off), every
-#                                failed test, the slowest tests, and the reruns' counts
+#   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test (scripts/shards.sh)
+#   OUT/tests.txt                each shard's counts and exit status (and the test it ended in,
+#                                if it crashed or was cut off), every failed test, the slowest
+#                                tests, and the reruns' counts
 #   OUT/rerun/<binary>-<run>.txt the failed tests again, with the SPIR-V as glslang built it
 #                                (as-built) and as they ran (control)
 #   OUT/bench/                   gpu_bench.sh's log.txt and JSON, in the time that is left
@@ -84,76 +85,28 @@ export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
 } >"$out/system.txt" 2>&1
 cat "$out/system.txt"
 
-# The suite: flashvk_tests over most cores, the CLI's tests (each starts flashvk processes) over
-# a quarter, all at once.
+# The suite (scripts/shards.sh): flashvk_tests over most cores, the CLI's tests (each starts
+# flashvk processes) over a quarter, all at once.
 rm -rf "$out/tests" "$out/rerun"  # an earlier run's shards and reruns
-mkdir -p "$out/tests"
 cli_shards=$(((shards + 3) / 4))
 engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
-pids=()
-names=()
-start=$SECONDS
-launch() {
-  local binary="$1" total="$2" i
-  for ((i = 0; i < total; ++i)); do
-    GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$i timeout "$test_timeout" "$bin/$binary" \
-      >"$out/tests/$binary-$i.txt" 2>&1 &
-    pids+=($!)
-    names+=("$binary-$i")
-  done
-}
-launch flashvk_tests "$engine_shards"
-launch flashvk_cli_tests "$cli_shards"
-echo "gpu_check: ${#pids[@]} test processes, at most $test_timeout s"
 summary="$out/tests.txt"
-: >"$summary"
-failed_shards=0
-statuses=()
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"
-  status=$?
-  statuses[$i]=$status
-  file="$out/tests/${names[$i]}.txt"
-  passed=$(grep -c '^\[       OK \]' "$file")
-  failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$file")
-  line="${names[$i]}: exit $status, $passed passed, $failed failed"
-  if [[ $status -eq 124 ]]; then
-    line+=", cut off at $test_timeout s in $(grep '^\[ RUN      \]' "$file" | tail -1 | cut -c14-)"
-  fi
-  [[ $status -ne 0 ]] && failed_shards=$((failed_shards + 1))
-  echo "$line" | tee -a "$summary"
-done
-{
-  echo "suite: $((SECONDS - start)) s, $failed_shards of ${#pids[@]} processes failed"
-  echo "failed:"
-  grep -hE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out"/tests/*.txt | sed 's/^\[  FAILED  \] /  /'
-  echo "slowest:"
-  grep -hE '^\[ +(OK|FAILED) +\] .* \([0-9]+ ms\)$' "$out"/tests/*.txt |
-    sed -E 's/^\[ +(OK|FAILED) +\] (.*) \(([0-9]+) ms\)$/\3 \2/' | sort -rn | head -15 |
-    awk '{printf "  %8.1f s  %s\n", $1 / 1000, $2}'
-} | tee -a "$summary"
+echo "gpu_check: $((engine_shards + cli_shards)) test processes, at most $test_timeout s"
+JOBS=$((engine_shards + cli_shards)) SHARD_TIMEOUT="$test_timeout" bash "$root/scripts/shards.sh" \
+  "$out/tests" "$bin/flashvk_tests:$engine_shards" "$bin/flashvk_cli_tests:$cli_shards"
+suite_status=$?
+cp "$out/tests/summary.txt" "$summary"
 
-# Failed tests again, each binary's in one process, twice: with the SPIR-V as glslang built it
+# Failed tests again (shards.sh's rerun lists: a crashed or cut-off process gives the test it
+# ended in too), each binary's in one process, twice: with the SPIR-V as glslang built it
 # (FLASHVK_SPIRV_AS_BUILT=1: no coherence_at_barriers, engine/src/spirv.hpp), then as they ran
 # (the control: alone on the GPU now). Passing as built and failing as they ran puts the fault
-# on the rewrite. A shard that crashed or was cut off gives its last test too. A run takes at
-# most 120 s, and half of what is left of the budget (none under 15 s).
+# on the rewrite. A run takes at most 120 s, and half of what is left of the budget (none under
+# 15 s).
 mkdir -p "$out/rerun"
 for binary in flashvk_tests flashvk_cli_tests; do
-  failed_here=()
-  for i in "${!names[@]}"; do
-    [[ "${names[$i]}" == "$binary-"* ]] || continue
-    file="$out/tests/${names[$i]}.txt"
-    while read -r name; do failed_here+=("$name"); done < <(
-      grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$file" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/')
-    last=$(grep '^\[ RUN      \]' "$file" | tail -1 | cut -c14-)
-    if [[ -n "$last" && "${statuses[$i]}" -ne 0 ]] &&
-      ! grep -qE "^\[ +(OK|FAILED|SKIPPED) +\] $last[ ,]" "$file"; then
-      failed_here+=("$last")  # crashed or cut off in it
-    fi
-  done
-  ((${#failed_here[@]})) || continue
-  filter=$(printf '%s\n' "${failed_here[@]}" | sort -u | paste -sd: -)
+  [[ -s "$out/tests/rerun-$binary.txt" ]] || continue
+  filter=$(sort -u "$out/tests/rerun-$binary.txt" | paste -sd: -)
   for run in as-built control; do
     t=$(((budget - SECONDS - 5) / 2))
     ((t > 120)) && t=120
@@ -183,5 +136,6 @@ else
   [[ "${TINY:-0}" == 1 ]] && tiny=(--tiny)
   FLASHVK="$bin/flashvk" BUDGET=$left bash "$root/scripts/gpu_bench.sh" "${tiny[@]}" "$out/bench"
 fi
-echo "gpu_check: $failed_shards test process(es) failed; $out/tests.txt, $out/bench/log.txt"
-exit $((failed_shards > 0))
+echo "gpu_check: the suite $( ((suite_status == 0)) && echo passed || echo failed);" \
+  "$out/tests.txt, $out/bench/log.txt"
+exit $((suite_status != 0))

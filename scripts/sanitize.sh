@@ -10,7 +10,6 @@ cmake -S "$root" -B "$root/build-asan" -DFLASHVK_SANITIZE=ON -DFLASHVK_WERROR=ON
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
       -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
 cmake --build "$root/build-asan" -j "$(nproc)"
-cd "$root/build-asan"
 
 # The Vulkan loader unloads drivers and layers before LeakSanitizer runs at exit, so their leaks
 # would show as "<unknown module>" and could not be told from ours. Preloading them keeps them
@@ -23,8 +22,13 @@ for lib in $(sed -n 's/.*"library_path": *"\([^"]*\)".*/\1/p' \
   case "$lib" in /*) ;; *) lib="$(gcc -print-file-name="$lib")" ;; esac
   [ -f "$lib" ] && preload="$preload:$lib"
 done
-LD_PRELOAD="$preload" \
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0" \
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --output-on-failure -j "$(nproc)" "$@"
+# For the tests only (scripts/suite.sh), not for the scripts' own tools. Arguments pick tests as
+# CTest's do (e.g. -R MatrixTest); those then run through CTest, a process a test.
+options=(LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+         LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
+         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
+if (($#)); then
+  cd "$root/build-asan"
+  exec env "${options[@]}" ctest --output-on-failure -j "$(nproc)" "$@"
+fi
+bash "$root/scripts/suite.sh" "$root/build-asan" "${options[@]}"

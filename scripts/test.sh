@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The README's test command: set-up, build, then every test with the Vulkan validation layers on.
+# The README's test command: set-up, build, then every test with the Vulkan validation layers on
+# (scripts/suite.sh: GoogleTest's binaries as shard processes, then CTest's other tests).
+# Arguments pick tests as CTest's do (e.g. -R MatrixTest); those then run through CTest, a
+# process a test.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/build.sh"
-cd "$root/build"
-ctest --output-on-failure -j "$(nproc)" "$@"
+if (($#)); then
+  cd "$root/build"
+  exec ctest --output-on-failure -j "$(nproc)" "$@"
+fi
+bash "$root/scripts/suite.sh" "$root/build"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Runs GoogleTest binaries as shard processes (GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX), JOBS at a
+# time. One process runs many tests and they share its Vulkan instance, device and pipelines
+# (tests/test_util.cpp), where CTest starts a process a test: the suite on lavapipe takes about
+# 40% less time so, under the sanitizers too (docs/reliability.md). The one home of how
+# scripts/test.sh, scripts/sanitize.sh and scripts/gpu_check.sh run the suite.
+#
+# Usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS] ...
+#   NAME=VALUE   set for the test processes only (as env(1) does), not for this script's tools
+#   SHARDS       processes for that binary (default 1)
+# Environment: JOBS (processes at once, default the cores), SHARD_TIMEOUT (seconds a process may
+# take, default 1800), EXPECT_<binary>=N (the tests that binary must run, e.g. CTest's count).
+# Writes, as each process ends:
+#   OUT/<binary>-<i>.txt    its GoogleTest output, test by test
+#   OUT/summary.txt         a line a process, then the failed tests and the slowest
+#   OUT/rerun-<binary>.txt  the tests that failed, and the one a process crashed or was cut off in
+# and prints the summary lines, with each failed test's output. Exits 1 when a process failed or
+# a binary ran other than EXPECT_<binary> tests.
+set -uo pipefail
+if [[ $# -lt 2 ]]; then
+  echo "usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS] ..." >&2
+  exit 2
+fi
+mkdir -p "$1"
+out="$(cd "$1" && pwd)"
+shift
+jobs="${JOBS:-$(nproc)}"
+timeout_s="${SHARD_TIMEOUT:-1800}"
+assigns=()
+while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
+  assigns+=("$1")
+  shift
+done
+queue=()  # "path index total"
+for spec in "$@"; do
+  path="${spec%:*}" total=1
+  [[ "$spec" == *:* ]] && total="${spec##*:}"
+  if [[ ! -x "$path" ]] || ! [[ "$total" =~ ^[1-9][0-9]*$ ]]; then
+    echo "shards: '$spec' is not an executable test binary and a shard count" >&2
+    exit 2
+  fi
+  for ((i = 0; i < total; ++i)); do queue+=("$path $i $total"); done
+done
+rm -f "$out"/*.txt "$out"/*.status
+summary="$out/summary.txt"
+: >"$summary"
+
+timed='\([0-9]+ ms\)$'
+verdict="^\[ +(OK|FAILED|SKIPPED) +\] .* $timed"
+failed_shards=0
+# The test a process was in when it ended, if it never finished it (crashed or cut off).
+unfinished() {
+  awk 'index($0, "[ RUN      ] ") == 1 {t = substr($0, 14); done = 0}
+       t != "" && (index($0, "[       OK ] " t " (") == 1 || index($0, "[  FAILED  ] " t " (") == 1 ||
+                   index($0, "[  FAILED  ] " t ", ") == 1 || index($0, "[  SKIPPED ] " t " (") == 1) {done = 1}
+       END {if (t != "" && !done) print t}' "$1"
+}
+# Lines of FILE from test T's start: to its verdict (AWK's until), or to the end.
+test_output() {
+  awk -v t="$2" -v until="$3" '$0 == "[ RUN      ] " t {p = 1}
+    p {print "    " $0; if (until != "" && index($0, "[  FAILED  ] " t) == 1) exit}' "$1" | head -200
+}
+# One process's line, its failed tests' output, and the tests to rerun.
+report() {
+  local name="$1" status="$2" seconds="$3" file="$out/$1.txt" binary="${1%-*}" last line
+  local passed failed skipped
+  passed=$(grep -cE "^\[       OK \] .* $timed" "$file")
+  failed=$(grep -cE "^\[  FAILED  \] .* $timed" "$file")
+  skipped=$(grep -cE "^\[  SKIPPED \] .* $timed" "$file")
+  line="$name: $passed passed, $failed failed"
+  ((skipped)) && line+=", $skipped skipped"
+  line+=", $seconds s"
+  last=$(unfinished "$file")
+  if [[ -n "$last" ]]; then
+    ((status == 124)) && line+=", cut off at $timeout_s s in $last" || line+=", ended in $last"
+    ((status == 0)) && status=1
+  fi
+  ((status != 0)) && line+=", exit $status"
+  echo "$line" | tee -a "$summary"
+  local failed_tests
+  failed_tests=$(grep -E "^\[  FAILED  \] .* $timed" "$file" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/')
+  for t in $failed_tests; do
+    echo "$t" >>"$out/rerun-$binary.txt"
+    test_output "$file" "$t" until
+  done
+  if [[ -n "$last" ]]; then
+    echo "$last" >>"$out/rerun-$binary.txt"
+    test_output "$file" "$last" ""
+  elif ((status != 0 && failed == 0)); then
+    tail -n 60 "$file" | sed 's/^/    /'  # failed outside any test: at start or at exit
+  fi
+  ((status != 0)) && failed_shards=$((failed_shards + 1))
+}
+
+start=$SECONDS
+next=0
+running=0
+done_count=0
+while ((done_count < ${#queue[@]})); do
+  while ((running < jobs && next < ${#queue[@]})); do
+    read -r path index total <<<"${queue[$next]}"
+    name="$(basename "$path")-$index"
+    (
+      begin=$SECONDS
+      cd "$(dirname "$path")" &&
+        GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$index GTEST_COLOR=no \
+          timeout "$timeout_s" env "${assigns[@]}" "./$(basename "$path")" >"$out/$name.txt" 2>&1
+      echo "$? $((SECONDS - begin))" >"$out/$name.status.tmp"
+      mv "$out/$name.status.tmp" "$out/$name.status"
+    ) &
+    next=$((next + 1))
+    running=$((running + 1))
+  done
+  wait -n
+  for f in "$out"/*.status; do
+    [[ -e "$f" ]] || continue
+    name="$(basename "$f" .status)"
+    read -r status seconds <"$f"
+    rm -f "$f"
+    report "$name" "$status" "$seconds"
+    running=$((running - 1))
+    done_count=$((done_count + 1))
+  done
+done
+
+bad_counts=0
+final="$out/final.tmp"
+{
+  for spec in "$@"; do
+    binary="$(basename "${spec%:*}")"
+    ran=$(cat "$out/$binary"-[0-9]*.txt | grep -cE "$verdict")
+    expect_var="EXPECT_${binary//[^A-Za-z0-9_]/_}"
+    if [[ -n "${!expect_var:-}" && "${!expect_var}" != "$ran" ]]; then
+      echo "$binary ran $ran tests, not the ${!expect_var} expected"
+      bad_counts=$((bad_counts + 1))
+    fi
+  done
+  echo "shards: $(cat "$out"/*-[0-9]*.txt | grep -cE "$verdict") tests in ${#queue[@]}" \
+    "processes, $((SECONDS - start)) s; $failed_shards process(es) failed"
+  if ((failed_shards)); then
+    echo "failed processes:"
+    grep ', exit [0-9]*$' "$summary" | sed 's/^/  /'
+    echo "failed tests (and those a process ended in):"
+    cat "$out"/rerun-*.txt 2>/dev/null | sed 's/^/  /'
+  fi
+  echo "slowest:"
+  cat "$out"/*-[0-9]*.txt | grep -hE "$verdict" |
+    sed -E 's/, where GetParam\(\) = .* \(/ (/; s/^\[ +[A-Z]+ +\] (.*) \(([0-9]+) ms\)$/\2 \1/' |
+    sort -rn | head -10 |
+    awk '{printf "  %8.1f s  %s\n", $1 / 1000, $2}'
+} >"$final"
+tee -a "$summary" <"$final"
+rm -f "$final"
+((failed_shards == 0 && bad_counts == 0))
