@@ -14,8 +14,8 @@
 #   OUT/<binary>-<i>.txt    its GoogleTest output, test by test
 #   OUT/summary.txt         a line a process, then the failed tests and the slowest
 #   OUT/rerun-<binary>.txt  the tests that failed, and the one a process crashed or was cut off in
-# and prints the summary lines, with each failed test's output. Exits 1 when a process failed or
-# a binary ran other than EXPECT_<binary> tests.
+# and prints the summary lines, with each failed test's output, and a line a minute of how many
+# tests are done. Exits 1 when a process failed or a binary ran other than EXPECT_<binary> tests.
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
   echo "usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS] ..." >&2
@@ -92,7 +92,17 @@ report() {
   ((status != 0)) && failed_shards=$((failed_shards + 1))
 }
 
+# The tests expected in all, where EXPECT_<binary> gives every binary's.
+expected=0
+for spec in "$@"; do
+  binary="$(basename "${spec%:*}")"
+  expect_var="EXPECT_${binary//[^A-Za-z0-9_]/_}"
+  [[ -n "${!expect_var:-}" ]] && expected=$((expected + ${!expect_var})) || expected=""
+  [[ -z "$expected" ]] && break
+done
+
 start=$SECONDS
+progress_at=$SECONDS
 next=0
 running=0
 done_count=0
@@ -111,7 +121,7 @@ while ((done_count < ${#queue[@]})); do
     next=$((next + 1))
     running=$((running + 1))
   done
-  wait -n
+  sleep 1
   for f in "$out"/*.status; do
     [[ -e "$f" ]] || continue
     name="$(basename "$f" .status)"
@@ -121,7 +131,13 @@ while ((done_count < ${#queue[@]})); do
     running=$((running - 1))
     done_count=$((done_count + 1))
   done
+  if ((SECONDS - progress_at >= 60 && done_count < ${#queue[@]})); then  # a line a minute
+    progress_at=$SECONDS
+    echo "shards: $(cat "$out"/*-[0-9]*.txt | grep -cE "$verdict")${expected:+ of $expected}" \
+      "tests done ($((SECONDS - start)) s, $running running)"
+  fi
 done
+wait
 
 bad_counts=0
 final="$out/final.tmp"
