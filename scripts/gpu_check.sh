@@ -7,9 +7,10 @@
 # to OUT as it happens, so a lease cut short keeps what ran:
 #   OUT/system.txt               the GPU (nvidia-smi), the libraries used and `flashvk devices`
 #   OUT/tests/<binary>-<i>.txt   each shard's GoogleTest output, test by test (scripts/shards.sh)
-#   OUT/tests.txt                each shard's counts and exit status (and the test it ended in,
-#                                if it crashed or was cut off), every failed test, the slowest
-#                                tests, and the reruns' counts
+#   OUT/tests/summary.txt        as each shard ends: its counts and exit status (and the test it
+#                                ended in, if it crashed or was cut off); then every failed test
+#                                and the slowest
+#   OUT/tests.txt                the same once the suite has run, and the reruns' counts
 #   OUT/rerun/<binary>-<run>.txt the failed tests again, with the SPIR-V as glslang built it
 #                                (as-built) and as they ran (control)
 #   OUT/bench/                   gpu_bench.sh's log.txt and JSON, in the time that is left

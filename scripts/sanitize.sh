@@ -24,7 +24,7 @@ for lib in $(sed -n 's/.*"library_path": *"\([^"]*\)".*/\1/p' \
 done
 # For the tests only (scripts/suite.sh), not for the scripts' own tools. Arguments pick tests as
 # CTest's do (e.g. -R MatrixTest); those then run through CTest, a process a test.
-options=(LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+options=(FLASHVK_VALIDATION=1 LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
          LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
          UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 if (($#)); then

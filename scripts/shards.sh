@@ -31,7 +31,7 @@ while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
   assigns+=("$1")
   shift
 done
-queue=()  # "path index total"
+queue=()  # "index total path"
 for spec in "$@"; do
   path="${spec%:*}" total=1
   [[ "$spec" == *:* ]] && total="${spec##*:}"
@@ -39,7 +39,7 @@ for spec in "$@"; do
     echo "shards: '$spec' is not an executable test binary and a shard count" >&2
     exit 2
   fi
-  for ((i = 0; i < total; ++i)); do queue+=("$path $i $total"); done
+  for ((i = 0; i < total; ++i)); do queue+=("$i $total $path"); done
 done
 rm -f "$out"/*.txt "$out"/*.status
 summary="$out/summary.txt"
@@ -106,28 +106,40 @@ progress_at=$SECONDS
 next=0
 running=0
 done_count=0
+declare -A pid_of=() begin_of=()
 while ((done_count < ${#queue[@]})); do
   while ((running < jobs && next < ${#queue[@]})); do
-    read -r path index total <<<"${queue[$next]}"
+    read -r index total path <<<"${queue[$next]}"
     name="$(basename "$path")-$index"
     (
       begin=$SECONDS
       cd "$(dirname "$path")" &&
-        GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$index GTEST_COLOR=no \
-          timeout "$timeout_s" env "${assigns[@]}" "./$(basename "$path")" >"$out/$name.txt" 2>&1
+        GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$index GTEST_COLOR=no GTEST_BRIEF=0 \
+          GTEST_PRINT_TIME=1 timeout -k 30 "$timeout_s" env "${assigns[@]}" "./$(basename "$path")" \
+          >"$out/$name.txt" 2>&1
       echo "$? $((SECONDS - begin))" >"$out/$name.status.tmp"
       mv "$out/$name.status.tmp" "$out/$name.status"
     ) &
+    pid_of[$name]=$!
+    begin_of[$name]=$SECONDS
     next=$((next + 1))
     running=$((running + 1))
   done
   sleep 1
-  for f in "$out"/*.status; do
-    [[ -e "$f" ]] || continue
-    name="$(basename "$f" .status)"
-    read -r status seconds <"$f"
+  for name in "${!pid_of[@]}"; do
+    f="$out/$name.status"
+    if [[ -e "$f" ]]; then
+      read -r status seconds <"$f"
+      [[ "$status" =~ ^[0-9]+$ ]] || status=255  # unreadable (a full disk): failed
+    elif ! kill -0 "${pid_of[$name]}" 2>/dev/null && [[ ! -e "$f" ]]; then
+      echo "$name: ended without an exit status" >>"$out/$name.txt"  # lost: failed
+      status=255 seconds=$((SECONDS - begin_of[$name]))
+    else
+      continue
+    fi
     rm -f "$f"
-    report "$name" "$status" "$seconds"
+    unset "pid_of[$name]"
+    report "$name" "$status" "${seconds:-0}"
     running=$((running - 1))
     done_count=$((done_count + 1))
   done

@@ -31,6 +31,13 @@ if ((${#count[@]} == 0)); then
 fi
 total=0
 for binary in "${!count[@]}"; do total=$((total + count[$binary])); done
+# Every test CTest labels gtest is one of those: none left out of the run unseen.
+listed=$(ctest -N -L '^gtest$' | sed -n 's/^Total Tests: //p')
+disabled=$(ctest -N -L '^gtest$' | grep -c 'Test *#[0-9]*: .*DISABLED_')
+if ((total != listed - disabled)); then
+  echo "suite: CTest lists $listed GoogleTest tests ($disabled disabled), found $total binaries' runs" >&2
+  exit 1
+fi
 # About eight processes a job, so that the last ones end close together (at four, cold on 2
 # cores, the last ran alone for 150 s of 1037); the smallest binaries first (here the viewer's
 # and the CLI's, whose tests start processes of their own and last longest).
@@ -43,8 +50,9 @@ while read -r n binary; do
   expect+=("EXPECT_${name//[^A-Za-z0-9_]/_}=$n")
 done < <(for binary in "${!count[@]}"; do echo "${count[$binary]} $binary"; done | sort -n)
 
+# A process's time: ten minutes, and a minute a test (CTest gave a test 600 s or 1200 s).
 status=0
-env "${expect[@]}" JOBS="$jobs" bash "$root/scripts/shards.sh" "$build/Testing/shards" "$@" \
+env "${expect[@]}" JOBS="$jobs" SHARD_TIMEOUT="${SHARD_TIMEOUT:-$((600 + 60 * per_shard))}" bash "$root/scripts/shards.sh" "$build/Testing/shards" "$@" \
   "${specs[@]}" || status=1
 if [[ -n "$(ctest -N -LE '^gtest$' | sed -n 's/^ *Test *#[0-9]*: //p')" ]]; then
   env "$@" ctest --output-on-failure -j "$jobs" -LE '^gtest$' || status=1

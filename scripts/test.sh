@@ -5,6 +5,7 @@
 # process a test.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+export FLASHVK_VALIDATION=1  # whatever the caller's environment says
 bash "$root/scripts/build.sh"
 if (($#)); then
   cd "$root/build"

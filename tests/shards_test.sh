@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # A binary of tests A<i> and B<i> for shard i, in GoogleTest's output; MODE says what goes wrong
 # in shard 1: fail (B1 fails, parameterised), crash (in B1), hang (in B1), leak (exit 1 after all
-# passed, as LeakSanitizer does), none.
+# passed, as LeakSanitizer does), lost (shards.sh's own subshell killed: no exit status), none.
 make_binary() {
   cat >"$tmp/$1" <<EOF
 #!/usr/bin/env bash
@@ -27,6 +27,7 @@ if [[ \$i == 1 ]]; then
           echo "[  FAILED  ] Made/Up.B1/0, where GetParam() = 4"; exit 1 ;;
     crash) echo "AddressSanitizer: heap-buffer-overflow"; kill -SEGV \$\$ ;;
     hang) sleep 30 ;;
+    lost) kill -9 "\$(ps -o ppid= -p \$PPID)"; sleep 2 ;;  # the subshell above timeout
   esac
 fi
 echo "[       OK ] Made/Up.B\$i/0 (1 ms)"
@@ -63,6 +64,7 @@ expect 1 fail "made_fail-1: 1 passed, 1 failed" "expected 1, got 2" "  Made/Up.B
 expect 1 crash "ended in Made/Up.B1/0, exit 139" "heap-buffer-overflow" "  Made/Up.B1/0"
 expect 1 hang "cut off at 3 s in Made/Up.B1/0, exit 124" "  Made/Up.B1/0"
 expect 1 leak "made_leak-1: 2 passed, 0 failed" "exit 1" "detected memory leaks"
+expect 1 lost "ended without an exit status" "exit 255"
 # The rerun list names exactly the tests to run again.
 if [[ "$(cat "$tmp/out-fail/rerun-made_fail.txt")" != "Made/Up.B1/0" ]]; then
   echo "FAILED: the rerun list is '$(cat "$tmp/out-fail/rerun-made_fail.txt")'"
