@@ -27,8 +27,4 @@ done
 options=(FLASHVK_VALIDATION=1 LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
          LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
          UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
-if (($#)); then
-  cd "$root/build-asan"
-  exec env "${options[@]}" ctest --output-on-failure -j "$(nproc)" "$@"
-fi
-bash "$root/scripts/suite.sh" "$root/build-asan" "${options[@]}"
+bash "$root/scripts/suite.sh" "$root/build-asan" "${options[@]}" -- "$@"

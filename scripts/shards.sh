@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Runs GoogleTest binaries as shard processes (GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX), JOBS at a
 # time. One process runs many tests and they share its Vulkan instance, device and pipelines
-# (tests/test_util.cpp), where CTest starts a process a test: the suite on lavapipe takes about
-# 40% less time so, under the sanitizers too (docs/reliability.md). The one home of how
-# scripts/test.sh, scripts/sanitize.sh and scripts/gpu_check.sh run the suite.
+# (tests/test_util.cpp), where CTest starts a process a test: on lavapipe the suite takes half
+# the time so warm, and under the sanitizers 40% less (docs/reliability.md). The one home of how
+# scripts/suite.sh (the README's test command, the sanitizers') and scripts/gpu_check.sh run
+# the suite.
 #
-# Usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS] ...
+# Usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS[:TESTS]] ...
 #   NAME=VALUE   set for the test processes only (as env(1) does), not for this script's tools
 #   SHARDS       processes for that binary (default 1)
+#   TESTS        the tests it must run in all (e.g. CTest's count); unchecked where not given
 # Environment: JOBS (processes at once, default the cores), SHARD_TIMEOUT (seconds a process may
-# take, default 1800), EXPECT_<binary>=N (the tests that binary must run, e.g. CTest's count).
+# take, default 1800).
 # Writes, as each process ends:
 #   OUT/<binary>-<i>.txt    its GoogleTest output, test by test
 #   OUT/summary.txt         a line a process, then the failed tests and the slowest
 #   OUT/rerun-<binary>.txt  the tests that failed, and the one a process crashed or was cut off in
 # and prints the summary lines, with each failed test's output, and a line a minute of how many
-# tests are done. Exits 1 when a process failed or a binary ran other than EXPECT_<binary> tests.
+# tests are done. Exits 1 when a process failed or a binary ran other than its TESTS.
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
-  echo "usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS] ..." >&2
+  echo "usage: scripts/shards.sh OUT [NAME=VALUE ...] BINARY[:SHARDS[:TESTS]] ..." >&2
   exit 2
 fi
 mkdir -p "$1"
@@ -32,13 +34,23 @@ while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
   shift
 done
 queue=()  # "index total path"
+binaries=()
+declare -A expect_of=()  # a binary's TESTS, by its name
+expected=0               # the TESTS of them all, or empty where one has none
 for spec in "$@"; do
-  path="${spec%:*}" total=1
-  [[ "$spec" == *:* ]] && total="${spec##*:}"
-  if [[ ! -x "$path" ]] || ! [[ "$total" =~ ^[1-9][0-9]*$ ]]; then
+  path="$spec" total=1 tests=""
+  if [[ "$spec" =~ ^(.*):([0-9]+):([0-9]+)$ ]]; then
+    path="${BASH_REMATCH[1]}" total="${BASH_REMATCH[2]}" tests="${BASH_REMATCH[3]}"
+  elif [[ "$spec" =~ ^(.*):([0-9]+)$ ]]; then
+    path="${BASH_REMATCH[1]}" total="${BASH_REMATCH[2]}"
+  fi
+  if [[ ! -x "$path" ]] || ((total == 0)); then
     echo "shards: '$spec' is not an executable test binary and a shard count" >&2
     exit 2
   fi
+  binaries+=("$(basename "$path")")
+  expect_of[$(basename "$path")]="$tests"
+  [[ -n "$tests" && -n "$expected" ]] && expected=$((expected + tests)) || expected=""
   for ((i = 0; i < total; ++i)); do queue+=("$i $total $path"); done
 done
 rm -f "$out"/*.txt "$out"/*.status
@@ -91,15 +103,6 @@ report() {
   fi
   ((status != 0)) && failed_shards=$((failed_shards + 1))
 }
-
-# The tests expected in all, where EXPECT_<binary> gives every binary's.
-expected=0
-for spec in "$@"; do
-  binary="$(basename "${spec%:*}")"
-  expect_var="EXPECT_${binary//[^A-Za-z0-9_]/_}"
-  [[ -n "${!expect_var:-}" ]] && expected=$((expected + ${!expect_var})) || expected=""
-  [[ -z "$expected" ]] && break
-done
 
 start=$SECONDS
 progress_at=$SECONDS
@@ -154,12 +157,10 @@ wait
 bad_counts=0
 final="$out/final.tmp"
 {
-  for spec in "$@"; do
-    binary="$(basename "${spec%:*}")"
+  for binary in "${binaries[@]}"; do
     ran=$(cat "$out/$binary"-[0-9]*.txt | grep -cE "$verdict")
-    expect_var="EXPECT_${binary//[^A-Za-z0-9_]/_}"
-    if [[ -n "${!expect_var:-}" && "${!expect_var}" != "$ran" ]]; then
-      echo "$binary ran $ran tests, not the ${!expect_var} expected"
+    if [[ -n "${expect_of[$binary]}" && "${expect_of[$binary]}" != "$ran" ]]; then
+      echo "$binary ran $ran tests, not the ${expect_of[$binary]} expected"
       bad_counts=$((bad_counts + 1))
     fi
   done

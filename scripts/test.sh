@@ -5,10 +5,6 @@
 # process a test.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-export FLASHVK_VALIDATION=1  # whatever the caller's environment says
 bash "$root/scripts/build.sh"
-if (($#)); then
-  cd "$root/build"
-  exec ctest --output-on-failure -j "$(nproc)" "$@"
-fi
-bash "$root/scripts/suite.sh" "$root/build"
+# Validation on, whatever the caller's environment says.
+bash "$root/scripts/suite.sh" "$root/build" FLASHVK_VALIDATION=1 -- "$@"

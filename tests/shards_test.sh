@@ -44,8 +44,8 @@ expect() {
   local want="$1" mode="$2" name="made_$2" out status
   shift 2
   make_binary "$name" "$mode"
-  out="$(env "EXPECT_made_$mode=6" JOBS=3 SHARD_TIMEOUT=3 bash "$shards" "$tmp/out-$mode" \
-           ONLY_FOR_TESTS=yes "$tmp/$name:3" 2>&1)"
+  out="$(JOBS=3 SHARD_TIMEOUT=3 bash "$shards" "$tmp/out-$mode" ONLY_FOR_TESTS=yes \
+           "$tmp/$name:3:6" 2>&1)"
   status=$?
   if [[ $status != "$want" ]]; then
     echo "FAILED: $mode: exit $status, not $want"$'\n'"$out"
@@ -72,8 +72,7 @@ if [[ "$(cat "$tmp/out-fail/rerun-made_fail.txt")" != "Made/Up.B1/0" ]]; then
 fi
 # A count that does not match fails a run whose tests all passed.
 make_binary made_count none
-if EXPECT_made_count=7 bash "$shards" "$tmp/out-count" ONLY_FOR_TESTS=yes "$tmp/made_count:3" \
-     >/dev/null 2>&1; then
+if bash "$shards" "$tmp/out-count" ONLY_FOR_TESTS=yes "$tmp/made_count:3:7" >/dev/null 2>&1; then
   echo "FAILED: 6 tests passed where 7 were expected"
   failures=$((failures + 1))
 fi
