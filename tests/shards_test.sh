@@ -27,7 +27,7 @@ if [[ \$i == 1 ]]; then
           echo "[  FAILED  ] Made/Up.B1/0, where GetParam() = 4"; exit 1 ;;
     crash) echo "AddressSanitizer: heap-buffer-overflow"; kill -SEGV \$\$ ;;
     hang) sleep 30 ;;
-    lost) kill -9 "\$(ps -o ppid= -p \$PPID)"; sleep 2 ;;  # the subshell above timeout
+    lost) kill -9 "\$(awk '{print \$4}' /proc/\$PPID/stat)"; sleep 2 ;;  # the subshell above timeout
   esac
 fi
 echo "[       OK ] Made/Up.B\$i/0 (1 ms)"
