@@ -58,7 +58,7 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
                       tiles a multiple of the subgroup size, each invocation working on R rows)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
-                      register tiles: the subgroup size)
+                      register tiles: the subgroup size; coopmat: 16, 32 or 64)
   --splits N          splitkv's number of key chunks (default: from the device); these three
                       tune one shape: the tiles column shows what ran
   --suite standard    the fixed set of docs/performance.md instead of one shape: prefill

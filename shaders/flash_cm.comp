@@ -60,14 +60,21 @@ const uint KS = D + 8u;                      // K tile (and the staged queries),
 const uint VTS = BC + 8u;                    // V^T tile: a head dim's row of keys, fp16
 // A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
 // in its first BC / 2 words and the factors keep and coef (CM_N fp32 each; keep alone for
-// FlashAttention-2) after them.
-const uint FC = BC / 2u;                          // where the factors start, in fp32
+// FlashAttention-2) after them. With the softmax in matrices (nv2) no S nor P passes through it:
+// a row is the factors' columns (out_scale's, at the end), over which the output's pieces go.
+// (The host's coopmat_bytes counts the same.)
 #ifdef CM_FLASH2
 const uint FACTORS = 1u;  // keep alone: FlashAttention-2's coef is 1
 #else
 const uint FACTORS = 2u;
 #endif
+#if defined(CM_NV2) || defined(CM_EMULATE_NV2)
+const uint FC = 0u;                     // where the factors start, in fp32
+const uint SS = FACTORS * CM_N + 4u;
+#else
+const uint FC = BC / 2u;
 const uint SS = (BC > FC + FACTORS * CM_N ? BC : FC + FACTORS * CM_N) + 4u;
+#endif
 const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
 const uint VB = BC * KS;                     // where the V^T tile starts, in fp16 values
 

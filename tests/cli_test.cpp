@@ -518,6 +518,20 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
   EXPECT_EQ(big.output.rfind("flashvk: error: block_keys " + std::to_string(too_many), 0), 0u)
       << big.output;
   EXPECT_FALSE(fs::exists(path("x.json")));
+  // The matrix kernel's tiles (emulated where the device has no matrix units), as
+  // gpu_bench.sh's sweep asks for them; a size that does not fit is refused in the words the
+  // sweep reads.
+  Outcome cm = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --repeat 1 "
+                       "--layout coopmat --block-keys 16");
+  ASSERT_EQ(cm.status, 0) << cm.output;
+  EXPECT_NE(cm.output.find("  cooperative_matrix 64x16"), std::string::npos) << cm.output;
+  // (at d = 256, 64 keys' K and V^T tiles alone take 69 KiB: more than the 48 the engine uses)
+  Outcome cm_big = run_cli("bench --variant flash2 --nq 8 --d 256 --dtype f16 --layout coopmat "
+                           "--block-keys 64 --json " + path("y.json"));
+  EXPECT_EQ(cm_big.status, 1) << cm_big.output;
+  EXPECT_NE(cm_big.output.find("bytes of shared memory with 64 keys a tile"), std::string::npos)
+      << cm_big.output;
+  EXPECT_FALSE(fs::exists(path("y.json")));
   Outcome suite = run_cli("bench --suite standard --block-rows 32");
   EXPECT_EQ(suite.status, 2) << suite.output;
   EXPECT_NE(suite.output.find("drop --block-rows"), std::string::npos) << suite.output;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifdef FLASHVK_TEST_FLEX
@@ -198,6 +199,35 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
   run = expect_matches(q128, k128, v32, params, "d = 128, dv = 32");
   EXPECT_EQ(run.block_rows, 64u);
   EXPECT_EQ(run.block_keys, 32u);
+}
+
+// block_keys sizes the tiles where the call asks for the matrix layout (what a tuning sweep
+// varies; elsewhere the engine chooses): the ragged case (the engine's choice there is 64 keys)
+// in FlashAttention-2 at 16 keys a tile and FLASH-D at 32, then in the kernel that keeps the
+// softmax in matrices at 16; another size is refused by name.
+TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
+  Case ragged = ragged_case(101);
+  AttentionParams& params = ragged.params;
+  params.variant = Variant::flash2;
+  EXPECT_EQ(expect_matches(ragged.q, ragged.k, ragged.v, params, "engine's keys").block_keys, 64u);
+  for (auto [variant, keys] : {std::pair{Variant::flash2, 16u}, std::pair{Variant::flashd, 32u}}) {
+    params.variant = variant;
+    params.hints.block_keys = keys;
+    std::string what = std::string(variant_name(variant)) + ", " + std::to_string(keys) + " keys";
+    EXPECT_EQ(expect_matches(ragged.q, ragged.k, ragged.v, params, what).block_keys, keys);
+  }
+  params.variant = Variant::flash2;
+  params.hints.block_keys = 16;
+  EXPECT_EQ(expect_matches(ragged.q, ragged.k, ragged.v, params, "softmax in matrices, 16 keys",
+                           softmax_matrices_context())
+                .block_keys,
+            16u);
+  params.hints.block_keys = 24;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  HostTensor qh = round_to_half(ragged.q), kh = round_to_half(ragged.k),
+             vh = round_to_half(ragged.v);
+  expect_refused([&] { attention(context(), qh, kh, vh, params, DType::f16); },
+                 "takes block_keys 16, 32 or 64");
 }
 
 // Intel's shapes, emulated (ContextOptions::emulated_matrix_shape): 8 rows a matrix, so twice the

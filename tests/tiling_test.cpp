@@ -44,6 +44,7 @@ const DeviceInfo kMinimum = device("Vulkan minimums", "integrated", 16384, 128, 
 const DeviceInfo kCpu = device("llvmpipe-like", "cpu", 32 * 1024, 1024, 8, true, false);
 
 using test::dims;
+using test::expect_refused;
 
 Spec tiling(const DeviceInfo& info, const Dims& shape, Variant variant, DType dtype,
             TileLayout layout = TileLayout::automatic, bool fp16_arithmetic = false) {
@@ -226,6 +227,59 @@ TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
             4.0);
   EXPECT_LT(rdna_subgroups_per_simd(2 * (32 * 264 + 256 * 40) + 64 * 4 * 36 + 64, 128, 32, 8),
             4.0);
+}
+
+// block_keys sizes the matrix kernel's tiles where the call asks for that layout: 16, 32 or 64
+// keys within the shared memory, the engine's caps aside (a tuning sweep's). At d = 128 on 48
+// KiB, 64 keys (K 64 x 136 and V^T 128 x 72 fp16, 64 rows of 68 floats of scratch: 52 KiB) do
+// not fit the kernel whose softmax runs on lanes; nv2's, whose scratch is only the output's
+// pieces and out_scale (64 rows of 20 floats) beside the workgroup's rows (64 x 16 words), takes
+// them by itself (44 KiB). Asked for without the layout, block_keys asks for shared tiles.
+TEST(TilingTest, MatrixTilesTakeTheKeysACallAsksFor) {
+  Dims prefill128 = dims(8, 8, 4096, 4096, 128, 128);
+  auto asked = [&](const DeviceInfo& info, uint32_t keys, uint32_t shared = 0) {
+    AttentionParams params;
+    params.variant = Variant::flash2;
+    params.hints.tile_layout = TileLayout::cooperative_matrix;
+    params.hints.block_keys = keys;
+    params.hints.max_shared_memory = shared;
+    return detail::choose_tiling({.info = info,
+                                  .matrix_api = info.matrix_api,
+                                  .dims = prefill128,
+                                  .params = params,
+                                  .dtype = DType::f16,
+                                  .kv = Storage(DType::f16)});
+  };
+  EXPECT_EQ(asked(kH100, 0).bc, 32u);
+  EXPECT_EQ(asked(kH100, 16).bc, 16u);
+  EXPECT_EQ(asked(kH100, 32).bc, 32u);
+  uint32_t k64 = 2 * (64 * 136 + 128 * 72) + 64 * 4 * 68 + 64;
+  EXPECT_GT(k64, 48u * 1024);
+  expect_refused([&] { asked(kH100, 64); },
+                 ("needs " + std::to_string(k64) + " bytes of shared memory with 64 keys").c_str());
+  expect_refused([&] { asked(kH100, 48); }, "takes block_keys 16, 32 or 64");
+  expect_refused([&] { asked(kH100, 16, 16384); }, "this device or max_shared_memory allows 16384");
+  DeviceInfo nv2 = kH100;
+  nv2.nv_cooperative_matrix2 = true;
+  nv2.matrix_api = MatrixApi::nv2;
+  uint32_t nv2_64 = 2 * (64 * 136 + 128 * 72) + 64 * 4 * 20 + 64 * 64 + 64;
+  EXPECT_LE(nv2_64, 48u * 1024);
+  EXPECT_EQ(asked(nv2, 0).bc, 64u);
+  EXPECT_EQ(tiling(nv2, prefill128, Variant::flash2, DType::f16).bc, 64u);
+  EXPECT_EQ(asked(nv2, 32).bc, 32u);
+  // Past d = 128 the block is split, which nv2's kernel leaves to khr's: its scratch again.
+  EXPECT_EQ(tiling(nv2, dims(8, 8, 4096, 4096, 256, 256), Variant::flash2, DType::f16).bc, 32u);
+  // block_keys without the layout: shared tiles, as before.
+  AttentionParams keys_only;
+  keys_only.hints.block_keys = 32;
+  Spec shared = detail::choose_tiling({.info = kH100,
+                                       .matrix_api = MatrixApi::khr,
+                                       .dims = prefill128,
+                                       .params = keys_only,
+                                       .dtype = DType::f16,
+                                       .kv = Storage(DType::f16)});
+  EXPECT_EQ(shared.layout, TileLayout::shared);
+  EXPECT_EQ(shared.bc, 32u);
 }
 
 TEST(TilingTest, PhoneGpuTakesRegisterBlocksWithSubgroupShuffles) {

@@ -131,44 +131,56 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
                                           : api;
 }
 
-// Keys per tile of the cooperative-matrix kernel (shaders/flash_cm.comp), the most of 64, 32 and
-// 16 whose fp16 K tile and V^T tile and the groups' scratch (kMatrixRows rows of S in fp32, over
-// which P in fp16 and the rows' factor matrices go: at least keys / 2 + 2 n words a row, or
-// keys / 2 + n where the variant's coef is always 1, FlashAttention-2's) fit the shared memory;
-// the K/V space takes at least the workgroup's queries (64 rows, 32 split), which are staged
-// there first. 0 if none fits. Every row is padded by 16 bytes, as in the shader; emulated,
-// coopmat.glsl's exchange takes a float an invocation more. A lane holds at most what it does on
-// NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into registers
-// during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4 uvec4 each),
-// at most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at most 32. So
-// Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
-// more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
-// (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
-// (NVIDIA: registers bound these kernels) the most keys that fit.
-uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
-                      MatrixApi api, Variant variant) {
-  const MatrixShape shape = coopmat_shape(info);
+// Shared memory the cooperative-matrix kernel (shaders/flash_cm.comp) takes with `keys` a tile:
+// its fp16 K tile and V^T tile (the K/V space takes at least the workgroup's queries, 64 rows or
+// 32 split, which are staged there first) and the groups' scratch. Where the softmax runs on
+// lanes, the scratch is kMatrixRows rows of S in fp32, over which P in fp16 and the rows' factor
+// matrices go: at least keys / 2 + 2 n words a row, or keys / 2 + n where the variant's coef is
+// always 1 (FlashAttention-2's); where it stays in matrices (nv2), a row is only the output's
+// pieces and the out_scale column at the end (2 n words, or n). Every row is padded by 16 bytes,
+// as in the shader; emulated, coopmat.glsl's exchange takes a float an invocation more (9 with
+// nv2's stand-in), and nv2 keeps the workgroup's rows (common.glsl's Row, 11 words, taken as 16).
+uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
+                       MatrixApi api, Variant variant) {
   const uint32_t wg = coopmat_workgroup(shape);
   const uint32_t split = coopmat_split(shape, d, dv);
   api = coopmat_kernel_api(api, split);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   if (api == MatrixApi::emulated_nv2) exchange = wg * 4 * 9;  // and 8 for cm_to_a
-  // The softmax in matrices: the workgroup's rows (rows_sh: common.glsl's Row, 11 words, taken
-  // as 16).
-  if (keeps_softmax_in_matrices(api)) exchange += kMatrixRows * 64;
-  const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
+  const bool in_matrices = keeps_softmax_in_matrices(api);
+  if (in_matrices) exchange += kMatrixRows * 64;
   uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
   // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
   const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
+  uint32_t kv = 2 * std::max(keys * (d + 8) + dv * (keys + 8), rows * (d + 8));  // K, V^T
+  uint32_t row = in_matrices ? factors * shape.n : std::max(keys, keys / 2 + factors * shape.n);
+  return kv + kMatrixRows * 4 * (row + 4) + exchange + 64;
+}
+
+// Keys per tile of the cooperative-matrix kernel: `asked` (block_keys: 16, 32 or 64) where it
+// fits the shared memory, else 0; or, with `asked` 0, the engine's choice: the most of 64, 32 and
+// 16 that fit (coopmat_bytes) and keep these bounds, 0 if none does. A lane holds at most what it
+// does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
+// registers during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4
+// uvec4 each), at most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at
+// most 32. So Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA
+// a tile of more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
+// (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
+// (NVIDIA: registers bound these kernels) the most keys that fit.
+uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
+                      MatrixApi api, Variant variant, uint32_t asked = 0) {
+  const MatrixShape shape = coopmat_shape(info);
+  const uint32_t wg = coopmat_workgroup(shape);
+  const uint32_t split = coopmat_split(shape, d, dv);
+  const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   for (uint32_t keys : {64u, 32u, 16u}) {
-    uint32_t kv = 2 * std::max(keys * (d + 8) + dv * (keys + 8), rows * (d + 8));  // K, V^T
-    uint32_t scratch = kMatrixRows * 4 * (std::max(keys, keys / 2 + factors * shape.n) + 4);
-    uint32_t bytes = kv + scratch + exchange + 64;
+    if (asked && keys != asked) continue;
+    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, api, variant);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     bool prefetch = k_items + 4 * v_items <= 16 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
-    if (bytes <= shared_bytes && prefetch && !thin) return keys;
+    if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return keys;
   }
   return 0;
 }
@@ -192,25 +204,43 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t whole = coopmat_whole_dims(shape);
   uint32_t multiple = 16 * coopmat_split(shape, dims.d, dims.dv);
-  bool fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
-              dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
-              dims.dv <= 2 * whole && params.hints.block_rows == 0 && params.hints.block_keys == 0 &&
-              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant) > 0;
-  if (params.hints.tile_layout == TileLayout::cooperative_matrix) {
+  const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
+  // block_keys sizes the kernel's tiles where the call asks for it; elsewhere it asks for
+  // shared tiles.
+  const uint32_t keys = asked ? params.hints.block_keys : 0;
+  bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
+                    dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
+                    dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
+                    (asked || params.hints.block_keys == 0);
+  bool fits =
+      shape_fits && coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys) > 0;
+  if (asked) {
     if (api == MatrixApi::none)
       throw Error(
           "tile_layout cooperative_matrix needs matrix units (VK_KHR_cooperative_matrix or "
           "VK_NV_cooperative_matrix with fp16 products into fp32 in one of kMatrixShapes, and "
           "shaderFloat16) or ContextOptions::matrix_api emulated; " +
           info.name + " has none enabled");
-    if (!fits)
+    if (keys != 0 && keys != 16 && keys != 32 && keys != 64)
+      throw Error("tile_layout cooperative_matrix takes block_keys 16, 32 or 64 (0: the "
+                  "engine's choice), got " + std::to_string(keys));
+    if (!shape_fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
           "Q, K and V with d and dv multiples of 16 up to " + std::to_string(whole) +
           ", or of 32 up to " + std::to_string(2 * whole) + " (" +
-          matrix_shape_name(shape) +
-          " matrices), tile sizes chosen by the engine (block_rows and block_keys 0) and shared "
-          "memory for the tiles");
+          matrix_shape_name(shape) + " matrices), and rows a workgroup chosen by the engine "
+          "(block_rows 0)");
+    if (!fits) {
+      const uint32_t tried = keys ? keys : 16;  // the engine's least
+      throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
+                  ", dv=" + std::to_string(dims.dv) + " needs " +
+                  std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api,
+                                               params.variant)) +
+                  " bytes of shared memory with " + std::to_string(tried) +
+                  " keys a tile; this device or max_shared_memory allows " +
+                  std::to_string(shared_bytes));
+    }
     return !trace;  // traces record from the shared-memory kernels
   }
   bool units = on_matrix_units(api) && matrix_hardware(info);
@@ -527,7 +557,10 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant);
+    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
+                           params.hints.tile_layout == TileLayout::cooperative_matrix
+                               ? params.hints.block_keys
+                               : 0);
     return spec;
   }
   if (!forced_keys) {

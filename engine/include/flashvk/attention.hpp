@@ -89,7 +89,10 @@ struct ExecutionHints {
   /// register tiles R rows each (AttentionResult::block_rows says how many rows a workgroup
   /// covered).
   uint32_t block_rows = 0;
-  uint32_t block_keys = 0;  ///< Bc, keys per tile; 0 = the most that fit in shared memory
+  /// Bc, keys per tile; 0 = the most that fit in shared memory. With tile_layout
+  /// cooperative_matrix, 16, 32 or 64 (what a tuning sweep varies); with automatic, it asks for
+  /// shared tiles.
+  uint32_t block_keys = 0;
   uint32_t splits = 0;      ///< splitkv: number of key chunks; 0 = chosen from the device
   /// Shared memory the kernels may use per workgroup; 0 = the device's (at most 48 KiB).
   /// 16384 runs them as on a device with only Vulkan's guaranteed minimum.
