@@ -6,7 +6,8 @@ Reads OUT/prefill_f16_D*.json (flash2 and flashd, full and causal; prefill_nv2_f
 same through --matrix-api nv2, prefill_as_built_f16_D.json the full ones with the SPIR-V as
 glslang built it), OUT/sdpa.json
 (PyTorch's SDPA on the same shapes, flash backend = FlashAttention-2) and OUT/modifiers_f16.json
-(bench --suite modifiers in fp16). A target "on the matrix path" is judged only on rows that ran
+(bench --suite modifiers in fp16), and OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the
+default matrix API and nv2), each set against the tile the engine chose. A target "on the matrix path" is judged only on rows that ran
 the cooperative-matrix kernel; a run on other tiles says so instead. The targets are for
 N = 4096 (gpu_bench.sh's shapes; --tiny's are smaller), whose N the table's first line gives.
 Prints the table (and
@@ -137,6 +138,31 @@ def evaluate(out):
                 else:
                     x = mine["ms"] / base["ms"]
                     results.append((name, "%.2fx" % x, faster if x < 1.0 else slower))
+    # The tile sizes gpu_bench.sh swept (--block-keys) against the engine's own choice on the
+    # same shape: the block_keys of flash2's full prefill row, default API or nv2.
+    for api, prefix in (("default", ""), ("nv2", "nv2_")):
+        for d in (64, 128):
+            name = "d=%d full, %s API: the engine's tile against 16, 32, 64 keys (flash2)" % (d, api)
+            swept = []
+            for path in sorted(glob.glob(os.path.join(out, "tiles_%s_%d_*.json" % (api, d)))):
+                swept += [r for r in load(path)["results"] if r["tile_layout"] == MATRIX]
+            chosen = find(prefill_rows(out, prefix), variant="flash2", d=d, causal=False)
+            if not swept or chosen is None:
+                results.append((name, "-", "no data"))
+                continue
+            if chosen["tile_layout"] != MATRIX:  # the engine's choice is other tiles
+                results.append((name, "-", "not on the matrix path (%s)" % chosen["tile_layout"]))
+                continue
+            swept.sort(key=lambda r: r["block_keys"])
+            base = find(swept, block_keys=chosen["block_keys"]) or chosen
+            measured = ", ".join("%d: %.2fx" % (r["block_keys"], r["ms"] / base["ms"])
+                                 for r in swept)
+            best = min(swept, key=lambda r: r["ms"])
+            if best["block_keys"] == chosen["block_keys"] or best["ms"] >= base["ms"]:
+                verdict = "the engine's %d keys win" % chosen["block_keys"]
+            else:
+                verdict = "%d keys win (engine: %d)" % (best["block_keys"], chosen["block_keys"])
+            results.append((name, measured, verdict))
     return results
 
 

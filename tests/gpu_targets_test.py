@@ -97,10 +97,32 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got["causal pattern as an additive mask <= 1.1x causal (flash2)"],
                          ("-", "no data"))
 
+    def test_swept_tiles_against_the_engines_choice(self):
+        # d = 128: the engine took 32 keys (2.0 ms); 64 keys run in 1.6 ms, 16 in 2.4. d = 64:
+        # the engine's 64 keys are the fastest. nv2's sweep with no nv2 prefill row: no data.
+        def swept(d, keys, ms):
+            return {"results": [row("flash2", d, ms, block_keys=keys)]}
+        files = {"prefill_f16_128.json": {"results": [row("flash2", 128, 2.0, block_keys=32)]},
+                 "prefill_f16_64.json": {"results": [row("flash2", 64, 1.0, block_keys=64)]},
+                 "tiles_default_128_16.json": swept(128, 16, 2.4),
+                 "tiles_default_128_32.json": swept(128, 32, 2.0),
+                 "tiles_default_128_64.json": swept(128, 64, 1.6),
+                 "tiles_default_64_32.json": swept(64, 32, 1.1),
+                 "tiles_default_64_64.json": swept(64, 64, 1.0),
+                 "tiles_nv2_64_64.json": swept(64, 64, 0.5)}
+        got = self.run_on(files)
+        name = "d=%d full, %s API: the engine's tile against 16, 32, 64 keys (flash2)"
+        self.assertEqual(got[name % (128, "default")],
+                         ("16: 1.20x, 32: 1.00x, 64: 0.80x", "64 keys win (engine: 32)"))
+        self.assertEqual(got[name % (64, "default")],
+                         ("32: 1.10x, 64: 1.00x", "the engine's 64 keys win"))
+        self.assertEqual(got[name % (64, "nv2")], ("-", "no data"))
+        self.assertEqual(got[name % (128, "nv2")], ("-", "no data"))
+
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 17)
+        self.assertEqual(len(got), 21)
 
 
 if __name__ == "__main__":
