@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "bench_cases.hpp"
@@ -214,6 +215,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
     const Dims& d = cases[0].dims;
     std::printf("shape: B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u\n", d.batch, d.heads, d.kv_heads,
                 d.nq, d.nk, d.d, d.dv);
+  }
+  if (const char* skip = std::getenv("FLASHVK_MATRIX_SKIP"); skip && *skip) {
+    o.matrix_skip = skip;
+    std::printf(
+        "FLASHVK_MATRIX_SKIP=%s: the matrix kernel leaves these phases out (a timing "
+        "diagnostic: its results are wrong)\n",
+        skip);
   }
   std::printf("\n");
   std::vector<Row> rows = run_cases(ctx, cases, o);

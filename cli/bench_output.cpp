@@ -114,6 +114,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
   j["flashd_rounds"] = o.flashd_rounds;
   j["cache_flush"] = o.flush;
   j["gpu_warm"] = o.gpu_warm;
+  if (!o.matrix_skip.empty()) j["matrix_skip"] = o.matrix_skip;
   Json results = Json::array();
   for (const Row& r : rows) {
     const Dims& d = r.c->dims;

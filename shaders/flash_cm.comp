@@ -92,6 +92,18 @@ layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
 layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
 layout(std430, binding = B_V) readonly buffer VBuf4 { uvec2 v4[]; };
 
+// Phases a timing diagnostic leaves out (CM_SKIP's bits, by name in FLASHVK_MATRIX_SKIP,
+// docs/performance.md), to tell where a GPU's time goes; the results are then wrong, as below:
+//   staging  no K or V is read from memory: the tiles are zeros (so S = 0, O = 0)
+//   scores   no Q K^T products: S = 0 (the softmax then weighs every seen key alike)
+//   softmax  S is not read: P = 1 (nv2's kernel: P = S, unexponentiated), the factors 1, the
+//            rows' state as it started (FlashAttention-2: O = 0, LSE = -inf)
+//   pv       no P V products, nor O's rescaling: O = 0
+const bool SKIP_STAGING = (CM_SKIP & 1u) != 0u;
+const bool SKIP_SCORES = (CM_SKIP & 2u) != 0u;
+const bool SKIP_SOFTMAX = (CM_SKIP & 4u) != 0u;
+const bool SKIP_PV = (CM_SKIP & 8u) != 0u;
+
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
 
@@ -190,13 +202,13 @@ void fetch_tile(uint kv_base, uint j0, uint n) {
     v_item(e, dim, g);
     [[unroll]] for (uint q = 0u; q < 8u; ++q) {
       uint row = key_row(kv_base, j0 + min(g * 8u + q, n - 1u));
-      v_next[i * 8u + q] = v4[row * (DV / 4u) + dim / 4u];
+      v_next[i * 8u + q] = SKIP_STAGING ? uvec2(0u) : v4[row * (DV / 4u) + dim / 4u];
     }
   }
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG;
     uint c = min(e / (D / 8u), n - 1u);
-    k_next[i] = k8[key_row(kv_base, j0 + c) * (D / 8u) + e % (D / 8u)];
+    k_next[i] = SKIP_STAGING ? uvec4(0u) : k8[key_row(kv_base, j0 + c) * (D / 8u) + e % (D / 8u)];
   }
 }
 
@@ -233,6 +245,7 @@ void store_tile() {
 CmAcc score_piece(uint n) {
   CmAcc acc;
   cm_zero(acc);
+  if (SKIP_SCORES) return acc;
   [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
     CmBt kt;  // K^T: dims down, keys across
     cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
@@ -272,6 +285,19 @@ void write_factors(float keep, float coef) {
   }
 }
 
+// Step 2 left out (SKIP_SOFTMAX): P = 1 for the lane's keys, the factors 1; no rescaling.
+bool skip_softmax() {
+  uint first = (lane() % LPR) * PART;
+  uint p_at = softmax_row() * SS + first / 2u;
+  [[unroll]] for (uint c = 0u; c < PART; c += 2u) {
+    uint at = p_at + c / 2u;
+    s_sh[block_scratch() + at / 4u][at % 4u] = 0x3c003c00u;  // two fp16 1.0
+  }
+  write_factors(1.0, 1.0);
+  block_sync();
+  return false;
+}
+
 // Step 2: the row's scores of keys j0.. (n in the tile), the parts added, the recurrence, then
 // over the block's first S P and the factors of step 3 (o <- o * keep + coef * (P V)); returns
 // whether step 3 must scale O by keep (the same in the group). `inner`:
@@ -282,6 +308,7 @@ void write_factors(float keep, float coef) {
 // head, or a window narrower than the rows, leave few). Emulated, one copy, which tests `inner`
 // at run time.
 bool tile_softmax(uint j0, uint n, bool inner) {
+  if (SKIP_SOFTMAX) return skip_softmax();
   uint first = (lane() % LPR) * PART;
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
   // Every score is read first, 4 at a time (PART is a multiple of 4): read where each is used,
@@ -356,6 +383,7 @@ void add_pv(inout CmAcc acc, uint nv) {
 // Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
 // at a time; FlashAttention-2's O is scaled only where `rescale` says (else keep is 1).
 void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
+  if (SKIP_PV) return;
 #ifdef CM_FLASH2
   // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
   if (rescale) {
@@ -452,6 +480,16 @@ void start_rows() {
 // tile_softmax's.
 void tile_row_ops(uint j0, uint n, bool inner) {
   CmAcc s[BC / CM_N], mx, sum, ref, keep, coef;
+  if (SKIP_SOFTMAX) {  // P = S, the factors 1
+    [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
+      s[c] = score_piece(c);
+      cm_to_a(p_frag[c], s[c]);
+    }
+    cm_zero(keep);
+    [[unroll]] for (int i = 0; i < cm_len(keep); ++i) CM_EL(keep, i) = 1.0;
+    accumulate(keep, keep, false);
+    return;
+  }
   [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
     s[c] = score_piece(c);
     uint in_piece = inner ? CM_INNER : n > c * CM_N ? n - c * CM_N : 0u;

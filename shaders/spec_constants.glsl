@@ -46,6 +46,9 @@ SPEC_CONSTANT(14, uint, TILE_ROWS, tile_rows, 1)
 // Cooperative matrices: the device's shape (DeviceInfo::matrix_shape), CM_M x 16 times 16 x CM_N.
 SPEC_CONSTANT(15, uint, CM_M, cm_m, 16)
 SPEC_CONSTANT(16, uint, CM_N, cm_n, 16)
+// Cooperative matrices: phases a timing diagnostic leaves out (FLASHVK_MATRIX_SKIP; flash_cm.comp's
+// SKIP_*): 0 in every real run, where the tests fold away.
+SPEC_CONSTANT(17, uint, CM_SKIP, cm_skip, 0)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

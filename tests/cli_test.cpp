@@ -521,13 +521,16 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
   // The matrix kernel's tiles (emulated where the device has no matrix units), as
   // gpu_bench.sh's sweep asks for them; a size that does not fit is refused in the words the
   // sweep reads.
-  Outcome cm = run_cli("bench --variant flash2 --nq 40 --d 16 --dtype f16 --repeat 1 "
-                       "--layout coopmat --block-keys 16");
+  Outcome cm = run_cli(
+      "bench --variant flash2 --nq 40 --d 16 --dtype f16 --repeat 1 "
+      "--layout coopmat --block-keys 16");
   ASSERT_EQ(cm.status, 0) << cm.output;
   EXPECT_NE(cm.output.find("  cooperative_matrix 64x16"), std::string::npos) << cm.output;
   // (at d = 256, 64 keys' K and V^T tiles alone take 69 KiB: more than the 48 the engine uses)
-  Outcome cm_big = run_cli("bench --variant flash2 --nq 8 --d 256 --dtype f16 --layout coopmat "
-                           "--block-keys 64 --json " + path("y.json"));
+  Outcome cm_big = run_cli(
+      "bench --variant flash2 --nq 8 --d 256 --dtype f16 --layout coopmat "
+      "--block-keys 64 --json " +
+      path("y.json"));
   EXPECT_EQ(cm_big.status, 1) << cm_big.output;
   EXPECT_NE(cm_big.output.find("bytes of shared memory with 64 keys a tile"), std::string::npos)
       << cm_big.output;
@@ -977,8 +980,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
     programs.insert(p["program"].get<std::string>());
     EXPECT_TRUE(p["statistics"].is_object());
     EXPECT_EQ(p["statistics"].empty(), !statistics) << p.dump(1);
-    ASSERT_EQ(p["spec_constants"].size(), 17u);  // shaders/spec_constants.glsl
-    for (size_t i = 0; i < 17; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    ASSERT_EQ(p["spec_constants"].size(), 18u);  // shaders/spec_constants.glsl
+    for (size_t i = 0; i < 18; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
     EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
     std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
     std::ifstream f(spv, std::ios::binary);

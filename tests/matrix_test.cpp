@@ -4,6 +4,7 @@
 // machine, lavapipe included, runs their tiles, recurrences, modifiers and user-written
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -228,6 +229,64 @@ TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
              vh = round_to_half(ragged.v);
   expect_refused([&] { attention(context(), qh, kh, vh, params, DType::f16); },
                  "takes block_keys 16, 32 or 64");
+}
+
+// FLASHVK_MATRIX_SKIP, the timing diagnostic, leaves phases of the matrix kernel out, each to
+// its closed form (flash_cm.comp, SKIP_*), in both kernels (the softmax on lanes, and in
+// matrices: nv2's, or its stand-in), FlashAttention-2, 70 keys (a partial tile): staging (K = V
+// = 0): O = 0, LSE = log 70; scores (S = 0, every key weighed alike): O the mean of V's rows,
+// LSE = log 70; softmax (the rows' state as it started): O = 0, LSE = -inf; pv: O = 0, LSE the
+// true one. A phase it does not know is refused by name. The variable is read as a pipeline is
+// built: each setting on a context of its own.
+TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
+  HostTensor q = round_to_half(random_tensor({1, 2, 20, 16}, 111)),
+             k = round_to_half(random_tensor({1, 1, 70, 16}, 112)),
+             v = round_to_half(random_tensor({1, 1, 70, 16}, 113));
+  AttentionParams params;
+  params.want_lse = true;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  reference::Result ref = reference::direct(q, k, v, params);
+  std::vector<double> zeros(ref.out.size(), 0.0), mean(ref.out.size(), 0.0);
+  for (size_t r = 0; r < 2 * 20; ++r)
+    for (int64_t c = 0; c < 16; ++c) {
+      for (int64_t j = 0; j < 70; ++j) mean[r * 16 + size_t(c)] += v.at({0, 0, j, c}) / 70.0;
+    }
+  const double log70 = std::log(70.0);
+  struct Env {  // FLASHVK_MATRIX_SKIP for the scope
+    explicit Env(const char* value) { setenv("FLASHVK_MATRIX_SKIP", value, 1); }
+    ~Env() { unsetenv("FLASHVK_MATRIX_SKIP"); }
+  };
+  const bool nv2 = context().device().nv_cooperative_matrix2;
+  for (MatrixApi api :
+       {matrix_api_of(context().device()), nv2 ? MatrixApi::nv2 : MatrixApi::emulated_nv2}) {
+    ContextOptions options = test_options();
+    options.matrix_api = api;
+    auto run = [&](const char* phases) {
+      Env env(phases);
+      Context ctx = Context::create(options);
+      HostAttentionResult gpu = attention(ctx, q, k, v, params, DType::f16);
+      EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix);
+      expect_no_validation_messages(ctx);
+      return gpu;
+    };
+    std::string name = matrix_api_name(api);
+    HostAttentionResult staging = run("staging");
+    EXPECT_EQ(max_error(staging.out.data, zeros), 0.0) << name;
+    for (float lse : staging.lse.data) EXPECT_NEAR(lse, log70, 1e-5) << name;
+    HostAttentionResult scores = run("scores");
+    EXPECT_LE(max_error(scores.out.data, mean), 1e-5) << name;
+    for (float lse : scores.lse.data) EXPECT_NEAR(lse, log70, 1e-5) << name;
+    HostAttentionResult softmax = run("softmax");
+    EXPECT_EQ(max_error(softmax.out.data, zeros), 0.0) << name;
+    for (float lse : softmax.lse.data) EXPECT_EQ(lse, -INFINITY) << name;
+    HostAttentionResult pv = run("pv");
+    EXPECT_EQ(max_error(pv.out.data, zeros), 0.0) << name;
+    EXPECT_LE(max_lse_error(pv.lse.data, ref.lse), 2e-5) << name;
+  }
+  Env unknown("scores,exp");
+  Context ctx = Context::create(test_options());
+  expect_refused([&] { attention(ctx, q, k, v, params, DType::f16); },
+                 "FLASHVK_MATRIX_SKIP: 'exp' is not a phase of the matrix kernel");
 }
 
 // Intel's shapes, emulated (ContextOptions::emulated_matrix_shape): 8 rows a matrix, so twice the

@@ -2,11 +2,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "flashvk/context.hpp"
@@ -695,6 +697,41 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
   return UINT32_MAX;
 }
 
+namespace {
+
+// The phases of the matrix kernel FLASHVK_MATRIX_SKIP names (comma-separated), as CM_SKIP's bits
+// (shaders/flash_cm.comp, SKIP_*): a diagnostic that times the kernel without them, to tell where
+// a GPU's time goes (scripts/gpu_bench.sh); its results are wrong. 0 where it is unset or empty.
+uint32_t matrix_phases_skipped() {
+  const char* env = std::getenv("FLASHVK_MATRIX_SKIP");
+  if (!env || !*env) return 0;
+  static const std::pair<std::string_view, uint32_t> kPhases[] = {
+      {"staging", 1}, {"scores", 2}, {"softmax", 4}, {"pv", 8}};
+  uint32_t bits = 0;
+  std::string_view rest = env;
+  while (true) {
+    std::string_view name = rest.substr(0, rest.find(','));
+    auto it = std::find_if(std::begin(kPhases), std::end(kPhases),
+                           [&](const auto& phase) { return phase.first == name; });
+    if (it == std::end(kPhases))
+      throw Error("FLASHVK_MATRIX_SKIP: '" + std::string(name) +
+                  "' is not a phase of the matrix kernel (staging, scores, softmax, pv, "
+                  "separated by commas)");
+    bits |= it->second;
+    if (name.size() == rest.size()) return bits;
+    rest.remove_prefix(name.size() + 1);
+  }
+}
+
+}  // namespace
+
+std::array<uint32_t, spec_id::count> driver_constants(const Spec& spec) {
+  std::array<uint32_t, spec_id::count> values = spec.constants();
+  if (spec.layout == TileLayout::cooperative_matrix)
+    values[spec_id::cm_skip] = matrix_phases_skipped();
+  return values;
+}
+
 std::vector<uint32_t> ContextImpl::driver_spirv(const ShaderBlob& blob) const {
   std::vector<uint32_t> words(blob.words, blob.words + blob.bytes / 4);
   if (!spirv_as_built()) coherence_at_barriers(words);
@@ -725,7 +762,7 @@ VkPipeline ContextImpl::pipeline(const ShaderBlob& blob, const Spec& spec,
     check(vkCreateShaderModule(device, &module_info, nullptr, &module), "vkCreateShaderModule");
     objects_created();
   }
-  std::array<uint32_t, spec_id::count> values = spec.constants();
+  std::array<uint32_t, spec_id::count> values = driver_constants(spec);
   std::array<VkSpecializationMapEntry, spec_id::count> entries{};
   for (uint32_t i = 0; i < values.size(); ++i) entries[i] = {i, i * 4u, 4u};
   VkSpecializationInfo spec_info{static_cast<uint32_t>(values.size()), entries.data(),

@@ -212,8 +212,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
                     dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
                     (asked || params.hints.block_keys == 0);
-  bool fits =
-      shape_fits && coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys) > 0;
+  bool fits = shape_fits &&
+              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys) > 0;
   if (asked) {
     if (api == MatrixApi::none)
       throw Error(
@@ -222,24 +222,26 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           "shaderFloat16) or ContextOptions::matrix_api emulated; " +
           info.name + " has none enabled");
     if (keys != 0 && keys != 16 && keys != 32 && keys != 64)
-      throw Error("tile_layout cooperative_matrix takes block_keys 16, 32 or 64 (0: the "
-                  "engine's choice), got " + std::to_string(keys));
+      throw Error(
+          "tile_layout cooperative_matrix takes block_keys 16, 32 or 64 (0: the "
+          "engine's choice), got " +
+          std::to_string(keys));
     if (!shape_fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "Q, K and V with d and dv multiples of 16 up to " + std::to_string(whole) +
-          ", or of 32 up to " + std::to_string(2 * whole) + " (" +
-          matrix_shape_name(shape) + " matrices), and rows a workgroup chosen by the engine "
+          "Q, K and V with d and dv multiples of 16 up to " +
+          std::to_string(whole) + ", or of 32 up to " + std::to_string(2 * whole) + " (" +
+          matrix_shape_name(shape) +
+          " matrices), and rows a workgroup chosen by the engine "
           "(block_rows 0)");
     if (!fits) {
       const uint32_t tried = keys ? keys : 16;  // the engine's least
-      throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
-                  ", dv=" + std::to_string(dims.dv) + " needs " +
-                  std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api,
-                                               params.variant)) +
-                  " bytes of shared memory with " + std::to_string(tried) +
-                  " keys a tile; this device or max_shared_memory allows " +
-                  std::to_string(shared_bytes));
+      throw Error(
+          "tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
+          ", dv=" + std::to_string(dims.dv) + " needs " +
+          std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api, params.variant)) +
+          " bytes of shared memory with " + std::to_string(tried) +
+          " keys a tile; this device or max_shared_memory allows " + std::to_string(shared_bytes));
     }
     return !trace;  // traces record from the shared-memory kernels
   }
@@ -557,10 +559,9 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
-                           params.hints.tile_layout == TileLayout::cooperative_matrix
-                               ? params.hints.block_keys
-                               : 0);
+    spec.bc = coopmat_keys(
+        info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
+        params.hints.tile_layout == TileLayout::cooperative_matrix ? params.hints.block_keys : 0);
     return spec;
   }
   if (!forced_keys) {

@@ -153,6 +153,11 @@ struct Spec {
   }
 };
 
+/// The constants a pipeline of `spec` is created with: its own, but for the matrix kernel's
+/// CM_SKIP, which FLASHVK_MATRIX_SKIP sets (a timing diagnostic; context.cpp). Throws Error
+/// naming a phase that variable names and the kernel does not have.
+std::array<uint32_t, spec_id::count> driver_constants(const Spec& spec);
+
 /// The bindings of the one descriptor set layout every kernel uses, from shaders/bindings.glsl:
 /// kQ, kK, ... (kTrace, kTileBits and kChunksDone share binding 8, by build).
 enum Binding : uint32_t {
