@@ -3,28 +3,32 @@
 # lent a GPU for a while: every step's table goes to OUT/log.txt as it finishes, so a lease that
 # ends early keeps what ran. Files:
 #   log.txt             every table, each under the command that printed it, and its exit status
-#   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
-#   decode_warm.json    flushed before each run, and back to back (--warm-cache)
+# in the order they are made (issue #43's first):
 #   prefill_f16_D.json  fp16 prefill, flash2 and flashd, N=4096, at d = D: 64, 128 and 256;
 #                       causal in prefill_f16_D_causal.json; prefill_nv2_f16_D*.json the same
-#                       through --matrix-api nv2 (d <= 128), where the device has it;
-#                       prefill_as_built_f16_D.json flash2's full shapes (d <= 128) with
-#                       the SPIR-V as glslang built it (FLASHVK_SPIRV_AS_BUILT=1)
+#                       through --matrix-api nv2 (d <= 128), where the device has it
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
 #   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
 #                       costs, and its skip of hidden tiles: the sparse-mask row)
+#   prefill_as_built_f16_D.json  flash2's full shapes (d <= 128) with the SPIR-V as glslang
+#                       built it (FLASHVK_SPIRV_AS_BUILT=1)
+#   tiles_API_D_K.json  the matrix kernel at K = 16, 32 and 64 keys a tile (--block-keys),
+#                       flash2 at d = 64 and 128, in the default API and nv2 (API)
+#   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP;
+#                       none: nothing, the whole kernel)
+#   targets.txt         issue #43's targets, each measured and met or not; nv2, the SPIR-V as
+#                       built and the tiles against the default; the phases' share
+#                       (gpu_targets.py, run once the files it reads are written)
+#   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
+#   decode_warm.json    flushed before each run, and back to back (--warm-cache); sdpa_decode.json
+#                       PyTorch's SDPA on them
 #   decode_kv.json      decoding over 65536 keys with K and V in f16, q8_0 and q4_0 (vs_base)
 #   modifiers_f32.json  the same in fp32, at the suite's N=2048
 #   suite.json          bench --suite standard --peak (register blocks and fp16 arithmetic
 #                       included where the engine picks them)
 #   pipelines.json      flashvk pipelines --suite kernels: the driver's statistics
 #                       (pipelines_nv2.json: with --matrix-api nv2, where the device has it)
-#   tiles_API_D_K.json  the matrix kernel at K = 16, 32 and 64 keys a tile (--block-keys),
-#                       flash2 at d = 64 and 128, in the default API and nv2 (API)
-#   targets.txt         issue #43's targets, each measured and met or not, nv2 and the
-#                       SPIR-V as built against the default (gpu_targets.py, run once the
-#                       files it reads are written)
 # Usage: scripts/gpu_bench.sh [--tiny] [OUT]   (OUT defaults to out/gpu). --tiny: small shapes
 # and none of the fixed suites, a dry run of the script on any device (lavapipe) in a minute.
 # Environment: $FLASHVK the binary (default build/flashvk); $STEP_TIMEOUT the seconds one step
@@ -106,31 +110,7 @@ prefill=(--variant flash2,flashd "${prefill_shape[@]}")
 longest=${decode_keys[${#decode_keys[@]}-1]}
 
 step devices
-# Issue #44: decoding against ggml's 15 and 43 us at 4096 and 16384 keys (warm, back to back),
-# 80% of the read bandwidth at 65536 keys; cold (caches flushed) and warm, each shape's rows into
-# one JSON, for sdpa_bench.py to time PyTorch on the same shapes.
 json_files=()
-for cache in cold warm; do
-  rows=()
-  for nk in "${decode_keys[@]}"; do
-    flags=(--variant splitkv --nk "$nk" "${decode[@]}" --dtype f16 "${peak[@]}"
-      --json "$out/decode_${cache}_$nk.json")
-    [[ $cache == warm ]] && flags+=(--warm-cache)
-    [[ $cache == cold && $nk == "${decode_keys[0]}" ]] && flags+=(--check)  # and its error
-    step bench "${flags[@]}"
-    rows+=("$out/decode_${cache}_$nk.json")
-  done
-  # The shapes' rows in one file (decode_cold.json, decode_warm.json).
-  if command -v python3 >/dev/null; then
-    python3 - "$out/decode_$cache.json" "${rows[@]}" <<'EOF' && rm -f "${rows[@]}"
-import json, sys
-docs = [json.load(open(p)) for p in sys.argv[2:]]
-docs[0]["results"] = [r for d in docs for r in d["results"]]
-json.dump(docs[0], open(sys.argv[1], "w"), indent=1)
-EOF
-    json_files+=("$out/decode_$cache.json")
-  fi
-done
 # Issue #43's shapes: flash2 and flashd (within 5%), full and causal (<= 0.6x full's time).
 for d in "${prefill_d[@]}"; do
   for mask in full causal; do
@@ -208,11 +188,58 @@ for api in default nv2; do
     done
   done
 done
-# Issue #43's targets, judged from the files so far: prefill, sdpa, modifiers_f16 and the tiles
-# (targets.txt).
+# Issue #43: where the matrix kernel's time goes: flash2 (the engine's tiles) with phases left
+# out (FLASHVK_MATRIX_SKIP, flash_cm.comp's SKIP_*: staging K and V, the Q K^T products, the
+# softmax, the P V products; the last run all four, the loop's skeleton), for gpu_targets.py to
+# set against the whole kernel's time (none: the same run with nothing left out).
+for d in "${prefill_d[@]}"; do
+  ((d > 128)) && continue
+  for phases in none staging scores softmax pv scores,pv staging,scores,softmax,pv; do
+    skip="$phases"
+    [[ $phases == none ]] && skip=""  # the whole kernel, with the same flags
+    run_step "FLASHVK_MATRIX_SKIP=$skip flashvk bench ... --d $d (a timing diagnostic)" \
+      env FLASHVK_MATRIX_SKIP="$skip" "$bin" bench --variant flash2 "${prefill_shape[@]}" \
+      --d "$d" --dtype f16 --layout coopmat --json "$out/skip_${d}_${phases//,/+}.json"
+  done
+done
+# Issue #43's targets, judged from the files so far: prefill, sdpa, modifiers_f16, the tiles and
+# the phases (targets.txt).
 if command -v python3 >/dev/null; then
   run_step "gpu_targets.py (issue #43's targets: measured, met or not)" \
     python3 "$root/scripts/gpu_targets.py" "$out" --out "$out/targets.txt"
+fi
+# Issue #44: decoding against ggml's 15 and 43 us at 4096 and 16384 keys (warm, back to back),
+# 80% of the read bandwidth at 65536 keys; cold (caches flushed) and warm, each shape's rows into
+# one JSON, for sdpa_bench.py to time PyTorch on the same shapes.
+decode_files=()
+for cache in cold warm; do
+  rows=()
+  for nk in "${decode_keys[@]}"; do
+    flags=(--variant splitkv --nk "$nk" "${decode[@]}" --dtype f16 "${peak[@]}"
+      --json "$out/decode_${cache}_$nk.json")
+    [[ $cache == warm ]] && flags+=(--warm-cache)
+    [[ $cache == cold && $nk == "${decode_keys[0]}" ]] && flags+=(--check)  # and its error
+    step bench "${flags[@]}"
+    rows+=("$out/decode_${cache}_$nk.json")
+  done
+  # The shapes' rows in one file (decode_cold.json, decode_warm.json).
+  if command -v python3 >/dev/null; then
+    python3 - "$out/decode_$cache.json" "${rows[@]}" <<'EOF' && rm -f "${rows[@]}"
+import json, sys
+docs = [json.load(open(p)) for p in sys.argv[2:]]
+docs[0]["results"] = [r for d in docs for r in d["results"]]
+json.dump(docs[0], open(sys.argv[1], "w"), indent=1)
+EOF
+    decode_files+=("$out/decode_$cache.json")
+  fi
+done
+if command -v python3 >/dev/null; then
+  present=()
+  for f in "${decode_files[@]}"; do [[ -s "$f" ]] && present+=("$f"); done
+  if ((${#present[@]})); then
+    run_step "sdpa_bench.py (PyTorch SDPA on the decoding shapes; flashvk's time over theirs)" \
+      python3 "$root/scripts/sdpa_bench.py" "${present[@]}" --json "$out/sdpa_decode.json"
+  fi
 fi
 step bench --variant splitkv --nk "$longest" "${decode[@]}" --dtype f16 --kv-dtype f16,q8_0,q4_0 \
   --json "$out/decode_kv.json"

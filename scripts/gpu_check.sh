@@ -21,6 +21,7 @@
 #   GLX and EGL dispatchers), unpacked into BIN/lib and used only where the system lacks them.
 # Environment: SHARDS (processes, default the cores), TEST_TIMEOUT (seconds the suite may take,
 # default 210), BUDGET (seconds for the whole script, default 340), BENCH=0 to skip gpu_bench.sh,
+# SUITE=0 to skip the suite (a lease's first call: the measurements first, the suite after),
 # TINY=1 for its small shapes (a dry run on lavapipe, with GTEST_FILTER naming a few tests).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -86,45 +87,53 @@ export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
 } >"$out/system.txt" 2>&1
 cat "$out/system.txt"
 
-# The suite (scripts/shards.sh): flashvk_tests over most cores, the CLI's tests (each starts
-# flashvk processes) over a quarter, all at once.
-rm -rf "$out/tests" "$out/rerun"  # an earlier run's shards and reruns
-cli_shards=$(((shards + 3) / 4))
-engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
-summary="$out/tests.txt"
-echo "gpu_check: $((engine_shards + cli_shards)) test processes, at most $test_timeout s"
-JOBS=$((engine_shards + cli_shards)) SHARD_TIMEOUT="$test_timeout" bash "$root/scripts/shards.sh" \
-  "$out/tests" "$bin/flashvk_tests:$engine_shards" "$bin/flashvk_cli_tests:$cli_shards"
-suite_status=$?
-cp "$out/tests/summary.txt" "$summary"
+suite_status=0
+if [[ "${SUITE:-1}" == 0 ]]; then
+  echo "gpu_check: the suite skipped (SUITE=0)"
+else
+  # The suite (scripts/shards.sh): flashvk_tests over most cores, the CLI's tests (each starts
+  # flashvk processes) over a quarter, all at once.
+  rm -rf "$out/tests" "$out/rerun"  # an earlier run's shards and reruns
+  cli_shards=$(((shards + 3) / 4))
+  engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
+  summary="$out/tests.txt"
+  echo "gpu_check: $((engine_shards + cli_shards)) test processes, at most $test_timeout s"
+  JOBS=$((engine_shards + cli_shards)) SHARD_TIMEOUT="$test_timeout" \
+    bash "$root/scripts/shards.sh" \
+    "$out/tests" "$bin/flashvk_tests:$engine_shards" "$bin/flashvk_cli_tests:$cli_shards"
+  suite_status=$?
+  cp "$out/tests/summary.txt" "$summary"
 
-# Failed tests again (shards.sh's rerun lists: a crashed or cut-off process gives the test it
-# ended in too), each binary's in one process, twice: with the SPIR-V as glslang built it
-# (FLASHVK_SPIRV_AS_BUILT=1: no coherence_at_barriers, engine/src/spirv.hpp), then as they ran
-# (the control: alone on the GPU now). Passing as built and failing as they ran puts the fault
-# on the rewrite. A run takes at most 120 s, and half of what is left of the budget (none under
-# 15 s).
-mkdir -p "$out/rerun"
-for binary in flashvk_tests flashvk_cli_tests; do
-  [[ -s "$out/tests/rerun-$binary.txt" ]] || continue
-  filter=$(sort -u "$out/tests/rerun-$binary.txt" | paste -sd: -)
-  for run in as-built control; do
-    t=$(((budget - SECONDS - 5) / 2))
-    ((t > 120)) && t=120
-    if ((t < 15)); then
-      echo "$binary's failed tests, $run: skipped, out of time" | tee -a "$summary"
-      continue
-    fi
-    rerun="$out/rerun/$binary-$run.txt"
-    env_as_built=()
-    [[ $run == as-built ]] && env_as_built=(FLASHVK_SPIRV_AS_BUILT=1)
-    env "${env_as_built[@]}" timeout "$t" "$bin/$binary" --gtest_filter="$filter" >"$rerun" 2>&1
-    status=$?
-    echo "$binary's failed tests, $run${env_as_built[*]:+ (${env_as_built[*]})}: exit $status," \
-      "$(grep -c '^\[       OK \]' "$rerun") passed," \
-      "$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$rerun") failed ($rerun)" | tee -a "$summary"
+  # Failed tests again (shards.sh's rerun lists: a crashed or cut-off process gives the test it
+  # ended in too), each binary's in one process, twice: with the SPIR-V as glslang built it
+  # (FLASHVK_SPIRV_AS_BUILT=1: no coherence_at_barriers, engine/src/spirv.hpp), then as they ran
+  # (the control: alone on the GPU now). Passing as built and failing as they ran puts the fault
+  # on the rewrite. A run takes at most 120 s, and half of what is left of the budget (none under
+  # 15 s).
+  mkdir -p "$out/rerun"
+  for binary in flashvk_tests flashvk_cli_tests; do
+    [[ -s "$out/tests/rerun-$binary.txt" ]] || continue
+    filter=$(sort -u "$out/tests/rerun-$binary.txt" | paste -sd: -)
+    for run in as-built control; do
+      t=$(((budget - SECONDS - 5) / 2))
+      ((t > 120)) && t=120
+      if ((t < 15)); then
+        echo "$binary's failed tests, $run: skipped, out of time" | tee -a "$summary"
+        continue
+      fi
+      rerun="$out/rerun/$binary-$run.txt"
+      env_as_built=()
+      [[ $run == as-built ]] && env_as_built=(FLASHVK_SPIRV_AS_BUILT=1)
+      env "${env_as_built[@]}" timeout "$t" "$bin/$binary" --gtest_filter="$filter" >"$rerun" 2>&1
+      status=$?
+      echo "$binary's failed tests, $run${env_as_built[*]:+ (${env_as_built[*]})}: exit $status," \
+        "$(grep -c '^\[       OK \]' "$rerun") passed," \
+        "$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$rerun") failed ($rerun)" |
+        tee -a "$summary"
+    done
   done
-done
+
+fi
 
 # The measurements, in what is left of the budget.
 left=$((budget - SECONDS))
@@ -137,6 +146,10 @@ else
   [[ "${TINY:-0}" == 1 ]] && tiny=(--tiny)
   FLASHVK="$bin/flashvk" BUDGET=$left bash "$root/scripts/gpu_bench.sh" "${tiny[@]}" "$out/bench"
 fi
-echo "gpu_check: the suite $( ((suite_status == 0)) && echo passed || echo failed);" \
-  "$out/tests.txt, $out/bench/log.txt"
+if [[ "${SUITE:-1}" == 0 ]]; then
+  echo "gpu_check: the suite skipped; $out/bench/log.txt"
+else
+  echo "gpu_check: the suite $( ((suite_status == 0)) && echo passed || echo failed);" \
+    "$out/tests.txt, $out/bench/log.txt"
+fi
 exit $((suite_status != 0))

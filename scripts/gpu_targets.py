@@ -7,7 +7,8 @@ same through --matrix-api nv2, prefill_as_built_f16_D.json the full ones with th
 glslang built it), OUT/sdpa.json
 (PyTorch's SDPA on the same shapes, flash backend = FlashAttention-2) and OUT/modifiers_f16.json
 (bench --suite modifiers in fp16), and OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the
-default matrix API and nv2), each set against the tile the engine chose. A target "on the matrix path" is judged only on rows that ran
+default matrix API and nv2), each set against the tile the engine chose, and
+OUT/skip_D_PHASES.json (flash2 with phases of the matrix kernel left out). A target "on the matrix path" is judged only on rows that ran
 the cooperative-matrix kernel; a run on other tiles says so instead. The targets are for
 N = 4096 (gpu_bench.sh's shapes; --tiny's are smaller), whose N the table's first line gives.
 Prints the table (and
@@ -163,6 +164,22 @@ def evaluate(out):
             else:
                 verdict = "%d keys win (engine: %d)" % (best["block_keys"], chosen["block_keys"])
             results.append((name, measured, verdict))
+    # Where the matrix kernel's time goes: flash2 with phases left out (FLASHVK_MATRIX_SKIP),
+    # against the whole kernel in the same flags (skip_D_none.json).
+    for d in (64, 128):
+        path = os.path.join(out, "skip_%d_none.json" % d)
+        whole = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
+        for path in sorted(glob.glob(os.path.join(out, "skip_%d_*.json" % d))):
+            phases = os.path.basename(path)[len("skip_%d_" % d):-len(".json")].replace("+", ",")
+            if phases == "none":
+                continue
+            name = "d=%d full: flash2 without %s (FLASHVK_MATRIX_SKIP)" % (d, phases)
+            row = find(load(path)["results"], variant="flash2")
+            if row is None or whole is None:
+                results.append((name, "-", "no data"))
+            else:
+                results.append((name, "%.2fx (%.3f ms)" % (row["ms"] / whole["ms"], row["ms"]),
+                                "of the whole kernel's time"))
     return results
 
 

@@ -119,6 +119,19 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got[name % (64, "nv2")], ("-", "no data"))
         self.assertEqual(got[name % (128, "nv2")], ("-", "no data"))
 
+    def test_skipped_phases_against_the_whole_kernel(self):
+        files = {"skip_128_none.json": {"results": [row("flash2", 128, 2.0)]},
+                 "skip_128_softmax.json": {"results": [row("flash2", 128, 0.5)]},
+                 "skip_128_scores+pv.json": {"results": [row("flash2", 128, 1.5)]},
+                 "skip_64_pv.json": {"results": [row("flash2", 64, 0.4)]}}
+        got = self.run_on(files)
+        name = "d=%d full: flash2 without %s (FLASHVK_MATRIX_SKIP)"
+        self.assertEqual(got[name % (128, "softmax")],
+                         ("0.25x (0.500 ms)", "of the whole kernel's time"))
+        self.assertEqual(got[name % (128, "scores,pv")],
+                         ("0.75x (1.500 ms)", "of the whole kernel's time"))
+        self.assertEqual(got[name % (64, "pv")], ("-", "no data"))  # no whole run at d = 64
+
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
