@@ -12,8 +12,9 @@
 
 namespace flashvk::cli {
 
-Context open_device(const Args& args) {
+Context open_device(const Args& args, const std::string& matrix_skip) {
   ContextOptions options;
+  options.matrix_skip = matrix_skip;
   options.device = static_cast<int>(args.integer("device", -1, 0, 1 << 20));
   options.matrix_api = parse_matrix_api(args.text("matrix-api", "auto"));
   options.pipeline_cache_path = default_pipeline_cache();
@@ -185,7 +186,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
-  Context ctx = open_device(args);
+  const char* skip = std::getenv("FLASHVK_MATRIX_SKIP");  // a timing diagnostic
+  o.matrix_skip = skip ? skip : "";
+  Context ctx = open_device(args, o.matrix_skip);
   if (o.gpu_warm < 0) o.gpu_warm = ctx.device().type == "cpu" ? 0.0 : 1.0;
   if (o.layout == TileLayout::cooperative_matrix && ctx.handles().matrix_api == MatrixApi::none)
     throw Error(
@@ -216,13 +219,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::printf("shape: B=%u H=%u Hkv=%u Nq=%u Nk=%u d=%u dv=%u\n", d.batch, d.heads, d.kv_heads,
                 d.nq, d.nk, d.d, d.dv);
   }
-  if (const char* skip = std::getenv("FLASHVK_MATRIX_SKIP"); skip && *skip) {
-    o.matrix_skip = skip;
+  if (!o.matrix_skip.empty())
     std::printf(
         "FLASHVK_MATRIX_SKIP=%s: the matrix kernel leaves these phases out (a timing "
         "diagnostic: its results are wrong)\n",
-        skip);
-  }
+        o.matrix_skip.c_str());
   std::printf("\n");
   std::vector<Row> rows = run_cases(ctx, cases, o);
   if (args.has("json")) write_text(args.text("json"), json(ctx.device(), o, rows));

@@ -14,7 +14,9 @@ class Args;
 /// The context every subcommand runs on: --device (default: Context::create's choice) and the
 /// pipeline cache; with flashvk::flex built, user-written functions (--score-mod, --mask-mod)
 /// enabled.
-Context open_device(const Args& args);
+/// The context of --device and --matrix-api (and ContextOptions::matrix_skip: a timing
+/// diagnostic, FLASHVK_MATRIX_SKIP, which only bench passes).
+Context open_device(const Args& args, const std::string& matrix_skip = "");
 /// `flashvk bench --decode-loop` (decode_loop.cpp): one token a step over a growing KV cache,
 /// recorded once; host and GPU time per step and the objects created after the first. Exits 1
 /// if a step after the first created a Vulkan object or changed the device memory.

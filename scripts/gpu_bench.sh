@@ -13,10 +13,10 @@
 #                       costs, and its skip of hidden tiles: the sparse-mask row)
 #   prefill_as_built_f16_D.json  flash2's full shapes (d <= 128) with the SPIR-V as glslang
 #                       built it (FLASHVK_SPIRV_AS_BUILT=1)
-#   tiles_API_D_K.json  the matrix kernel at K = 16, 32 and 64 keys a tile (--block-keys),
+#   tiles_API_D_KEYS.json  the matrix kernel at 16, 32 and 64 KEYS a tile (--block-keys),
 #                       flash2 at d = 64 and 128, in the default API and nv2 (API)
-#   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP;
-#                       none: nothing, the whole kernel)
+#   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP,
+#                       its commas as +; none: nothing, the whole kernel)
 #   targets.txt         issue #43's targets, each measured and met or not; nv2, the SPIR-V as
 #                       built and the tiles against the default; the phases' share
 #                       (gpu_targets.py, run once the files it reads are written)
@@ -52,6 +52,8 @@ fi
 mkdir -p "$out"
 log="$out/log.txt"
 : >"$log"
+# What an earlier run wrote here, so that nothing of it is read as this run's.
+rm -f "$out"/{prefill,tiles,skip,decode,modifiers,sdpa,suite,pipelines}*.json "$out/targets.txt"
 echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u)" >>"$log"
 
 failed=0

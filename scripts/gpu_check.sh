@@ -21,7 +21,8 @@
 #   GLX and EGL dispatchers), unpacked into BIN/lib and used only where the system lacks them.
 # Environment: SHARDS (processes, default the cores), TEST_TIMEOUT (seconds the suite may take,
 # default 210), BUDGET (seconds for the whole script, default 340), BENCH=0 to skip gpu_bench.sh,
-# SUITE=0 to skip the suite (a lease's first call: the measurements first, the suite after),
+# SUITE=0 to skip the suite (a lease's first call, BUDGET=590: the measurements first; a second
+# call, BENCH=0, runs the suite),
 # TINY=1 for its small shapes (a dry run on lavapipe, with GTEST_FILTER naming a few tests).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -88,6 +89,7 @@ export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
 cat "$out/system.txt"
 
 suite_status=0
+summary="$out/tests.txt"
 if [[ "${SUITE:-1}" == 0 ]]; then
   echo "gpu_check: the suite skipped (SUITE=0)"
 else
@@ -96,7 +98,6 @@ else
   rm -rf "$out/tests" "$out/rerun"  # an earlier run's shards and reruns
   cli_shards=$(((shards + 3) / 4))
   engine_shards=$((shards > cli_shards ? shards - cli_shards : 1))
-  summary="$out/tests.txt"
   echo "gpu_check: $((engine_shards + cli_shards)) test processes, at most $test_timeout s"
   JOBS=$((engine_shards + cli_shards)) SHARD_TIMEOUT="$test_timeout" \
     bash "$root/scripts/shards.sh" \

@@ -4,15 +4,15 @@ run measured, and met / NOT MET / no data.
 
 Reads OUT/prefill_f16_D*.json (flash2 and flashd, full and causal; prefill_nv2_f16_D*.json the
 same through --matrix-api nv2, prefill_as_built_f16_D.json the full ones with the SPIR-V as
-glslang built it), OUT/sdpa.json
-(PyTorch's SDPA on the same shapes, flash backend = FlashAttention-2) and OUT/modifiers_f16.json
-(bench --suite modifiers in fp16), and OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the
-default matrix API and nv2), each set against the tile the engine chose, and
-OUT/skip_D_PHASES.json (flash2 with phases of the matrix kernel left out). A target "on the matrix path" is judged only on rows that ran
-the cooperative-matrix kernel; a run on other tiles says so instead. The targets are for
-N = 4096 (gpu_bench.sh's shapes; --tiny's are smaller), whose N the table's first line gives.
-Prints the table (and
-writes it to --out); exits 0 whatever the verdicts, 2 where OUT cannot be read.
+glslang built it), OUT/sdpa.json (PyTorch's SDPA on the same shapes, flash backend =
+FlashAttention-2), OUT/modifiers_f16.json (bench --suite modifiers in fp16),
+OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the default matrix API and nv2), each
+set against the tile the engine chose, and OUT/skip_D_PHASES.json (flash2 with phases of the
+matrix kernel left out; skip_D_none.json: the whole kernel, which the others are set against). A
+target "on the matrix path" is judged only on rows that ran the cooperative-matrix kernel; a run
+on other tiles says so instead. The targets are for N = 4096 (gpu_bench.sh's shapes; --tiny's
+are smaller), whose N the table's first line gives. Prints the table (and writes it to --out);
+exits 0 whatever the verdicts, 2 where OUT cannot be read.
 
 Usage: scripts/gpu_targets.py OUT [--out FILE]
 """
@@ -143,7 +143,8 @@ def evaluate(out):
     # same shape: the block_keys of flash2's full prefill row, default API or nv2.
     for api, prefix in (("default", ""), ("nv2", "nv2_")):
         for d in (64, 128):
-            name = "d=%d full, %s API: the engine's tile against 16, 32, 64 keys (flash2)" % (d, api)
+            name = ("d=%d full, %s API: the engine's tile against 16, 32, 64 keys (flash2)"
+                    % (d, api))
             swept = []
             for path in sorted(glob.glob(os.path.join(out, "tiles_%s_%d_*.json" % (api, d)))):
                 swept += [r for r in load(path)["results"] if r["tile_layout"] == MATRIX]

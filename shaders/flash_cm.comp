@@ -58,23 +58,6 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 // in the same ones; padding made the kernel 2.5x faster on an H100).
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
 const uint VTS = BC + 8u;                    // V^T tile: a head dim's row of keys, fp16
-// A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
-// in its first BC / 2 words and the factors keep and coef (CM_N fp32 each; keep alone for
-// FlashAttention-2) after them. With the softmax in matrices (nv2) no S nor P passes through it:
-// a row is the factors' columns (out_scale's, at the end), over which the output's pieces go.
-// (The host's coopmat_bytes counts the same.)
-#ifdef CM_FLASH2
-const uint FACTORS = 1u;  // keep alone: FlashAttention-2's coef is 1
-#else
-const uint FACTORS = 2u;
-#endif
-#if defined(CM_NV2) || defined(CM_EMULATE_NV2)
-const uint FC = 0u;                     // where the factors start, in fp32
-const uint SS = FACTORS * CM_N + 4u;
-#else
-const uint FC = BC / 2u;
-const uint SS = (BC > FC + FACTORS * CM_N ? BC : FC + FACTORS * CM_N) + 4u;
-#endif
 const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
 const uint VB = BC * KS;                     // where the V^T tile starts, in fp16 values
 
@@ -85,20 +68,21 @@ const uint VB = BC * KS;                     // where the V^T tile starts, in fp
 const uint KV_TILES = BC * KS + DV * VTS;                               // fp16
 const uint KV_SIZE = KV_TILES > WG_ROWS * KS ? KV_TILES : WG_ROWS * KS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
-shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors, the output
 
 // Q and K eight fp16 values at a time, V four (d and dv are multiples of 16).
 layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
 layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
 layout(std430, binding = B_V) readonly buffer VBuf4 { uvec2 v4[]; };
 
-// Phases a timing diagnostic leaves out (CM_SKIP's bits, by name in FLASHVK_MATRIX_SKIP,
-// docs/performance.md), to tell where a GPU's time goes; the results are then wrong, as below:
-//   staging  no K or V is read from memory: the tiles are zeros (so S = 0, O = 0)
-//   scores   no Q K^T products: S = 0 (the softmax then weighs every seen key alike)
-//   softmax  S is not read: P = 1 (nv2's kernel: P = S, unexponentiated), the factors 1, the
-//            rows' state as it started (FlashAttention-2: O = 0, LSE = -inf)
-//   pv       no P V products, nor O's rescaling: O = 0
+// Phases a timing diagnostic leaves out (CM_SKIP's bits: ContextOptions::matrix_skip, by name;
+// docs/performance.md), to tell where a GPU's time goes; the results are then wrong, as below.
+// What a phase's results fed goes too where nothing else reads it (the compiler's doing):
+//   staging  no K or V is read from memory: the tiles stored are zeros (so S = 0, O = 0)
+//   scores   no Q K^T products (nor Q's matrices): S = 0, every seen key weighed alike
+//   softmax  S is not read: P = 1 (nv2's kernel: P = S, unscaled and unmasked), the factors 1,
+//            the rows' state as it started (FlashAttention-2: O = 0, LSE = -inf)
+//   pv       no P V products, nor O's rescaling (nor the reads of P and the factors, nor nv2's
+//            conversion of P): O = 0
 const bool SKIP_STAGING = (CM_SKIP & 1u) != 0u;
 const bool SKIP_SCORES = (CM_SKIP & 2u) != 0u;
 const bool SKIP_SOFTMAX = (CM_SKIP & 4u) != 0u;
@@ -106,6 +90,25 @@ const bool SKIP_PV = (CM_SKIP & 8u) != 0u;
 
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
+
+// A group's scratch row: its S (BC fp32); a block's first group's also takes, over S, P (BC fp16)
+// in its first BC / 2 words and the factors keep and coef (CM_N fp32 each; keep alone for
+// FlashAttention-2) after them. With the softmax in matrices (nv2) no S nor P passes through it:
+// a row is the factors' columns (out_scale's, at the end), over which the output's pieces go.
+// (The host's coopmat_bytes counts the same.) end_rows() passes the state through it too.
+#ifdef CM_FLASH2
+const uint FACTORS = 1u;  // keep alone: FlashAttention-2's coef is 1
+#else
+const uint FACTORS = 2u;
+#endif
+#ifdef CM_ROW_OPS  // (coopmat.glsl)
+const uint FC = 0u;                     // where the factors start, in fp32
+const uint SS = FACTORS * CM_N + 4u;
+#else
+const uint FC = BC / 2u;
+const uint SS = (BC > FC + FACTORS * CM_N ? BC : FC + FACTORS * CM_N) + 4u;
+#endif
+shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors; the output
 
 CmA q_frag[QD / 16u];     // the group's head dims of its block's queries
 CmA p_frag[BC / 16u];     // the tile's P (step 2), as left operands of P V

@@ -526,7 +526,7 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
       "--layout coopmat --block-keys 16");
   ASSERT_EQ(cm.status, 0) << cm.output;
   EXPECT_NE(cm.output.find("  cooperative_matrix 64x16"), std::string::npos) << cm.output;
-  // (at d = 256, 64 keys' K and V^T tiles alone take 69 KiB: more than the 48 the engine uses)
+  // (at d = 256, 64 keys' K and V^T tiles alone take 69 KiB; the engine uses 48 KiB at most)
   Outcome cm_big = run_cli(
       "bench --variant flash2 --nq 8 --d 256 --dtype f16 --layout coopmat "
       "--block-keys 64 --json " +

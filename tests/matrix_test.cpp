@@ -4,9 +4,9 @@
 // machine, lavapipe included, runs their tiles, recurrences, modifiers and user-written
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
 #include <cmath>
-#include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -231,13 +231,15 @@ TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
                  "takes block_keys 16, 32 or 64");
 }
 
-// FLASHVK_MATRIX_SKIP, the timing diagnostic, leaves phases of the matrix kernel out, each to
-// its closed form (flash_cm.comp, SKIP_*), in both kernels (the softmax on lanes, and in
-// matrices: nv2's, or its stand-in), FlashAttention-2, 70 keys (a partial tile): staging (K = V
-// = 0): O = 0, LSE = log 70; scores (S = 0, every key weighed alike): O the mean of V's rows,
-// LSE = log 70; softmax (the rows' state as it started): O = 0, LSE = -inf; pv: O = 0, LSE the
-// true one. A phase it does not know is refused by name. The variable is read as a pipeline is
-// built: each setting on a context of its own.
+// ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP in bench), the timing diagnostic, leaves
+// phases of the matrix kernel out, each to its closed form (flash_cm.comp, SKIP_*). In both
+// kernels (the softmax on lanes, and in matrices: nv2's, or its stand-in), FlashAttention-2, 70
+// keys: staging (K = V = 0): O = 0, LSE = log 70; scores (S = 0, every key weighed alike): O the
+// mean of V's rows, LSE = log 70; softmax (the rows' state as it started): O = 0, LSE = -inf; pv:
+// O = 0, LSE the true one. The softmax's P = 1 and factors 1 show in FLASH-D, whose output is not
+// divided: in 16-key tiles O is the sum of every tile's 16 keys' V, the last tile's 6 keys and
+// 10 more copies of key 69 (what a tile holds past its keys), unsplit (d = 16) and split (d =
+// 160: 4 keys a softmax lane, two groups a block). A phase it does not know is refused by name.
 TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
   HostTensor q = round_to_half(random_tensor({1, 2, 20, 16}, 111)),
              k = round_to_half(random_tensor({1, 1, 70, 16}, 112)),
@@ -246,47 +248,65 @@ TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
   params.want_lse = true;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   reference::Result ref = reference::direct(q, k, v, params);
-  std::vector<double> zeros(ref.out.size(), 0.0), mean(ref.out.size(), 0.0);
-  for (size_t r = 0; r < 2 * 20; ++r)
-    for (int64_t c = 0; c < 16; ++c) {
-      for (int64_t j = 0; j < 70; ++j) mean[r * 16 + size_t(c)] += v.at({0, 0, j, c}) / 70.0;
-    }
-  const double log70 = std::log(70.0);
-  struct Env {  // FLASHVK_MATRIX_SKIP for the scope
-    explicit Env(const char* value) { setenv("FLASHVK_MATRIX_SKIP", value, 1); }
-    ~Env() { unsetenv("FLASHVK_MATRIX_SKIP"); }
+  // Per query row (2 heads of 20), each of V's columns summed with a weight per key.
+  auto weighed = [](const HostTensor& values, auto weight) {
+    int64_t dv = values.shape[3];
+    std::vector<double> out(size_t(2 * 20 * dv), 0.0);
+    for (size_t r = 0; r < 2 * 20; ++r)
+      for (int64_t c = 0; c < dv; ++c)
+        for (int64_t j = 0; j < 70; ++j)
+          out[r * size_t(dv) + size_t(c)] += weight(j) * values.at({0, 0, j, c});
+    return out;
   };
+  const std::vector<double> zeros(ref.out.size(), 0.0),
+      mean = weighed(v, [](int64_t) { return 1.0 / 70.0; });
+  const double log70 = std::log(70.0);
   const bool nv2 = context().device().nv_cooperative_matrix2;
-  for (MatrixApi api :
-       {matrix_api_of(context().device()), nv2 ? MatrixApi::nv2 : MatrixApi::emulated_nv2}) {
+  auto run = [&](MatrixApi api, const char* phases, const HostTensor& qq, const HostTensor& kk,
+                 const HostTensor& vv, const AttentionParams& p) {
     ContextOptions options = test_options();
     options.matrix_api = api;
-    auto run = [&](const char* phases) {
-      Env env(phases);
-      Context ctx = Context::create(options);
-      HostAttentionResult gpu = attention(ctx, q, k, v, params, DType::f16);
-      EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix);
-      expect_no_validation_messages(ctx);
-      return gpu;
-    };
+    options.matrix_skip = phases;
+    Context ctx = Context::create(options);
+    HostAttentionResult gpu = attention(ctx, qq, kk, vv, p, DType::f16);
+    EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix);
+    expect_no_validation_messages(ctx);
+    return gpu;
+  };
+  for (MatrixApi api : {matrix_api_of(context().device()),
+                        nv2 ? MatrixApi::nv2 : MatrixApi::emulated_nv2}) {
     std::string name = matrix_api_name(api);
-    HostAttentionResult staging = run("staging");
+    HostAttentionResult staging = run(api, "staging", q, k, v, params);
     EXPECT_EQ(max_error(staging.out.data, zeros), 0.0) << name;
     for (float lse : staging.lse.data) EXPECT_NEAR(lse, log70, 1e-5) << name;
-    HostAttentionResult scores = run("scores");
+    HostAttentionResult scores = run(api, "scores", q, k, v, params);
     EXPECT_LE(max_error(scores.out.data, mean), 1e-5) << name;
     for (float lse : scores.lse.data) EXPECT_NEAR(lse, log70, 1e-5) << name;
-    HostAttentionResult softmax = run("softmax");
+    HostAttentionResult softmax = run(api, "softmax", q, k, v, params);
     EXPECT_EQ(max_error(softmax.out.data, zeros), 0.0) << name;
     for (float lse : softmax.lse.data) EXPECT_EQ(lse, -INFINITY) << name;
-    HostAttentionResult pv = run("pv");
+    HostAttentionResult pv = run(api, "pv", q, k, v, params);
     EXPECT_EQ(max_error(pv.out.data, zeros), 0.0) << name;
     EXPECT_LE(max_lse_error(pv.lse.data, ref.lse), 2e-5) << name;
   }
-  Env unknown("scores,exp");
-  Context ctx = Context::create(test_options());
-  expect_refused([&] { attention(ctx, q, k, v, params, DType::f16); },
-                 "FLASHVK_MATRIX_SKIP: 'exp' is not a phase of the matrix kernel");
+  AttentionParams flashd = params;
+  flashd.variant = Variant::flashd;
+  flashd.hints.block_keys = 16;
+  auto ones = [](int64_t j) { return j == 69 ? 11.0 : 1.0; };  // key 69 and its 10 copies
+  HostTensor q160 = round_to_half(random_tensor({1, 2, 20, 160}, 114)),
+             k160 = round_to_half(random_tensor({1, 1, 70, 160}, 115)),
+             v96 = round_to_half(random_tensor({1, 1, 70, 96}, 116));
+  for (auto [qq, kk, vv] : {std::tie(q, k, v), std::tie(q160, k160, v96)}) {
+    std::string what = "FLASH-D, d = " + std::to_string(qq.shape[3]);
+    HostAttentionResult sums = run(matrix_api_of(context().device()), "softmax", qq, kk, vv, flashd);
+    EXPECT_EQ(sums.block_keys, 16u) << what;
+    EXPECT_LE(max_error(sums.out.data, weighed(vv, ones)), 1e-3) << what;
+    for (float lse : sums.lse.data) EXPECT_EQ(lse, -INFINITY) << what;
+  }
+  ContextOptions unknown = test_options();
+  unknown.matrix_skip = "scores,exp";
+  expect_refused([&] { Context::create(unknown); },
+                 "matrix_skip (FLASHVK_MATRIX_SKIP): 'exp' is not a phase of the matrix kernel");
 }
 
 // Intel's shapes, emulated (ContextOptions::emulated_matrix_shape): 8 rows a matrix, so twice the

@@ -699,36 +699,31 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
 
 namespace {
 
-// The phases of the matrix kernel FLASHVK_MATRIX_SKIP names (comma-separated), as CM_SKIP's bits
-// (shaders/flash_cm.comp, SKIP_*): a diagnostic that times the kernel without them, to tell where
-// a GPU's time goes (scripts/gpu_bench.sh); its results are wrong. 0 where it is unset or empty.
-uint32_t matrix_phases_skipped() {
-  const char* env = std::getenv("FLASHVK_MATRIX_SKIP");
-  if (!env || !*env) return 0;
+// ContextOptions::matrix_skip as CM_SKIP's bits (shaders/flash_cm.comp, SKIP_*).
+uint32_t matrix_phases(const std::string& names) {
   static const std::pair<std::string_view, uint32_t> kPhases[] = {
       {"staging", 1}, {"scores", 2}, {"softmax", 4}, {"pv", 8}};
   uint32_t bits = 0;
-  std::string_view rest = env;
-  while (true) {
+  std::string_view rest = names;
+  while (!rest.empty()) {
     std::string_view name = rest.substr(0, rest.find(','));
     auto it = std::find_if(std::begin(kPhases), std::end(kPhases),
                            [&](const auto& phase) { return phase.first == name; });
     if (it == std::end(kPhases))
-      throw Error("FLASHVK_MATRIX_SKIP: '" + std::string(name) +
+      throw Error("ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP): '" + std::string(name) +
                   "' is not a phase of the matrix kernel (staging, scores, softmax, pv, "
                   "separated by commas)");
     bits |= it->second;
-    if (name.size() == rest.size()) return bits;
-    rest.remove_prefix(name.size() + 1);
+    rest.remove_prefix(std::min(rest.size(), name.size() + 1));
   }
+  return bits;
 }
 
 }  // namespace
 
-std::array<uint32_t, spec_id::count> driver_constants(const Spec& spec) {
+std::array<uint32_t, spec_id::count> ContextImpl::driver_constants(const Spec& spec) const {
   std::array<uint32_t, spec_id::count> values = spec.constants();
-  if (spec.layout == TileLayout::cooperative_matrix)
-    values[spec_id::cm_skip] = matrix_phases_skipped();
+  if (spec.layout == TileLayout::cooperative_matrix) values[spec_id::cm_skip] = matrix_skip;
   return values;
 }
 
@@ -1028,6 +1023,7 @@ Context::~Context() = default;
 Context Context::create(const ContextOptions& options) {
   auto impl = std::make_unique<detail::ContextImpl>();
   impl->owns = true;
+  impl->matrix_skip = detail::matrix_phases(options.matrix_skip);  // before any Vulkan object
   // Vulkan 1.1, or 1.3 for nv2's kernels (SPIR-V 1.6).
   impl->instance = detail::make_instance(
       impl.get(), options.validation,

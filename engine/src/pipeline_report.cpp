@@ -186,7 +186,7 @@ std::vector<PipelineDescription> describe_pipelines(Context& ctx, const Pipeline
       p.block_rows = c.spec.block();
       p.block_keys = c.spec.bc;
     }
-    auto values = detail::driver_constants(c.spec);
+    auto values = impl.driver_constants(c.spec);
     for (uint32_t id = 0; id < values.size(); ++id) p.spec_constants.emplace_back(id, values[id]);
     p.spec_names = spec_names();
     if (call.only && !call.only(p)) continue;

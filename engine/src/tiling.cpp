@@ -194,6 +194,12 @@ bool matrix_hardware(const DeviceInfo& info) {
   return !(coopmat_shape(info) == kMatrixShapes[2] && info.type != "discrete");
 }
 
+// The keys a tile of the cooperative-matrix kernel the call asks for (block_keys where it asks
+// for the layout; elsewhere block_keys asks for shared tiles), 0 for the engine's choice.
+uint32_t asked_matrix_keys(const AttentionParams& params) {
+  return params.hints.tile_layout == TileLayout::cooperative_matrix ? params.hints.block_keys : 0;
+}
+
 // The cooperative-matrix kernel where it is asked for, or by default wherever it runs on matrix
 // units (emulated, only where it is asked for). d and dv are multiples of 16 up to
 // coopmat_whole_dims (128; 64 on Arc), or of 32 up to twice that (a split block's groups take
@@ -205,9 +211,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const uint32_t whole = coopmat_whole_dims(shape);
   uint32_t multiple = 16 * coopmat_split(shape, dims.d, dims.dv);
   const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
-  // block_keys sizes the kernel's tiles where the call asks for it; elsewhere it asks for
-  // shared tiles.
-  const uint32_t keys = asked ? params.hints.block_keys : 0;
+  const uint32_t keys = asked_matrix_keys(params);
   bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
                     dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
@@ -241,7 +245,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           ", dv=" + std::to_string(dims.dv) + " needs " +
           std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api, params.variant)) +
           " bytes of shared memory with " + std::to_string(tried) +
-          " keys a tile; this device or max_shared_memory allows " + std::to_string(shared_bytes));
+          " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
+          " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
     }
     return !trace;  // traces record from the shared-memory kernels
   }
@@ -559,9 +564,8 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    spec.bc = coopmat_keys(
-        info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
-        params.hints.tile_layout == TileLayout::cooperative_matrix ? params.hints.block_keys : 0);
+    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
+                           asked_matrix_keys(params));
     return spec;
   }
   if (!forced_keys) {

@@ -153,11 +153,6 @@ struct Spec {
   }
 };
 
-/// The constants a pipeline of `spec` is created with: its own, but for the matrix kernel's
-/// CM_SKIP, which FLASHVK_MATRIX_SKIP sets (a timing diagnostic; context.cpp). Throws Error
-/// naming a phase that variable names and the kernel does not have.
-std::array<uint32_t, spec_id::count> driver_constants(const Spec& spec);
-
 /// The bindings of the one descriptor set layout every kernel uses, from shaders/bindings.glsl:
 /// kQ, kK, ... (kTrace, kTileBits and kChunksDone share binding 8, by build).
 enum Binding : uint32_t {
@@ -194,6 +189,7 @@ struct ContextImpl {
   // (LP_MAX_TGSI_LOOP_ITERATIONS); plans keep under it there.
   bool loop_limited = false;
   bool clear_unroll = false;  // testing::clear_unroll_hints_on_llvmpipe, on llvmpipe
+  uint32_t matrix_skip = 0;   // ContextOptions::matrix_skip as CM_SKIP's bits
   VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
   DeviceInfo info;
   VkPhysicalDeviceMemoryProperties memory{};
@@ -234,6 +230,9 @@ struct ContextImpl {
   /// The SPIR-V the driver gets for `blob` (spirv.hpp's coherence_at_barriers, unless
   /// spirv_as_built(); the tests' unroll hints aside): the pipeline report's.
   std::vector<uint32_t> driver_spirv(const ShaderBlob& blob) const;
+  /// The constants a pipeline of `spec` is created with: its own, but for the matrix kernels'
+  /// CM_SKIP, which is the context's (ContextOptions::matrix_skip): the pipeline report's too.
+  std::array<uint32_t, spec_id::count> driver_constants(const Spec& spec) const;
   /// The pipeline of the embedded build `blob` with these constants, built once and cached.
   VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec);
   VkPipeline pipeline(const ShaderBlob& blob, const Spec& spec,

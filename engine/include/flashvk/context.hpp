@@ -167,6 +167,11 @@ struct ContextOptions {
   /// (DeviceInfo::matrix_shape), else 16x16x16 by 32. Another shape, or one set where the
   /// context's matrix API is not emulated, throws Error.
   MatrixShape emulated_matrix_shape;
+  /// A timing diagnostic, never for results: phases the matrix kernels leave out, by name and
+  /// separated by commas (staging, scores, softmax, pv; docs/performance.md), to tell where a
+  /// GPU's time goes; their outputs are then wrong. Empty: none. Another name throws Error.
+  /// (`flashvk bench` takes it from the environment variable FLASHVK_MATRIX_SKIP.)
+  std::string matrix_skip;
 };
 
 /// Handles of an application's own Vulkan objects. The engine never destroys any of them.
