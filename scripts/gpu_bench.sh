@@ -169,8 +169,10 @@ for d in "${prefill_d[@]}"; do
 done
 # Issue #43: the matrix kernel's tiles, which this GPU's default should take: flash2 at 16, 32
 # and 64 keys a tile (--layout coopmat --block-keys), d <= 128, in the context's own API (khr on
-# NVIDIA) and nv2's where the device has it. A size the shared memory cannot hold is refused by
-# the engine and said so here, not counted as failed. gpu_targets.py sets each against the
+# NVIDIA) and nv2's where the device has it; where the K and V^T tiles do not fit beside each
+# other (khr at d = 128, 64 keys, in 48 KiB) V^T takes K's place after the scores (V_IN_K). A
+# size the shared memory cannot hold is refused by the engine and said so here, not counted as
+# failed. gpu_targets.py sets each against the
 # engine's own choice.
 for api in default nv2; do
   [[ $api == nv2 ]] && ((!has_nv2)) && continue

@@ -59,13 +59,16 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
 const uint VTS = BC + 8u;                    // V^T tile: a head dim's row of keys, fp16
 const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
-const uint VB = BC * KS;                     // where the V^T tile starts, in fp16 values
+const uint VB = V_IN_K ? 0u : BC * KS;       // where the V^T tile starts, in fp16 values
 
-// K tile, then V^T tile (the queries pass through the same space first, so at least WG_ROWS
-// rows of KS). Past the tile's n keys each piece repeats its last key: those keys' scores are
-// -inf (tile_softmax's `seen`), their weights exactly 0, so what K and V hold there is never used
-// (zeros there cost a select a value where every tile but the last has none past it).
-const uint KV_TILES = BC * KS + DV * VTS;                               // fp16
+// K tile, then V^T tile, or V^T in K's place once the scores are done (V_IN_K: a tile twice as long
+// in about the same space, for two more barriers a tile); the queries pass through the same space
+// first, so at least WG_ROWS rows of KS. Past the tile's n keys each piece repeats its last key:
+// those keys' scores are -inf (tile_softmax's `seen`), their weights exactly 0, so what K and V
+// hold there is never used (zeros there cost a select a value where every tile but the last has
+// none past it).
+const uint KV_TILES = V_IN_K ? (BC * KS > DV * VTS ? BC * KS : DV * VTS)
+                             : BC * KS + DV * VTS;  // fp16
 const uint KV_SIZE = KV_TILES > WG_ROWS * KS ? KV_TILES : WG_ROWS * KS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
 
@@ -198,7 +201,7 @@ void v_item(uint e, out uint dim, out uint g) {
 // here, was waited for at once (RADV), so that the loads overlapped neither each other nor the
 // products. Where WG does not divide the V items (d = 64, 80, 96 at 32 keys), invocations
 // past them skip their last item: those loads stay under a condition that differs between lanes.
-void fetch_tile(uint kv_base, uint j0, uint n) {
+void fetch_v(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
     if (VITEMS % WG != 0u && e >= VITEMS) continue;  // (store_tile skips it)
@@ -208,11 +211,17 @@ void fetch_tile(uint kv_base, uint j0, uint n) {
       v_next[i * 8u + q] = SKIP_STAGING ? uvec2(0u) : v4[row * (DV / 4u) + dim / 4u];
     }
   }
+}
+void fetch_k(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG;
     uint c = min(e / (D / 8u), n - 1u);
     k_next[i] = SKIP_STAGING ? uvec4(0u) : k8[key_row(kv_base, j0 + c) * (D / 8u) + e % (D / 8u)];
   }
+}
+void fetch_tile(uint kv_base, uint j0, uint n) {
+  fetch_v(kv_base, j0, n);
+  fetch_k(kv_base, j0, n);
 }
 
 // Keys 2 p and 2 p + 1 of V item i's head dim h (0 .. 3), as one word of fp16 values.
@@ -226,12 +235,14 @@ uint v_pair(uint i, uint p, uint h) {
 // pieces evenly (WG divides them, as K's do in every shape at d = 128), no invocation skips
 // any: the test folds away once the constants are known, and with it the branch, at whose end
 // RADV waited for each store.
-void store_tile() {
+void store_k() {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
     if ((BC * D / 8u) % WG == 0u || e < BC * D / 8u)
       kv_sh[c * KS / 8u + e % (D / 8u)] = k_next[i];
   }
+}
+void store_v() {
   [[unroll]] for (uint i = 0u; i < VQ; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
     v_item(e, dim, g);
@@ -240,6 +251,18 @@ void store_tile() {
       kv_sh[(VB + (dim + h) * VTS) / 8u + g] =
           uvec4(v_pair(i, 0u, h), v_pair(i, 1u, h), v_pair(i, 2u, h), v_pair(i, 3u, h));
   }
+}
+void store_tile() {
+  store_k();
+  store_v();
+}
+// With V in K's place (V_IN_K): V^T goes over K once every group has its scores (from
+// accumulate(), before the P V products; uniform flow).
+void v_turn() {
+  if (!V_IN_K) return;
+  barrier();  // every group is done with K
+  store_v();
+  barrier();
 }
 
 // Step 1: this group's part of its block's scores against the tile (over its head dims),
@@ -386,6 +409,7 @@ void add_pv(inout CmAcc acc, uint nv) {
 // Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
 // at a time; FlashAttention-2's O is scaled only where `rescale` says (else keep is 1).
 void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
+  v_turn();
   if (SKIP_PV) return;
 #ifdef CM_FLASH2
   // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
@@ -624,10 +648,18 @@ void main() {
   while (j0 < end) {
     uint n = min(BC, end - j0);
     barrier();  // every group is done with the previous tile
-    store_tile();
+    if (V_IN_K)
+      store_k();  // V^T after the scores (v_turn)
+    else
+      store_tile();
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
-    if (next < end) fetch_tile(kv_base, next, min(BC, end - next));
+    if (next < end) {
+      if (V_IN_K)
+        fetch_k(kv_base, next, min(BC, end - next));  // V's once this tile's is stored
+      else
+        fetch_tile(kv_base, next, min(BC, end - next));
+    }
     bool inner = n == BC && j0 >= inner_lo && j0 + BC <= inner_hi;  // the same in the workgroup
 #ifdef CM_ROW_OPS
     tile_row_ops(j0, n, inner);
@@ -644,6 +676,7 @@ void main() {
 #endif
     tile_accumulate(rescale);
 #endif
+    if (V_IN_K && next < end) fetch_v(kv_base, next, min(BC, end - next));
     j0 = next;
   }
 #ifdef CM_ROW_OPS

@@ -49,6 +49,10 @@ SPEC_CONSTANT(16, uint, CM_N, cm_n, 16)
 // Cooperative matrices: phases a timing diagnostic leaves out (FLASHVK_MATRIX_SKIP; flash_cm.comp's
 // SKIP_*): 0 in every real run, where the tests fold away.
 SPEC_CONSTANT(17, uint, CM_SKIP, cm_skip, 0)
+// Cooperative matrices: V^T takes K's place in shared memory once the scores are done (longer
+// tiles in the same space; flash_cm.comp's V_IN_K), where a call asks for keys a tile that do
+// not fit beside each other.
+SPEC_CONSTANT(18, bool, V_IN_K, v_in_k, false)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

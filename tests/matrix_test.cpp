@@ -205,7 +205,8 @@ TEST_F(MatrixTest, LongHeadDimsSplitEachRowBlockOverTwoGroups) {
 // block_keys sizes the tiles where the call asks for the matrix layout (what a tuning sweep
 // varies; elsewhere the engine chooses): the ragged case (the engine's choice there is 64 keys)
 // in FlashAttention-2 at 16 keys a tile and FLASH-D at 32, then in the kernel that keeps the
-// softmax in matrices at 16; another size is refused by name.
+// softmax in matrices at 16; 64 keys where only V^T in K's place fits them; another size is
+// refused by name.
 TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
   Case ragged = ragged_case(101);
   AttentionParams& params = ragged.params;
@@ -223,6 +224,26 @@ TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
                            softmax_matrices_context())
                 .block_keys,
             16u);
+  // 64 keys at d = 64 in 32 KiB, which K and V^T beside each other would pass (35-36 KiB): V^T
+  // in K's place (V_IN_K), causal and GQA; the nv2 kernel's in 24 KiB (beside each other 27-32
+  // KiB). (FlashAttention-2 alone: each build takes llvmpipe half a minute.)
+  HostTensor q64 = random_tensor({1, 4, 70, 64}, 104), k64 = random_tensor({1, 2, 150, 64}, 105),
+             v64 = random_tensor({1, 2, 150, 64}, 106);
+  AttentionParams over;
+  over.want_lse = true;
+  over.mods.causal = true;
+  over.hints.block_keys = 64;
+  for (auto [ctx, shared] : {std::pair{&context(), 32u}, std::pair{&softmax_matrices_context(), 24u}}) {
+    over.hints.max_shared_memory = shared * 1024;
+    std::string what = "V in K's place, " + std::to_string(shared) + " KiB";
+    EXPECT_EQ(expect_matches(q64, k64, v64, over, what, *ctx).block_keys, 64u) << what;
+    AttentionParams described = over;
+    described.hints.tile_layout = TileLayout::cooperative_matrix;
+    std::vector<PipelineDescription> pipes = describe_pipelines(
+        *ctx, PipelineCall{1, 4, 2, 70, 150, 64, 64, described, DType::f16});
+    ASSERT_FALSE(pipes.empty());
+    EXPECT_EQ(pipes[0].spec_constants.at(18).second, 1u) << what << ": V_IN_K";
+  }
   params.hints.block_keys = 24;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   HostTensor qh = round_to_half(ragged.q), kh = round_to_half(ragged.k),

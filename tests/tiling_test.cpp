@@ -231,10 +231,11 @@ TEST(TilingTest, AmdMatrixTilesLeaveFourSubgroupsASimd) {
 
 // block_keys sizes the matrix kernel's tiles where the call asks for that layout: 16, 32 or 64
 // keys within the shared memory, the engine's caps aside (a tuning sweep's). At d = 128 on 48
-// KiB, 64 keys (K 64 x 136 and V^T 128 x 72 fp16, 64 rows of 68 floats of scratch: 52 KiB) do
-// not fit the kernel whose softmax runs on lanes; nv2's, whose scratch is only the output's
-// pieces and out_scale (64 rows of 20 floats) beside the workgroup's rows (64 x 16 words), takes
-// them by itself (44 KiB). Asked for without the layout, block_keys asks for shared tiles.
+// KiB, 64 keys (K 64 x 136 and V^T 128 x 72 fp16, 64 rows of 68 floats of scratch: 52 KiB) fit
+// the kernel whose softmax runs on lanes only with V^T in K's place; nv2's, whose scratch is
+// only the output's pieces and out_scale (64 rows of 20 floats) beside the workgroup's rows (64
+// x 16 words), takes them by itself (44 KiB). Asked for without the layout, block_keys asks for
+// shared tiles.
 TEST(TilingTest, MatrixTilesTakeTheKeysACallAsksFor) {
   Dims prefill128 = dims(8, 8, 4096, 4096, 128, 128);
   auto asked = [&](const DeviceInfo& info, uint32_t keys, uint32_t shared = 0) {
@@ -253,10 +254,19 @@ TEST(TilingTest, MatrixTilesTakeTheKeysACallAsksFor) {
   EXPECT_EQ(asked(kH100, 0).bc, 32u);
   EXPECT_EQ(asked(kH100, 16).bc, 16u);
   EXPECT_EQ(asked(kH100, 32).bc, 32u);
-  uint32_t k64 = 2 * (64 * 136 + 128 * 72) + 64 * 4 * 68 + 64;
+  EXPECT_FALSE(asked(kH100, 32).v_in_k);
+  // 64 keys beside each other would take 52 KiB; V^T in K's place (the larger of K's 64 x 136
+  // and V^T's 128 x 72) 35 KiB: asked for, the kernel takes them so.
+  uint32_t k64 = 2 * (64 * 136 + 128 * 72) + 64 * 4 * 68 + 64,
+           v_in_k = 2 * (128 * 72) + 64 * 4 * 68 + 64;
   EXPECT_GT(k64, 48u * 1024);
-  expect_refused([&] { asked(kH100, 64); },
-                 ("needs " + std::to_string(k64) + " bytes of shared memory with 64 keys").c_str());
+  Spec over = asked(kH100, 64);
+  EXPECT_EQ(over.bc, 64u);
+  EXPECT_TRUE(over.v_in_k);
+  EXPECT_FALSE(tiling(kH100, prefill128, Variant::flash2, DType::f16).v_in_k);  // not unasked
+  expect_refused(
+      [&] { asked(kH100, 64, 32 * 1024); },
+      ("needs " + std::to_string(v_in_k) + " bytes of shared memory with 64 keys").c_str());
   expect_refused([&] { asked(kH100, 48); }, "takes block_keys 16, 32 or 64");
   expect_refused([&] { asked(kH100, 16, 16384); }, "the kernels may take 16384 (the least of");
   DeviceInfo nv2 = kH100;

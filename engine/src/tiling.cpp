@@ -140,8 +140,9 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 // pieces and the out_scale column at the end (2 n words, or n). Every row is padded by 16 bytes,
 // as in the shader; emulated, coopmat.glsl's exchange takes a float an invocation more (9 with
 // nv2's stand-in), and nv2 keeps the workgroup's rows (common.glsl's Row, 11 words, taken as 16).
+// `v_in_k`: V^T takes K's place once the scores are done (V_IN_K), so the larger of the two.
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
-                       MatrixApi api, Variant variant) {
+                       MatrixApi api, Variant variant, bool v_in_k = false) {
   const uint32_t wg = coopmat_workgroup(shape);
   const uint32_t split = coopmat_split(shape, d, dv);
   api = coopmat_kernel_api(api, split);
@@ -152,13 +153,23 @@ uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint
   uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
   // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
   const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
-  uint32_t kv = 2 * std::max(keys * (d + 8) + dv * (keys + 8), rows * (d + 8));  // K, V^T
+  uint32_t k = keys * (d + 8), vt = dv * (keys + 8);  // K and V^T, fp16
+  uint32_t kv = 2 * std::max(v_in_k ? std::max(k, vt) : k + vt, rows * (d + 8));
   uint32_t row = in_matrices ? factors * shape.n : std::max(keys, keys / 2 + factors * shape.n);
   return kv + kMatrixRows * 4 * (row + 4) + exchange + 64;
 }
 
+// The cooperative-matrix kernel's tiles: keys a tile, 0 where none fits, and whether V^T takes
+// K's place (V_IN_K).
+struct MatrixTile {
+  uint32_t keys = 0;
+  bool v_in_k = false;
+};
+
 // Keys per tile of the cooperative-matrix kernel: `asked` (block_keys: 16, 32 or 64) where it
-// fits the shared memory, else 0; or, with `asked` 0, the engine's choice: the most of 64, 32 and
+// fits the shared memory, K and V^T beside each other, else with V^T in K's place (which only a
+// call that asks for a tile size gets, until a GPU has timed it), else 0; or, with `asked` 0,
+// the engine's choice: the most of 64, 32 and
 // 16 that fit (coopmat_bytes) and keep these bounds, 0 if none does. A lane holds at most what it
 // does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
 // registers during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4
@@ -167,8 +178,8 @@ uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint
 // a tile of more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
 // (NVIDIA: registers bound these kernels) the most keys that fit.
-uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
-                      MatrixApi api, Variant variant, uint32_t asked = 0) {
+MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
+                        MatrixApi api, Variant variant, uint32_t asked = 0) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
   const uint32_t split = coopmat_split(shape, d, dv);
@@ -180,9 +191,11 @@ uint32_t coopmat_keys(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d,
     bool prefetch = k_items + 4 * v_items <= 16 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
-    if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return keys;
+    if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
+    if (asked && coopmat_bytes(shape, keys, d, dv, api, variant, true) <= shared_bytes)
+      return {keys, true};
   }
-  return 0;
+  return {};
 }
 
 // Whether the device's matrix units are hardware the default should take. Intel's integrated
@@ -217,7 +230,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                     dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
                     (asked || params.hints.block_keys == 0);
   bool fits = shape_fits &&
-              coopmat_keys(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys) > 0;
+              coopmat_tile(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys).keys > 0;
   if (asked) {
     if (api == MatrixApi::none)
       throw Error(
@@ -243,7 +256,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
       throw Error(
           "tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
           ", dv=" + std::to_string(dims.dv) + " needs " +
-          std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api, params.variant)) +
+          std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api, params.variant,
+                                       keys != 0)) +
           " bytes of shared memory with " + std::to_string(tried) +
           " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
           " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
@@ -564,8 +578,10 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    spec.bc = coopmat_keys(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
-                           asked_matrix_keys(params));
+    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.matrix,
+                                   params.variant, asked_matrix_keys(params));
+    spec.bc = tile.keys;
+    spec.v_in_k = tile.v_in_k;
     return spec;
   }
   if (!forced_keys) {
