@@ -143,17 +143,22 @@ else
   echo "== nv2: skipped: the device lacks VK_NV_cooperative_matrix2 (flashvk devices)" |
     tee -a "$log"
 fi
-# Issue #43: PyTorch's SDPA (flash and cuDNN) on the same shapes, where there is torch and CUDA.
-if command -v python3 >/dev/null; then
-  present=()
-  for f in "${json_files[@]}"; do [[ -s "$f" ]] && present+=("$f"); done
-  if ((${#present[@]})); then
-    run_step "sdpa_bench.py (PyTorch SDPA on the same shapes; flashvk's time over theirs)" \
-      python3 "$root/scripts/sdpa_bench.py" "${present[@]}" --json "$out/sdpa.json"
+# PyTorch's SDPA (flash and cuDNN) on the shapes of those of the files (after OUT) that were
+# written, where there is torch and CUDA (scripts/sdpa_bench.py), into OUT.
+sdpa_step() {
+  local json="$1" present=() f
+  shift
+  if ! command -v python3 >/dev/null; then
+    echo "== sdpa_bench: skipped: no python3" | tee -a "$log"
+    return
   fi
-else
-  echo "== sdpa_bench: skipped: no python3" | tee -a "$log"
-fi
+  for f in "$@"; do [[ -s "$f" ]] && present+=("$f"); done
+  ((${#present[@]})) || return
+  run_step "sdpa_bench.py (PyTorch SDPA on the same shapes; flashvk's time over theirs)" \
+    python3 "$root/scripts/sdpa_bench.py" "${present[@]}" --json "$json"
+}
+# Issue #43: the anchor, FlashAttention-2, on the prefill shapes.
+sdpa_step "$out/sdpa.json" "${json_files[@]}"
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at the longest length (targets: q8_0 <= 0.7x, q4_0 <= 0.5x fp16).
 step bench --suite modifiers --dtype f16 "${shape[@]}" --json "$out/modifiers_f16.json"
@@ -237,14 +242,7 @@ EOF
     decode_files+=("$out/decode_$cache.json")
   fi
 done
-if command -v python3 >/dev/null; then
-  present=()
-  for f in "${decode_files[@]}"; do [[ -s "$f" ]] && present+=("$f"); done
-  if ((${#present[@]})); then
-    run_step "sdpa_bench.py (PyTorch SDPA on the decoding shapes; flashvk's time over theirs)" \
-      python3 "$root/scripts/sdpa_bench.py" "${present[@]}" --json "$out/sdpa_decode.json"
-  fi
-fi
+sdpa_step "$out/sdpa_decode.json" "${decode_files[@]}"
 step bench --variant splitkv --nk "$longest" "${decode[@]}" --dtype f16 --kv-dtype f16,q8_0,q4_0 \
   --json "$out/decode_kv.json"
 # Issue #34: a document mask written as a mask_mod, 8 documents of 512 at N=4096 (causal within
