@@ -252,9 +252,10 @@ void store_v() {
           uvec4(v_pair(i, 0u, h), v_pair(i, 1u, h), v_pair(i, 2u, h), v_pair(i, 3u, h));
   }
 }
+// K, and V^T unless it goes over K once the scores are done (V_IN_K: v_turn).
 void store_tile() {
   store_k();
-  store_v();
+  if (!V_IN_K) store_v();
 }
 // With V in K's place (V_IN_K): V^T goes over K once every group has its scores (from
 // accumulate(), before the P V products; uniform flow).
@@ -648,17 +649,12 @@ void main() {
   while (j0 < end) {
     uint n = min(BC, end - j0);
     barrier();  // every group is done with the previous tile
-    if (V_IN_K)
-      store_k();  // V^T after the scores (v_turn)
-    else
-      store_tile();
+    store_tile();
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
-    if (next < end) {
-      if (V_IN_K)
-        fetch_k(kv_base, next, min(BC, end - next));  // V's once this tile's is stored
-      else
-        fetch_tile(kv_base, next, min(BC, end - next));
+    if (next < end) {  // with V_IN_K, V's loads once this tile's V^T is stored (below)
+      if (!V_IN_K) fetch_v(kv_base, next, min(BC, end - next));
+      fetch_k(kv_base, next, min(BC, end - next));
     }
     bool inner = n == BC && j0 >= inner_lo && j0 + BC <= inner_hi;  // the same in the workgroup
 #ifdef CM_ROW_OPS
