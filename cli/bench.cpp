@@ -174,7 +174,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
       static_cast<int>(args.integer("flashd-rounds", standard ? kSuiteFlashdRounds : 0, 0, 1000));
   o.vs_base =
       std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.with_previous; });
-  for (const Case& c : cases) o.mask_width = std::max(o.mask_width, int(mask_text(c).size()));
+  for (const Case& c : cases) {
+    o.mask_width = std::max(o.mask_width, int(mask_text(c).size()));
+    o.dtype_width = std::max(o.dtype_width, int(storage_text(c.storage).size()));
+  }
   o.check = args.flag("check");
   o.flush = !args.flag("warm-cache");
   o.gpu_warm = args.number("gpu-warm", -1);

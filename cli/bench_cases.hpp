@@ -61,6 +61,7 @@ struct Options {
   std::optional<DevicePeak> peak;
   bool vs_base = false;  // the "vs base" column (--suite modifiers, --kv-dtype lists)
   int mask_width = 6;    // the mask column's: its longest text
+  int dtype_width = 9;   // the dtype column's
   std::string matrix_skip;  // FLASHVK_MATRIX_SKIP: matrix phases left out (times only)
 };
 

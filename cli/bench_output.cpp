@@ -64,15 +64,15 @@ std::string time_text(double ms) {
 }
 
 void print_header(const Options& o) {
-  std::printf("%-8s %-9s %6s %6s %5s %-*s %-8s %13s %9s %s%9s%s %11s%s  %s\n", "kind", "dtype",
-              "Nq", "Nk", "d", o.mask_width, "mask", "variant", "time", "GFLOP/s",
-              o.peak ? " of peak " : "", "vs flash2", o.vs_base ? "  vs base" : "", "memory MiB",
-              o.check ? "  max error" : "", "tiles");
+  std::printf("%-8s %-*s %6s %6s %5s %-*s %-8s %13s %9s %s%9s%s %11s%s  %s\n", "kind",
+              o.dtype_width, "dtype", "Nq", "Nk", "d", o.mask_width, "mask", "variant", "time",
+              "GFLOP/s", o.peak ? " of peak " : "", "vs flash2", o.vs_base ? "  vs base" : "",
+              "memory MiB", o.check ? "  max error" : "", "tiles");
 }
 
 void print_row(const Row& r, const Options& o) {
   const Dims& d = r.c->dims;
-  std::printf("%-8s %-9s %6u %6u %5u %-*s %-8s %13s %9.2f", r.c->kind,
+  std::printf("%-8s %-*s %6u %6u %5u %-*s %-8s %13s %9.2f", r.c->kind, o.dtype_width,
               storage_text(r.c->storage).c_str(), d.nq, d.nk, d.d, o.mask_width,
               mask_text(*r.c).c_str(), variant_name(r.variant), time_text(r.ms).c_str(), r.gflops);
   if (o.peak) std::printf(" %7.1f%% ", 100.0 * r.peak_fraction);

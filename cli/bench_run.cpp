@@ -287,7 +287,7 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
       // A shape given alone, or a group of several cases (today always the whole list), is
       // refused; one shape beyond this device's limits does not cost the rest of a long suite.
       if (cases.size() == group.size()) throw;
-      std::printf("%-8s %-9s %6u %6u %5u %-*s  not run: %s\n", c.kind,
+      std::printf("%-8s %-*s %6u %6u %5u %-*s  not run: %s\n", c.kind, o.dtype_width,
                   storage_text(c.storage).c_str(), c.dims.nq, c.dims.nk, c.dims.d, o.mask_width,
                   mask_text(c).c_str(), e.what());
       for (const Case* g : group) clock.done += g->variants.size() * size_t(o.repeat);

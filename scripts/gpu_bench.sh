@@ -20,6 +20,8 @@
 #   targets.txt         issue #43's targets, each measured and met or not; nv2, the SPIR-V as
 #                       built and the tiles against the default; the phases' share
 #                       (gpu_targets.py, run once the files it reads are written)
+#   prefill_kv_f16.json flash2 at d = 128 (N=4096) with K and V in f16, q8_0 and q4_0 on the
+#                       matrix units (vs_base: the cost of decoding blocks as tiles are staged)
 #   decode_cold.json,   decoding (H=32, Hkv=8, d=128, f16) over 4096, 16384 and 65536 keys, caches
 #   decode_warm.json    flushed before each run, and back to back (--warm-cache); sdpa_decode.json
 #                       PyTorch's SDPA on them
@@ -217,6 +219,11 @@ if command -v python3 >/dev/null; then
   run_step "gpu_targets.py (issue #43's targets: measured, met or not)" \
     python3 "$root/scripts/gpu_targets.py" "$out" --out "$out/targets.txt"
 fi
+# Issue #43: K and V in block formats on the matrix kernels (decoded to fp16 as each tile is
+# staged), against fp16 K and V in the same rounds ("vs base"), at d = 128.
+kv_d=${prefill_d[1]:-${prefill_d[0]}}  # 128 (--tiny: 64)
+step bench --variant flash2 "${prefill_shape[@]}" --d "$kv_d" --dtype f16 \
+  --kv-dtype f16,q8_0,q4_0 --json "$out/prefill_kv_f16.json"
 # Issue #44: decoding against ggml's 15 and 43 us at 4096 and 16384 keys (warm, back to back),
 # 80% of the read bandwidth at 65536 keys; cold (caches flushed) and warm, each shape's rows into
 # one JSON, for sdpa_bench.py to time PyTorch on the same shapes.

@@ -15,9 +15,10 @@
 // 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
 // output columns as accumulator matrices (fp32) from the first tile to the last, so that at
 // d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per tile of
-// BC keys, staged in shared memory as fp16 (K as rows, V transposed: every right operand is read
-// as the transpose of rows, keys or head dims contiguous, which is how AMD's and Intel's lanes
-// hold it; V as rows took a 16-bit load an element on RDNA3) and read by every group:
+// BC keys, staged in shared memory as fp16 (decoded on the way where K or V is in a block
+// format; K as rows, V transposed: every right operand is read as the transpose of rows, keys or
+// head dims contiguous, which is how AMD's and Intel's lanes hold it; V as rows took a 16-bit
+// load an element on RDNA3) and read by every group:
 //   1. each group's part of S (CM_M x BC) = Q K^T as CM_M x CM_N products, stored to its scratch
 //      in shared memory (a matrix's element layout is the driver's, so rows are read back through
 //      memory);
@@ -76,6 +77,26 @@ shared uvec4 kv_sh[KV_SIZE / 8u];
 layout(std430, binding = B_Q) readonly buffer QBuf8 { uvec4 q8[]; };
 layout(std430, binding = B_K) readonly buffer KBuf8 { uvec4 k8[]; };
 layout(std430, binding = B_V) readonly buffer VBuf4 { uvec2 v4[]; };
+// K and V are in fp16 or a block format (K_FORMAT, V_FORMAT; the host's Format::matrix_kv). Of a
+// block format, a run of values is read as the words that hold them and their block's head, and
+// decoded to fp16 as the tile is staged (formats.glsl's fmt_halves4); d and dv are then multiples
+// of 32. A head of one half (two blocks' scales a word) is read alone, 16 bits, so that decoding
+// needs only a value's place in its block (x & 31), which the staging knows from the head dim.
+const bool K_HALF = K_FORMAT == FMT_F16, V_HALF = V_FORMAT == FMT_F16;
+layout(std430, binding = B_K) readonly buffer KWords { uint k_w[]; };
+layout(std430, binding = B_K) readonly buffer KPairs { uvec2 k_w2[]; };
+layout(std430, binding = B_K) readonly buffer KHalves { uint16_t k_h[]; };
+layout(std430, binding = B_V) readonly buffer VWords { uint v_w[]; };
+layout(std430, binding = B_V) readonly buffer VHalves { uint16_t v_h[]; };
+// The head of value x's block of K (of_k) or V: w0 and w1 as fmt_head takes them for an x whose
+// bit 5 is clear.
+uvec2 block_head(bool of_k, uint x) {
+  uint fmt = of_k ? K_FORMAT : V_FORMAT, halves = FMT_HEAD_HALVES(fmt);
+  uint at = 2u * ((of_k ? k_count() : v_count()) / (32u / FMT_BITS(fmt))) + (x >> 5u) * halves;
+  if (halves == 1u) return uvec2(of_k ? uint(k_h[at]) : uint(v_h[at]), 0u);  // (in halves)
+  uint w = at / 2u;
+  return uvec2(of_k ? k_w[w] : v_w[w], halves > 2u ? (of_k ? k_w[w + 1u] : v_w[w + 1u]) : 0u);
+}
 
 // Phases a timing diagnostic leaves out (CM_SKIP's bits: ContextOptions::matrix_skip, by name;
 // docs/performance.md), to tell where a GPU's time goes; the results are then wrong, as below.
@@ -181,13 +202,27 @@ void load_queries() {
 // take 2 to a 16-byte piece, then other keys, then other pieces: a load's 32 lanes read 64
 // contiguous bytes of each of 4 keys at 32 keys a tile (all 32-byte sectors whole), and the 8
 // lanes of a 16-byte store pass write other banks (at 16 keys, 2 to a bank: pieces 8 head dims
-// apart, 8 VTS fp16, a multiple of 128 bytes, write the same ones).
+// apart, 8 VTS fp16, a multiple of 128 bytes, write the same ones). In a block format a piece or
+// a key of an item is the words that hold its values and its block's head (k_run, v_run).
 const uint KF = (BC * D / 8u + WG - 1u) / WG;
 const uint VG = BC / 8u;                              // 8-key groups of a tile
 const uint VITEMS = VG * DV / 4u;                     // items of a tile
 const uint VQ = (VITEMS + WG - 1u) / WG;              // items an invocation fetches
-uvec4 k_next[KF];
-uvec2 v_next[8u * VQ];
+uvec4 k_next[KF];       // a piece: its 8 values as fp16; or their words and their block's head
+uvec3 v_next[8u * VQ];  // a key of an item: its 4 values as fp16 (xy); or their word and head
+
+// As fetched: piece t of K's row (its head dims 8 t .. 8 t + 7), and V's row's head dims dim ..
+// dim + 3 (dim a multiple of 4).
+uvec4 k_run(uint row, uint t) {
+  if (K_HALF) return k8[row * (D / 8u) + t];
+  uint x = row * D + t * 8u;
+  return uvec4(k_w2[kv_word(K_FORMAT, x) / 2u], block_head(true, x));
+}
+uvec3 v_run(uint row, uint dim) {
+  if (V_HALF) return uvec3(v4[row * (DV / 4u) + dim / 4u], 0u);
+  uint x = row * DV + dim;
+  return uvec3(v_w[kv_word(V_FORMAT, x)], block_head(false, x));
+}
 
 // V item e: its first head dim and key group.
 void v_item(uint e, out uint dim, out uint g) {
@@ -208,7 +243,7 @@ void fetch_v(uint kv_base, uint j0, uint n) {
     v_item(e, dim, g);
     [[unroll]] for (uint q = 0u; q < 8u; ++q) {
       uint row = key_row(kv_base, j0 + min(g * 8u + q, n - 1u));
-      v_next[i * 8u + q] = SKIP_STAGING ? uvec2(0u) : v4[row * (DV / 4u) + dim / 4u];
+      v_next[i * 8u + q] = SKIP_STAGING ? uvec3(0u) : v_run(row, dim);
     }
   }
 }
@@ -216,7 +251,7 @@ void fetch_k(uint kv_base, uint j0, uint n) {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG;
     uint c = min(e / (D / 8u), n - 1u);
-    k_next[i] = SKIP_STAGING ? uvec4(0u) : k8[key_row(kv_base, j0 + c) * (D / 8u) + e % (D / 8u)];
+    k_next[i] = SKIP_STAGING ? uvec4(0u) : k_run(key_row(kv_base, j0 + c), e % (D / 8u));
   }
 }
 void fetch_tile(uint kv_base, uint j0, uint n) {
@@ -224,10 +259,25 @@ void fetch_tile(uint kv_base, uint j0, uint n) {
   fetch_k(kv_base, j0, n);
 }
 
-// Keys 2 p and 2 p + 1 of V item i's head dim h (0 .. 3), as one word of fp16 values.
-uint v_pair(uint i, uint p, uint h) {
-  uint lo = v_next[i * 8u + p * 2u][h / 2u];
-  uint hi = v_next[i * 8u + p * 2u + 1u][h / 2u];
+// The fetched runs as fp16, decoded where K or V is in a block format (zeros stay zeros: a head
+// of 0 scales every value to 0): K's piece i, and V's key `at` of an item whose first head dim
+// is dim. A run's place in its block is its first head dim's (d and dv are multiples of 32).
+uvec4 k_halves(uint i) {
+  if (K_HALF) return k_next[i];
+  uvec4 r = k_next[i];
+  uint x = (gl_LocalInvocationID.x + i * WG) % (D / 8u) * 8u % 32u;
+  return uvec4(fmt_halves4(K_FORMAT, x, r.x, r.z, r.w),
+               fmt_halves4(K_FORMAT, x + 4u, r.y, r.z, r.w));
+}
+uvec2 v_halves(uint at, uint dim) {
+  if (V_HALF) return v_next[at].xy;
+  return fmt_halves4(V_FORMAT, dim % 32u, v_next[at].x, v_next[at].y, v_next[at].z);
+}
+
+// Keys 2 p and 2 p + 1 of an item's 8 keys' head dim h (0 .. 3), as one word of fp16 values.
+uint v_pair(uvec2 keys[8], uint p, uint h) {
+  uint lo = keys[p * 2u][h / 2u];
+  uint hi = keys[p * 2u + 1u][h / 2u];
   return h % 2u == 0u ? (lo & 0xffffu) | (hi << 16u) : (lo >> 16u) | (hi & 0xffff0000u);
 }
 
@@ -239,7 +289,7 @@ void store_k() {
   [[unroll]] for (uint i = 0u; i < KF; ++i) {
     uint e = gl_LocalInvocationID.x + i * WG, c = e / (D / 8u);
     if ((BC * D / 8u) % WG == 0u || e < BC * D / 8u)
-      kv_sh[c * KS / 8u + e % (D / 8u)] = k_next[i];
+      kv_sh[c * KS / 8u + e % (D / 8u)] = k_halves(i);
   }
 }
 void store_v() {
@@ -247,9 +297,11 @@ void store_v() {
     uint e = gl_LocalInvocationID.x + i * WG, dim, g;
     v_item(e, dim, g);
     if (VITEMS % WG != 0u && e >= VITEMS) continue;
+    uvec2 keys[8];
+    [[unroll]] for (uint q = 0u; q < 8u; ++q) keys[q] = v_halves(i * 8u + q, dim);
     [[unroll]] for (uint h = 0u; h < 4u; ++h)  // head dim dim + h, keys 8 g .. 8 g + 7
-      kv_sh[(VB + (dim + h) * VTS) / 8u + g] =
-          uvec4(v_pair(i, 0u, h), v_pair(i, 1u, h), v_pair(i, 2u, h), v_pair(i, 3u, h));
+      kv_sh[(VB + (dim + h) * VTS) / 8u + g] = uvec4(v_pair(keys, 0u, h), v_pair(keys, 1u, h),
+                                                     v_pair(keys, 2u, h), v_pair(keys, 3u, h));
   }
 }
 // K, and V^T unless it goes over K once the scores are done (V_IN_K: v_turn).

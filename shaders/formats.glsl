@@ -131,6 +131,14 @@ vec4 fmt_vec4(uint fmt, uint word, BlockHead h, uint x) {
   return v;
 }
 
+// Of a block format, values x .. x + 3 (x a multiple of 4) as fp16, two a word (packHalf2x16's
+// rounding), from the word that holds them (kv_word(fmt, x)) and their block's head (fmt_head's
+// w0 and w1): how the matrix kernels stage K and V. Only x's bits below 64 are read.
+uvec2 fmt_halves4(uint fmt, uint x, uint word, uint w0, uint w1) {
+  vec4 v = fmt_vec4(fmt, word, fmt_head(fmt, x, w0, w1), x);
+  return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+}
+
 // The 32 values x of a block in format fmt, quantised as ggml's quantize_row_*_ref does: its
 // quants as words (FMT_BITS(fmt) of them: q8_0 8, the 4-bit formats 4) and its head. `precise`
 // keeps the compiler from fusing what ggml rounds step by step.

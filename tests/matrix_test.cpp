@@ -5,6 +5,7 @@
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
 #include <cmath>
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -450,6 +451,119 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
   expect_matches(q, k, v, with_score_mod(Variant::flash2), "score_mod");
 }
 #endif
+
+// Values a block format and fp16 both hold exactly: each block of 32 along the last dimension on
+// its format's grid, d0 n with d0 a power of two (2^-5 .. 2^-2, block by block, so that blocks'
+// heads differ) and n an integer in the format's range, its extremes present so that the
+// quantiser finds d0 itself: q8_0 -127 .. 127; q4_0 and q5_0 down to -8 and -16 (the largest
+// magnitude, negative); q4_1 and q5_1 k + 0 .. k + 15 (31), k < 0 (a minimum k d0); iq4_nl ggml's
+// levels, -127 among them. fp16: random values, rounded.
+HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed) {
+  HostTensor t(std::move(shape));
+  if (format == DType::f16) return round_to_half(random_tensor(t.shape, seed));
+  constexpr int kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                              1,    13,   25,  38,  53,  69,  89,  113};
+  std::mt19937 rng(seed);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (size_t block = 0; block < t.data.size() / 32; ++block) {
+    float d0 = std::ldexp(1.0f, pick(-5, -2));
+    int n[32], k = 0, top = format == DType::q5_1 ? 31 : 15;
+    int first = pick(0, 31), second = (first + pick(1, 31)) % 32;
+    for (int j = 0; j < 32; ++j) {
+      switch (format) {
+        case DType::q8_0:
+          n[j] = j == first ? 127 : pick(-127, 127);
+          break;
+        case DType::q4_0:
+          n[j] = j == first ? -8 : pick(-7, 7);
+          break;
+        case DType::q5_0:
+          n[j] = j == first ? -16 : pick(-15, 15);
+          break;
+        case DType::iq4_nl:
+          n[j] = kIq4nl[j == first ? 0 : pick(1, 15)];
+          break;
+        default:  // q4_1, q5_1
+          if (j == 0) k = pick(-top - 4, -4);
+          n[j] = k + (j == first ? 0 : j == second ? top : pick(0, top));
+      }
+      t.data[block * 32 + size_t(j)] = d0 * float(n[j]);
+    }
+  }
+  return t;
+}
+
+// K and V in ggml's block formats, decoded to fp16 as each tile is staged: every format as K or
+// as V, heads of one, two and four halves in both, each run in another recurrence (two in the
+// kernel that keeps the softmax in matrices, one with fp16 K beside a block format's V), with
+// GQA, causal, ragged lengths, and d = 32, dv = 64 or the other way round, against float64 on
+// the values stored. On a grid that
+// fp16 holds exactly (exact_blocks), any slip in decoding (a quant, a head, a run's place in its
+// block) shows at the fp16 products' tolerance. Then random values, whose decoding rounds each
+// to fp16 (by at most 2^-10 of itself, in any rounding mode): within the bound that adds.
+TEST_F(MatrixTest, BlockFormatsAreDecodedAsTilesAreStaged) {
+  struct Run {
+    Variant variant;
+    DType k, v;
+    bool in_matrices;
+  };
+  const Run runs[] = {{Variant::flash2, DType::q8_0, DType::q5_0, false},
+                      {Variant::flashd, DType::q4_1, DType::iq4_nl, false},
+                      {Variant::splitkv, DType::q5_1, DType::q4_1, false},
+                      {Variant::flash1, DType::q4_0, DType::q8_0, true},
+                      {Variant::flashd, DType::f16, DType::q4_0, true}};
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.causal = true;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  params.hints.block_keys = 16;  // llvmpipe builds the emulated kernels faster
+  uint32_t seed = 100;
+  for (const Run& r : runs) {
+    const int64_t d = seed % 2 ? 64 : 32, dv = 96 - d;  // (seed: 100, 103, ...)
+    HostTensor q = round_to_half(random_tensor({1, 4, 40, d}, ++seed)),
+               k = exact_blocks({1, 2, 150, d}, r.k, ++seed),
+               v = exact_blocks({1, 2, 150, dv}, r.v, ++seed);
+    std::string what = std::string(variant_name(r.variant)) + ", " +
+                       storage_name({DType::f16, r.k, r.v}) + ", d = " + std::to_string(d) +
+                       (r.in_matrices ? ", softmax in matrices" : "");
+    ASSERT_EQ(stored_values(k, r.k).data, k.data) << what;  // the grid is what they store
+    ASSERT_EQ(stored_values(v, r.v).data, v.data) << what;
+    ASSERT_EQ(round_to_half(k).data, k.data) << what;
+    ASSERT_EQ(round_to_half(v).data, v.data) << what;
+    params.variant = r.variant;
+    params.hints.splits = r.variant == Variant::splitkv ? 3 : 0;
+    reference::Result ref = reference::direct(q, k, v, params);
+    Context& ctx = r.in_matrices ? softmax_matrices_context() : context();
+    HostAttentionResult gpu = attention(ctx, q, k, v, params, {DType::f16, r.k, r.v});
+    EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix) << what;
+    EXPECT_LE(max_error(gpu.out.data, ref.out),
+              tolerance(q, k, v, params) + weight_rounding(gpu, v))
+        << what;
+    EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << what;
+  }
+  // Off the grid (the first run's formats): each score moves by at most delta = |scale| 2^-10
+  // max_i sum_c |q_ic| max|k|, so each weight by a factor within e^(+-2 delta), the LSE by delta.
+  const Run& r = runs[0];
+  params.variant = r.variant;
+  params.hints.splits = 0;
+  HostTensor q = round_to_half(random_tensor({1, 4, 40, 32}, 120)),
+             k = random_tensor({1, 2, 150, 32}, 121), v = random_tensor({1, 2, 150, 64}, 122);
+  HostTensor ks = stored_values(k, r.k), vs = stored_values(v, r.v);
+  double row_sum = 0;
+  for (size_t i = 0; i < q.data.size(); i += 32) {
+    double sum = 0;
+    for (size_t c = 0; c < 32; ++c) sum += std::abs(q.data[i + c]);
+    row_sum = std::max(row_sum, sum);
+  }
+  const double u = std::ldexp(1.0, -10), delta = u * row_sum * max_abs(ks) / std::sqrt(32.0);
+  ASSERT_NE(round_to_half(ks).data, ks.data);  // there is rounding to bound
+  reference::Result ref = reference::direct(q, ks, vs, params);
+  HostAttentionResult gpu = attention(context(), q, k, v, params, {DType::f16, r.k, r.v});
+  EXPECT_LE(max_error(gpu.out.data, ref.out), tolerance(q, ks, vs, params) +
+                                                  weight_rounding(gpu, vs) +
+                                                  max_abs(vs) * (std::expm1(2 * delta) + u));
+  EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5 + delta);
+}
 
 // Each API the device has for its matrix units (khr, nv, nv2), on a context of its own, runs the
 // same kernel to the same answer; an API the device lacks is refused by name (on lavapipe all

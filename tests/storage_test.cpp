@@ -566,8 +566,9 @@ TEST_F(StorageDeviceTest, BlockFormatsInRegisterBlocksAndLanes) {
   }
 }
 
-// The matrix-unit kernels read K and V stored as Q is; asked for with other storage they refuse
-// by name (automatic picks another layout), as RoPE does for K.
+// The matrix-unit kernels read K and V in fp16 or a block format beside fp16 Q (decoded as their
+// tiles are staged: MatrixTest.BlockFormatsAreDecodedAsTilesAreStaged); asked for with other
+// storage they refuse by name (automatic picks another layout), as RoPE does for K.
 TEST_F(StorageDeviceTest, MatrixUnitsAndRopeThatNeedQsStorageRefuseByName) {
   HostTensor q = random_tensor({1, 2, 1, 64}, 41), k = random_tensor({1, 2, 40, 64}, 42);
   AttentionParams params;
@@ -582,9 +583,10 @@ TEST_F(StorageDeviceTest, MatrixUnitsAndRopeThatNeedQsStorageRefuseByName) {
     }
   };
   params.hints.tile_layout = TileLayout::cooperative_matrix;
-  q8.q = DType::f16;  // the matrix units take fp16 Q: only K's and V's storage is refused
-  if (context().device().cooperative_matrix) refused("fp16 Q, K and V");
-  q8.q = DType::f32;
+  refused("on fp16 Q, K and V in fp16 or a block format");  // Q in f32
+  q8 = {DType::f16, DType::q8_0, DType::bf16};              // V in bf16
+  refused("on fp16 Q, K and V in fp16 or a block format");
+  q8 = {DType::f32, DType::q8_0, DType::q8_0};
   params.hints.tile_layout = TileLayout::automatic;
   params.rope = RopeLayout::half;
   refused("rotate K before storing it as q8_0");

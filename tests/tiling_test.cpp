@@ -112,6 +112,40 @@ TEST(TilingTest, GpuWithMatrixUnits) {
   EXPECT_EQ(decode.lanes, 16u);  // 128 halves: 16 loads of 16 bytes
 }
 
+// K and V in a block format beside fp16 Q take the matrix units too (decoded to fp16 as their
+// tiles are staged); fp32 Q, or K or V in bf16, keep the register blocks. A 5-bit format's V
+// holds a third more words a key while the next tile is fetched: nv2 at d = 128, whose fp16
+// tiles take 64 keys (KF = 8 uvec4 of K and 2 items of V, 32 words each: 64), takes 32 (80).
+TEST(TilingTest, BlockFormatsTakeTheMatrixUnitsBesideFp16Queries) {
+  Dims prefill = dims(8, 8, 4096, 4096, 128, 128);
+  DeviceInfo nv2 = kH100;
+  nv2.nv_cooperative_matrix2 = true;
+  nv2.matrix_api = MatrixApi::nv2;
+  auto tiled = [&](const DeviceInfo& info, Storage storage) {
+    AttentionParams params;
+    return detail::choose_tiling({.info = info,
+                                  .matrix_api = info.matrix_api,
+                                  .dims = prefill,
+                                  .params = params,
+                                  .dtype = storage.q,
+                                  .kv = storage});
+  };
+  for (DType kv :
+       {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::iq4_nl}) {
+    Spec s = tiled(kH100, {DType::f16, kv, kv});
+    EXPECT_EQ(s.layout, TileLayout::cooperative_matrix) << dtype_name(kv);
+    EXPECT_EQ(s.bc, 32u) << dtype_name(kv);  // as fp16's
+    EXPECT_EQ(s.k_format, uint32_t(kv));
+  }
+  EXPECT_EQ(tiled(kH100, {DType::f16, DType::f16, DType::q8_0}).layout,
+            TileLayout::cooperative_matrix);
+  EXPECT_EQ(tiled(kH100, {DType::f32, DType::q8_0, DType::q8_0}).layout, TileLayout::blocks);
+  EXPECT_EQ(tiled(kH100, {DType::f16, DType::bf16, DType::q8_0}).layout, TileLayout::blocks);
+  EXPECT_EQ(tiled(nv2, {DType::f16, DType::q8_0, DType::q8_0}).bc, 64u);
+  EXPECT_EQ(tiled(nv2, {DType::f16, DType::q8_0, DType::q5_1}).bc, 32u);
+  EXPECT_EQ(tiled(nv2, {DType::f16, DType::q5_0, DType::q4_1}).bc, 64u);  // K's words as fp16's
+}
+
 // Intel's matrix shapes: 8 rows a matrix, so 8 groups share a workgroup's 64 rows, of 8 lanes
 // on Arc A-series (8x8x16, 64 invocations) or 16 on Xe2 (8x16x16, 128), each required. A lane
 // holds what it does on NVIDIA: on Arc, where a lane holds a whole row of a matrix, two groups

@@ -35,6 +35,10 @@ struct Format {
   uint32_t ggml_halves;
 
   bool blocked() const { return block > 1; }
+  /// The matrix kernels read K or V so (shaders/flash_cm.comp): fp16, or a block format, whose
+  /// values (an fp16 scale times a small integer, plus an fp16 minimum) they decode to fp16 as
+  /// they stage a tile.
+  bool matrix_kv() const { return dtype == DType::f16 || blocked(); }
   /// Bytes of a block's quants.
   uint32_t quant_bytes() const { return block * bits / 8; }
   /// Values in one 16-byte load (lanes; shaders: fmt_load_values).

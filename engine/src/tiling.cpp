@@ -173,13 +173,14 @@ struct MatrixTile {
 // 16 that fit (coopmat_bytes) and keep these bounds, 0 if none does. A lane holds at most what it
 // does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
 // registers during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4
-// uvec4 each), at most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at
-// most 32. So Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA
-// a tile of more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
+// uvec4 each, 6 from the 5-bit formats: their values' word and two of their block's head), at
+// most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at most 32. So
+// Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
+// more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
 // (NVIDIA: registers bound these kernels) the most keys that fit.
 MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
-                        MatrixApi api, Variant variant, uint32_t asked = 0) {
+                        MatrixApi api, Variant variant, DType v_storage, uint32_t asked = 0) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
   const uint32_t split = coopmat_split(shape, d, dv);
@@ -188,7 +189,8 @@ MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t 
     if (asked && keys != asked) continue;
     uint32_t bytes = coopmat_bytes(shape, keys, d, dv, api, variant);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
-    bool prefetch = k_items + 4 * v_items <= 16 && keys / lanes_a_row <= 32;
+    uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
+    bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
@@ -225,12 +227,14 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   uint32_t multiple = 16 * coopmat_split(shape, dims.d, dims.dv);
   const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
   const uint32_t keys = asked_matrix_keys(params);
-  bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 && !kv.own_kv() &&
+  bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 &&
+                    format(kv.k).matrix_kv() && format(kv.v).matrix_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
                     dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
                     (asked || params.hints.block_keys == 0);
-  bool fits = shape_fits &&
-              coopmat_tile(info, shared_bytes, dims.d, dims.dv, api, params.variant, keys).keys > 0;
+  bool fits =
+      shape_fits &&
+      coopmat_tile(info, shared_bytes, dims.d, dims.dv, api, params.variant, kv.v, keys).keys > 0;
   if (asked) {
     if (api == MatrixApi::none)
       throw Error(
@@ -246,7 +250,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
     if (!shape_fits)
       throw Error(
           "tile_layout cooperative_matrix runs flash1, flash2, flashd and splitkv on fp16 "
-          "Q, K and V with d and dv multiples of 16 up to " +
+          "Q, K and V in fp16 or a block format (q8_0, q4_0, ...), d and dv multiples of 16 up "
+          "to " +
           std::to_string(whole) + ", or of 32 up to " + std::to_string(2 * whole) + " (" +
           matrix_shape_name(shape) +
           " matrices), and rows a workgroup chosen by the engine "
@@ -578,8 +583,8 @@ Spec choose_layout(const TilingRequest& request) {
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.matrix,
-                                   params.variant, asked_matrix_keys(params));
+    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
+                                   kv.v, asked_matrix_keys(params));
     spec.bc = tile.keys;
     spec.v_in_k = tile.v_in_k;
     return spec;

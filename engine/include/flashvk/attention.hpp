@@ -20,8 +20,9 @@ enum class RopeLayout { none, interleaved, half };
 /// of times faster). `automatic`
 /// picks registers on CPU devices that have the subgroup operations, shared memory elsewhere.
 /// `cooperative_matrix`: shared-memory tiles whose products Q K^T and P V run on the matrix units
-/// (VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16
-/// storage, flash1, flash2, flashd and splitkv, d and dv multiples of 16 up to 128, or of 32 up
+/// (VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, fp16 in, fp32 accumulate); fp16 Q,
+/// K and V in fp16 or a block format (decoded to fp16 as a tile is staged), flash1, flash2,
+/// flashd and splitkv, d and dv multiples of 16 up to 128, or of 32 up
 /// to 256 (half that on Intel Arc A's 8x8 matrices). `automatic` picks it wherever it runs on
 /// matrix units, but for Intel's integrated GPUs that list only 8x8x16 (no XMX).
 /// `lanes`: splitkv for decoding on GPUs: all of a KV head's query rows (at most 8) in one
