@@ -48,7 +48,7 @@ options:
                       shape (default 1, 8, H, 1024, Nq, 64, d)
 MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       where the fused kernels keep K/V tiles (default auto; coopmat: the
-                      tile products on the matrix units, fp16 only; lanes: splitkv's
+                      tile products on the matrix units, fp16 Q; lanes: splitkv's
                       decoding kernel, a key's head dimension over a few lanes, with
                       --variant splitkv; blocks: GPUs without matrix units, 4-row blocks
                       of S and O per invocation from vector reads; the last column,

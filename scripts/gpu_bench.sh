@@ -219,8 +219,8 @@ if command -v python3 >/dev/null; then
   run_step "gpu_targets.py (issue #43's targets: measured, met or not)" \
     python3 "$root/scripts/gpu_targets.py" "$out" --out "$out/targets.txt"
 fi
-# Issue #43: K and V in block formats on the matrix kernels (decoded to fp16 as each tile is
-# staged), against fp16 K and V in the same rounds ("vs base"), at d = 128.
+# Issue #43: K and V in block formats where the engine takes the matrix kernels (decoded to fp16
+# as each tile is staged), against fp16 K and V in the same rounds ("vs base"), at d = 128.
 kv_d=${prefill_d[1]:-${prefill_d[0]}}  # 128 (--tiny: 64)
 step bench --variant flash2 "${prefill_shape[@]}" --d "$kv_d" --dtype f16 \
   --kv-dtype f16,q8_0,q4_0 --json "$out/prefill_kv_f16.json"

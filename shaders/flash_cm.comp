@@ -1,12 +1,12 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
-// Cooperative-matrix kernel (TileLayout::cooperative_matrix, fp16 storage): the tile products
-// S = Q K^T and O += P V run on the device's matrix units, fp16 in and fp32 accumulate, through
-// VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, or emulated (coopmat.glsl); with
-// VK_NV_cooperative_matrix2's row operations (or their stand-in) the softmax too stays in
-// accumulators (CM_ROW_OPS, tile_row_ops). Built once
-// per recurrence: -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's
-// partial pass, each for every matrix API.
+// Cooperative-matrix kernel (TileLayout::cooperative_matrix: fp16 Q, K and V in fp16 or a block
+// format): the tile products S = Q K^T and O += P V run on the device's matrix units, fp16 in
+// and fp32 accumulate, through VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, or
+// emulated (coopmat.glsl); with VK_NV_cooperative_matrix2's row operations (or their stand-in)
+// the softmax too stays in accumulators (CM_ROW_OPS, tile_row_ops). Built once per recurrence:
+// -DCM_FLASH1, -DCM_FLASH2, -DCM_FLASHD, and -DCM_FLASH2 -DSPLIT_KV for splitkv's partial pass,
+// each for every matrix API.
 //
 // The matrices are the device's shape (coopmat.glsl): CM_M x 16 times 16 x CM_N by a group of
 // SUBGROUP lanes (16 x 16 by 32 on NVIDIA and AMD; 8-row shapes on Intel). A workgroup is NSG

@@ -25,7 +25,8 @@ SPEC_CONSTANT(6, uint, LANES, lanes, 1)
 // The score modifiers compiled in (bits MOD_* of modifiers.glsl), a constant for the same reason as
 // KEY_MASK: a call without them runs none of their code.
 SPEC_CONSTANT(7, uint, MODS, mods, 0)
-// KV_QUANT builds and lanes: K's and V's storage formats (FMT_* in formats.glsl, DType's numbers);
+// KV_QUANT builds, lanes and the matrix kernels: K's and V's storage formats (FMT_* in
+// formats.glsl, DType's numbers);
 // rope.comp's QUANT_OUT build: the format it writes (K_FORMAT).
 SPEC_CONSTANT(8, uint, K_FORMAT, k_format, 0)
 SPEC_CONSTANT(9, uint, V_FORMAT, v_format, 0)

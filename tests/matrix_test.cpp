@@ -453,11 +453,12 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
 #endif
 
 // Values a block format and fp16 both hold exactly: each block of 32 along the last dimension on
-// its format's grid, d0 n with d0 a power of two (2^-5 .. 2^-2, block by block, so that blocks'
-// heads differ) and n an integer in the format's range, its extremes present so that the
-// quantiser finds d0 itself: q8_0 -127 .. 127; q4_0 and q5_0 down to -8 and -16 (the largest
-// magnitude, negative); q4_1 and q5_1 k + 0 .. k + 15 (31), k < 0 (a minimum k d0); iq4_nl ggml's
-// levels, -127 among them. fp16: random values, rounded.
+// its format's grid, d0 n with n an integer in the format's range and d0 a power of two, one of
+// the two that keep |d0 n| within 1 .. 4 at the range's widest (block by block, so that blocks'
+// heads differ, and the softmax is not one key's), its extremes present so that the quantiser
+// finds d0 itself: q8_0 -127 .. 127; q4_0 and q5_0 down to -8 and -16 (the largest magnitude,
+// negative); q4_1 and q5_1 k + 0 .. k + 15 (31), -19 (-35) <= k <= -4 (a minimum k d0); iq4_nl
+// ggml's levels, -127 among them. fp16: random values, rounded.
 HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed) {
   HostTensor t(std::move(shape));
   if (format == DType::f16) return round_to_half(random_tensor(t.shape, seed));
@@ -465,9 +466,16 @@ HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed)
                               1,    13,   25,  38,  53,  69,  89,  113};
   std::mt19937 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int top = format == DType::q5_1 ? 31 : 15;  // the affine formats' quants
+  const int widest = format == DType::q8_0 || format == DType::iq4_nl ? 127
+                     : format == DType::q4_0                          ? 8
+                     : format == DType::q5_0                          ? 16
+                                                                      : top + 4;
+  int e = 0;
+  while (std::ldexp(double(widest), e) > 2.0) --e;  // widest 2^e in (1, 2]
   for (size_t block = 0; block < t.data.size() / 32; ++block) {
-    float d0 = std::ldexp(1.0f, pick(-5, -2));
-    int n[32], k = 0, top = format == DType::q5_1 ? 31 : 15;
+    float d0 = std::ldexp(1.0f, e + pick(0, 1));
+    int n[32], k = 0;
     int first = pick(0, 31), second = (first + pick(1, 31)) % 32;
     for (int j = 0; j < 32; ++j) {
       switch (format) {
@@ -542,20 +550,25 @@ TEST_F(MatrixTest, BlockFormatsAreDecodedAsTilesAreStaged) {
     EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << what;
   }
   // Off the grid (the first run's formats): each score moves by at most delta = |scale| 2^-10
-  // max_i sum_c |q_ic| max|k|, so each weight by a factor within e^(+-2 delta), the LSE by delta.
+  // max over the pairs a query head and its KV head make of sum_c |q_ic k_jc|, so each weight by
+  // a factor within e^(+-2 delta), the LSE by delta.
   const Run& r = runs[0];
   params.variant = r.variant;
   params.hints.splits = 0;
   HostTensor q = round_to_half(random_tensor({1, 4, 40, 32}, 120)),
              k = random_tensor({1, 2, 150, 32}, 121), v = random_tensor({1, 2, 150, 64}, 122);
   HostTensor ks = stored_values(k, r.k), vs = stored_values(v, r.v);
-  double row_sum = 0;
-  for (size_t i = 0; i < q.data.size(); i += 32) {
-    double sum = 0;
-    for (size_t c = 0; c < 32; ++c) sum += std::abs(q.data[i + c]);
-    row_sum = std::max(row_sum, sum);
-  }
-  const double u = std::ldexp(1.0, -10), delta = u * row_sum * max_abs(ks) / std::sqrt(32.0);
+  double pair_sum = 0;
+  for (size_t h = 0; h < 4; ++h)
+    for (size_t i = 0; i < 40; ++i)
+      for (size_t j = 0; j < 150; ++j) {
+        double sum = 0;
+        for (size_t c = 0; c < 32; ++c)
+          sum +=
+              std::abs(double(q.data[(h * 40 + i) * 32 + c]) * ks.data[(h / 2 * 150 + j) * 32 + c]);
+        pair_sum = std::max(pair_sum, sum);
+      }
+  const double u = std::ldexp(1.0, -10), delta = u * pair_sum / std::sqrt(32.0);
   ASSERT_NE(round_to_half(ks).data, ks.data);  // there is rounding to bound
   reference::Result ref = reference::direct(q, ks, vs, params);
   HostAttentionResult gpu = attention(context(), q, k, v, params, {DType::f16, r.k, r.v});

@@ -73,8 +73,9 @@ std::string kernel_name(const KernelKey& key) {
   std::string name(key.program);
   if (key.layout != TileLayout::shared) name += std::string("_") + tile_layout_name(key.layout);
   // Each option of the line adds its part; one it lacks, its build serves for every value (the
-  // lanes kernel reads every K/V format through K_FORMAT and V_FORMAT; the matrix kernel is
-  // fp16's; the tiling never gives a trace another layout than shared tiles).
+  // lanes and matrix kernels read every K/V format they take through K_FORMAT and V_FORMAT; the
+  // matrix kernel takes fp16 Q alone; the tiling never gives a trace another layout than shared
+  // tiles).
   auto part = [&](uint32_t option, bool set, const char* on, const char* off) {
     if (b->options & option) name += set ? on : off;
   };

@@ -205,7 +205,7 @@ class Plan {
   PlanOptions options;
   Dims dims;
   DType dtype;  // Q's
-  Storage kv;   // Q's, K's and V's storage (own_kv(): the KV_QUANT kernels)
+  Storage kv;   // Q's, K's and V's storage (own_kv(): the KV_QUANT kernels, or K_FORMAT's)
   Spec spec;
   Push push{};
   Bindings bindings{};
