@@ -5,7 +5,6 @@
 // functions. Shapes are small (d = 32): an emulated kernel takes llvmpipe seconds to build.
 #include <cmath>
 #include <initializer_list>
-#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -451,55 +450,6 @@ TEST_F(MatrixTest, UserScoreModMatchesItsTwin) {
   expect_matches(q, k, v, with_score_mod(Variant::flash2), "score_mod");
 }
 #endif
-
-// Values a block format and fp16 both hold exactly: each block of 32 along the last dimension on
-// its format's grid, d0 n with n an integer in the format's range and d0 a power of two, one of
-// the two that keep |d0 n| within 1 .. 4 at the range's widest (block by block, so that blocks'
-// heads differ, and the softmax is not one key's), its extremes present so that the quantiser
-// finds d0 itself: q8_0 -127 .. 127; q4_0 and q5_0 down to -8 and -16 (the largest magnitude,
-// negative); q4_1 and q5_1 k + 0 .. k + 15 (31), -19 (-35) <= k <= -4 (a minimum k d0); iq4_nl
-// ggml's levels, -127 among them. fp16: random values, rounded.
-HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed) {
-  HostTensor t(std::move(shape));
-  if (format == DType::f16) return round_to_half(random_tensor(t.shape, seed));
-  constexpr int kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                              1,    13,   25,  38,  53,  69,  89,  113};
-  std::mt19937 rng(seed);
-  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const int top = format == DType::q5_1 ? 31 : 15;  // the affine formats' quants
-  const int widest = format == DType::q8_0 || format == DType::iq4_nl ? 127
-                     : format == DType::q4_0                          ? 8
-                     : format == DType::q5_0                          ? 16
-                                                                      : top + 4;
-  int e = 0;
-  while (std::ldexp(double(widest), e) > 2.0) --e;  // widest 2^e in (1, 2]
-  for (size_t block = 0; block < t.data.size() / 32; ++block) {
-    float d0 = std::ldexp(1.0f, e + pick(0, 1));
-    int n[32], k = 0;
-    int first = pick(0, 31), second = (first + pick(1, 31)) % 32;
-    for (int j = 0; j < 32; ++j) {
-      switch (format) {
-        case DType::q8_0:
-          n[j] = j == first ? 127 : pick(-127, 127);
-          break;
-        case DType::q4_0:
-          n[j] = j == first ? -8 : pick(-7, 7);
-          break;
-        case DType::q5_0:
-          n[j] = j == first ? -16 : pick(-15, 15);
-          break;
-        case DType::iq4_nl:
-          n[j] = kIq4nl[j == first ? 0 : pick(1, 15)];
-          break;
-        default:  // q4_1, q5_1
-          if (j == 0) k = pick(-top - 4, -4);
-          n[j] = k + (j == first ? 0 : j == second ? top : pick(0, top));
-      }
-      t.data[block * 32 + size_t(j)] = d0 * float(n[j]);
-    }
-  }
-  return t;
-}
 
 // K and V in ggml's block formats, decoded to fp16 as each tile is staged: every format as K or
 // as V, heads of one, two and four halves in both, each run in another recurrence (two in the

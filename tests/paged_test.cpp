@@ -76,8 +76,11 @@ struct PagedBatch {
   HostTensor k_pages, v_pages;   // [pages, Hkv, page_size, d or dv]
 };
 
+// K's and V's values: random_tensor's, or (K or V in a block format) exact_blocks' for the
+// format.
 PagedBatch make_paged(const std::vector<uint32_t>& lengths, uint32_t page_size, int64_t kv_heads,
-                      int64_t d, int64_t dv, uint32_t pages, uint32_t seed) {
+                      int64_t d, int64_t dv, uint32_t pages, uint32_t seed,
+                      const Storage& grid = Storage{}) {
   PagedBatch p;
   p.table.page_size = page_size;
   std::vector<uint32_t> free_pages(pages);
@@ -90,8 +93,13 @@ PagedBatch make_paged(const std::vector<uint32_t>& lengths, uint32_t page_size, 
   std::fill(p.v_pages.data.begin(), p.v_pages.data.end(), nan);
   for (uint32_t length : lengths) {
     p.table.add_sequence();
-    p.k.push_back(random_tensor({1, kv_heads, length, d}, ++seed));
-    p.v.push_back(random_tensor({1, kv_heads, length, dv}, ++seed));
+    auto values = [&](int64_t width, DType format) {
+      std::vector<int64_t> shape = {1, kv_heads, length, width};
+      return dtype_quantised(format) ? exact_blocks(shape, format, ++seed)
+                                     : random_tensor(shape, ++seed);
+    };
+    p.k.push_back(values(d, grid.k));
+    p.v.push_back(values(dv, grid.v));
   }
   uint32_t longest = *std::max_element(lengths.begin(), lengths.end());
   for (uint32_t t = 0; t < longest; ++t)
@@ -181,16 +189,17 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   std::vector<TileLayout> layouts = {TileLayout::automatic, TileLayout::shared, TileLayout::blocks};
   if (info.subgroup_shuffle && info.texel_buffers) layouts.push_back(TileLayout::registers);
 
-  // Each layout runs (the asked-for one, unless automatic) and each sequence matches.
+  // Each layout runs (the asked-for one, unless automatic) and each sequence of *batch matches.
+  const PagedBatch* batch = &p;
   auto check = [&](const char* what, const HostTensor& q, AttentionParams params,
                    const Storage& storage, const std::vector<TileLayout>& in) {
     for (TileLayout layout : in) {
       params.hints.tile_layout = layout;
-      HostAttentionResult gpu = run_paged(context(), q, p, params, storage);
+      HostAttentionResult gpu = run_paged(context(), q, *batch, params, storage);
       if (layout != TileLayout::automatic) {
         EXPECT_EQ(gpu.tile_layout, layout);
       }
-      expect_sequences_match(q, p, storage, params, gpu,
+      expect_sequences_match(q, *batch, storage, params, gpu,
                              std::string(what) + ", " + tile_layout_name(gpu.tile_layout));
     }
   };
@@ -243,6 +252,18 @@ TEST_P(PagedTest, EachSequenceMatchesTheReferenceOnItsOwnKeys) {
   for (TileLayout layout : device_layouts(variant, d, dv))  // online has no matrix kernel
     if (layout == TileLayout::cooperative_matrix) f16_layouts.push_back(layout);
   check("f16", q3, params, Storage{DType::f16}, f16_layouts);
+  // Block formats in the matrix kernel (decoded as its tiles are staged: heads found through
+  // the pool's rows), on values each format and fp16 hold exactly (exact_blocks), so at the fp16
+  // products' tolerance: q8_0 K and q4_1 V (heads of one half and of two), 16-key tiles.
+  if (f16_layouts.size() > 1) {
+    const Storage grid{DType::f16, DType::q8_0, DType::q4_1};
+    PagedBatch exact = make_paged(lengths, 16, kv_heads, d, dv, 14, 730, grid);
+    AttentionParams tiles = params;
+    tiles.hints.block_keys = 16;
+    batch = &exact;
+    check("q8_0/q4_1 on their grids", q3, tiles, grid, {TileLayout::cooperative_matrix});
+    batch = &p;
+  }
   std::vector<TileLayout> quant_layouts = {TileLayout::automatic, TileLayout::shared};
   if (variant == Variant::splitkv && info.subgroup_shuffle)
     quant_layouts.push_back(TileLayout::lanes);

@@ -130,6 +130,48 @@ HostTensor round_to_half(const HostTensor& x) {
   return r;
 }
 
+HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed) {
+  HostTensor t(std::move(shape));
+  if (format == DType::f16) return round_to_half(random_tensor(t.shape, seed));
+  constexpr int kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                              1,    13,   25,  38,  53,  69,  89,  113};
+  std::mt19937 rng(seed);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int top = format == DType::q5_1 ? 31 : 15;  // the affine formats' quants
+  const int widest = format == DType::q8_0 || format == DType::iq4_nl ? 127
+                     : format == DType::q4_0                          ? 8
+                     : format == DType::q5_0                          ? 16
+                                                                      : top + 4;
+  int e = 0;
+  while (std::ldexp(double(widest), e) > 2.0) --e;  // widest 2^e in (1, 2]
+  for (size_t block = 0; block < t.data.size() / 32; ++block) {
+    float d0 = std::ldexp(1.0f, e + pick(0, 1));
+    int n[32], k = 0;
+    int first = pick(0, 31), second = (first + pick(1, 31)) % 32;
+    for (int j = 0; j < 32; ++j) {
+      switch (format) {
+        case DType::q8_0:
+          n[j] = j == first ? 127 : pick(-127, 127);
+          break;
+        case DType::q4_0:
+          n[j] = j == first ? -8 : pick(-7, 7);
+          break;
+        case DType::q5_0:
+          n[j] = j == first ? -16 : pick(-15, 15);
+          break;
+        case DType::iq4_nl:
+          n[j] = kIq4nl[j == first ? 0 : pick(1, 15)];
+          break;
+        default:  // q4_1, q5_1
+          if (j == 0) k = pick(-top - 4, -4);
+          n[j] = k + (j == first ? 0 : j == second ? top : pick(0, top));
+      }
+      t.data[block * 32 + size_t(j)] = d0 * float(n[j]);
+    }
+  }
+  return t;
+}
+
 float max_abs(const HostTensor& x) {
   float m = 0.0f;
   for (float v : x.data) m = std::max(m, std::abs(v));

@@ -49,6 +49,14 @@ HostTensor random_tensor(std::vector<int64_t> shape, uint32_t seed, float scale 
 /// The values an fp16 tensor actually holds.
 HostTensor round_to_half(const HostTensor& x);
 float max_abs(const HostTensor& x);
+/// Values a block format and fp16 both hold exactly: each block of 32 along the last dimension on
+/// its format's grid, d0 n with n an integer in the format's range and d0 a power of two, one of
+/// the two that keep |d0 n| within 1 .. 4 at the range's widest (block by block, so that blocks'
+/// heads differ, and the softmax is not one key's), its extremes present so that the quantiser
+/// finds d0 itself: q8_0 -127 .. 127; q4_0 and q5_0 down to -8 and -16 (the largest magnitude,
+/// negative); q4_1 and q5_1 k + 0 .. k + 15 (31), -19 (-35) <= k <= -4 (a minimum k d0); iq4_nl
+/// ggml's levels, -127 among them. fp16: random values, rounded.
+HostTensor exact_blocks(std::vector<int64_t> shape, DType format, uint32_t seed);
 
 /// Error bound for fp32 arithmetic on these inputs: score error grows with |scale| * sum|q||k|,
 /// output error with max|v| and the log of the number of keys (ALiBi's bias counts in the
