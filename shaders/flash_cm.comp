@@ -88,12 +88,12 @@ layout(std430, binding = B_K) readonly buffer KPairs { uvec2 k_w2[]; };
 layout(std430, binding = B_K) readonly buffer KHalves { uint16_t k_h[]; };
 layout(std430, binding = B_V) readonly buffer VWords { uint v_w[]; };
 layout(std430, binding = B_V) readonly buffer VHalves { uint16_t v_h[]; };
-// The head of value x's block of K (of_k) or V: w0 and w1 as fmt_head takes them for an x whose
-// bit 5 is clear.
+// The head of value x's block of K (of_k) or V (formats.glsl's kv_head_half): w0 and w1 as
+// fmt_head takes them for an x whose bit 5 is clear (a head of one half: its own half alone).
 uvec2 block_head(bool of_k, uint x) {
   uint fmt = of_k ? K_FORMAT : V_FORMAT, halves = FMT_HEAD_HALVES(fmt);
-  uint at = 2u * ((of_k ? k_count() : v_count()) / (32u / FMT_BITS(fmt))) + (x >> 5u) * halves;
-  if (halves == 1u) return uvec2(of_k ? uint(k_h[at]) : uint(v_h[at]), 0u);  // (in halves)
+  uint at = kv_head_half(fmt, x, of_k ? k_count() : v_count());
+  if (halves == 1u) return uvec2(of_k ? uint(k_h[at]) : uint(v_h[at]), 0u);
   uint w = at / 2u;
   return uvec2(of_k ? k_w[w] : v_w[w], halves > 2u ? (of_k ? k_w[w + 1u] : v_w[w + 1u]) : 0u);
 }
