@@ -198,6 +198,39 @@ double weight_rounding(TileLayout layout, const HostTensor& v) {
   return std::ldexp(double(max_abs(v)), -10);  // the bound 2^-11 max |v|, with a factor 2
 }
 
+DecodeRounding decode_rounding(TileLayout layout, const HostTensor& q, const HostTensor& ks,
+                               const HostTensor& vs, const AttentionParams& params) {
+  DecodeRounding r;
+  if (layout != TileLayout::cooperative_matrix) return r;
+  Dims d = check_shapes(q.shape, ks.shape, vs.shape);
+  auto moved = [](float x) {  // how far fp16 may put x
+    return half_to_float(float_to_half(x)) == x
+               ? 0.0
+               : std::ldexp(std::abs(double(x)), -10) + std::ldexp(1.0, -24);
+  };
+  std::vector<double> dk(ks.data.size());
+  std::transform(ks.data.begin(), ks.data.end(), dk.begin(), moved);
+  double pair_sum = 0.0;
+  const uint32_t group = d.heads / d.kv_heads;
+  for (uint32_t b = 0; b < d.batch; ++b)
+    for (uint32_t h = 0; h < d.heads; ++h)
+      for (uint32_t i = 0; i < d.nq; ++i) {
+        const float* qi = q.data.data() + ((size_t(b) * d.heads + h) * d.nq + i) * d.d;
+        for (uint32_t j = 0; j < d.nk; ++j) {
+          const double* kj = dk.data() + ((size_t(b) * d.kv_heads + h / group) * d.nk + j) * d.d;
+          double sum = 0.0;
+          for (uint32_t c = 0; c < d.d; ++c) sum += std::abs(double(qi[c])) * kj[c];
+          pair_sum = std::max(pair_sum, sum);
+        }
+      }
+  double scale = params.scale ? std::abs(*params.scale) : 1.0 / std::sqrt(double(d.d));
+  r.lse = scale * pair_sum;
+  double vmax = max_abs(vs);
+  bool v_moved = std::any_of(vs.data.begin(), vs.data.end(), [&](float x) { return moved(x) > 0; });
+  r.out = vmax * (std::expm1(2.0 * r.lse) + (v_moved ? std::ldexp(1.0, -10) : 0.0));
+  return r;
+}
+
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref) {
   if (gpu.size() != ref.size()) return std::numeric_limits<double>::infinity();
   double e = 0.0;

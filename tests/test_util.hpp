@@ -72,6 +72,19 @@ inline double weight_rounding(const HostAttentionResult& gpu, const HostTensor& 
   return weight_rounding(gpu.tile_layout, v);
 }
 
+/// What the cooperative-matrix kernels add where they decode K's and V's values (ks, vs: as
+/// stored, the block formats' own) to fp16 as they stage tiles: each value fp16 does not hold
+/// moves by at most 2^-10 of itself (any rounding mode; 2^-24 more below fp16's normals), so
+/// each score by at most delta = |scale| max over a query's and its KV head's keys of
+/// sum_c |q_c| |dk_c|, the LSE by delta, each weight by a factor within e^(+-2 delta) and the
+/// output by max|v| (e^(2 delta) - 1) more, and by 2^-10 max|v| where V moved. 0 for the other
+/// layouts, and for values fp16 holds (exact_blocks').
+struct DecodeRounding {
+  double out = 0.0, lse = 0.0;
+};
+DecodeRounding decode_rounding(TileLayout layout, const HostTensor& q, const HostTensor& ks,
+                               const HostTensor& vs, const AttentionParams& params);
+
 /// Largest |gpu - ref| over all elements; NaN in gpu counts as infinite.
 double max_error(const std::vector<float>& gpu, const std::vector<double>& ref);
 /// Same for LSE, where both may be -inf (rows that see no key).
