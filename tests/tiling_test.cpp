@@ -437,6 +437,31 @@ TEST(TilingTest, AmdLikeGpuKeepsEachInvocationsRegistersBounded) {
   EXPECT_EQ(s.lanes, 16u);
 }
 
+// Lanes asked for with block_keys (1 to 8 keys a step) take as many rows a workgroup as the
+// register budget allows at those keys, and one where none fits: all of a KV head's rows (q4_1 K
+// and q5_0 V at d = 32, one lane a key, 96 values of a row a lane) built 18,000 to 52,000
+// instructions that spilled (RADV), over which NVIDIA's compiler took minutes.
+TEST(TilingTest, LanesAskedForKeepTheirRowsWithinTheRegisterBudget) {
+  const DeviceInfo amd = device("RDNA-like", "discrete", 64 * 1024, 1024, 64, true, false);
+  AttentionParams params;
+  params.variant = Variant::splitkv;
+  params.hints.tile_layout = TileLayout::lanes;
+  auto lanes = [&](const Dims& shape, const Storage& kv, uint32_t keys) {
+    params.hints.block_keys = keys;
+    Spec s = detail::choose_tiling(
+        {.info = amd, .dims = shape, .params = params, .dtype = kv.q, .kv = kv});
+    EXPECT_EQ(s.layout, TileLayout::lanes);
+    EXPECT_EQ(s.bc, keys ? keys : 4u) << keys;
+    return s.rows;
+  };
+  const Storage blocks(DType::f32, DType::q4_1, DType::q5_0);
+  for (uint32_t keys : {0u, 1u, 2u, 8u})  // 6 rows of a KV head; 0: the engine's 4 keys
+    EXPECT_EQ(lanes(dims(4, 2, 3, 70, 32, 64), blocks, keys), 1u) << keys;
+  // fp16 at d = 128 (16 lanes a key, 8 values of a row a lane): all 4 of a KV head's rows.
+  const Storage f16(DType::f16, DType::f16, DType::f16);
+  EXPECT_EQ(lanes(dims(32, 8, 1, 16384, 128, 128), f16, 1), 4u);
+}
+
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
   Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
   EXPECT_EQ(s.layout, TileLayout::registers);

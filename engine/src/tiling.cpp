@@ -2,6 +2,7 @@
 #include "tiling.hpp"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -318,20 +319,21 @@ uint32_t lane_register_budget(const DeviceInfo& info) {
 }
 
 // Query rows of a lanes workgroup and keys a cluster takes a step: all of a KV head's rows (at
-// most kLaneRows), so that K and V are read once, and as many keys (8, 4 or 2) as
-// lane_register_budget() allows; fewer rows a workgroup (a KV head's rows over several
-// workgroups, which read the same K and V at about the same time) where even 2 keys a step would
-// not fit. {0, 0} when nothing fits.
+// most kLaneRows), so that K and V are read once, and as many keys (8, 4 or 2; or the
+// `forced_keys` a call asks for, 1 to 8) as lane_register_budget() allows; fewer rows a
+// workgroup (a KV head's rows over several workgroups, which read the same K and V at about the
+// same time) where even 2 keys a step would not fit. {0, 0} when nothing fits.
 std::pair<uint32_t, uint32_t> lane_tiles(const DeviceInfo& info, const Dims& dims,
                                          const Storage& kv, uint32_t lanes, uint32_t forced_keys) {
   uint64_t head_rows = uint64_t(dims.heads / dims.kv_heads) * dims.nq;  // per KV head
+  const uint32_t steps[] = {kLaneKeys, kLaneKeys / 2, kLaneKeys / 4};
+  std::span<const uint32_t> tried = steps;
+  if (forced_keys) tried = {&forced_keys, 1};
   for (uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(head_rows, kLaneRows)); rows > 0;
        rows = rows > 1 ? (rows + 1) / 2 : 0)
-    for (uint32_t keys : {kLaneKeys, kLaneKeys / 2, kLaneKeys / 4}) {
-      if (forced_keys && keys != forced_keys) continue;
+    for (uint32_t keys : tried)
       if (lane_registers(dims, kv, lanes, rows, keys) <= lane_register_budget(info))
         return {rows, keys};
-    }
   return {0, 0};
 }
 
@@ -556,10 +558,11 @@ Spec choose_layout(const TilingRequest& request) {
     spec.layout = TileLayout::lanes;
     spec.lanes = lanes_per_key(info, dims, kv);
     auto [rows, keys] = lane_tiles(info, dims, kv, spec.lanes, params.hints.block_keys);
-    if (rows == 0) {  // asked for (tile_layout lanes) beyond the register budget: as asked
-      rows = static_cast<uint32_t>(
-          std::min<uint64_t>(uint64_t(dims.heads / dims.kv_heads) * dims.nq, kLaneRows));
-      keys = params.hints.block_keys ? params.hints.block_keys : kLaneKeys;
+    if (rows == 0) {  // asked for (tile_layout lanes) beyond the register budget: the least,
+      // a row a workgroup (all of a KV head's rows built 18,000 to 52,000 instructions that
+      // spilled: RADV, q4_1 K at d = 32; on the H200 a test of two such builds ran past 165 s)
+      rows = 1;
+      keys = params.hints.block_keys ? params.hints.block_keys : kLaneKeys / 4;
     }
     spec.rows = rows;
     spec.subgroup = std::max(info.subgroup_size, spec.lanes);
