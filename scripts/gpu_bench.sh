@@ -9,6 +9,9 @@
 #                       through --matrix-api nv2 (d <= 128), where the device has it
 #   sdpa.json           PyTorch's SDPA (flash and cuDNN backends) on those shapes, and flashvk's
 #                       time over theirs (scripts/sdpa_bench.py; where python3 has torch and CUDA)
+#   pipelines_f16_D.json  the driver's statistics of those shapes' pipelines (registers: what
+#                       bounds the matrix kernels' occupancy on NVIDIA); pipelines_nv2_f16_D.json
+#                       through nv2
 #   modifiers_f16.json  bench --suite modifiers in fp16 at N=4096 (the matrix path's modifier
 #                       costs, and its skip of hidden tiles: the sparse-mask row)
 #   prefill_as_built_f16_D.json  flash2's full shapes (d <= 128) with the SPIR-V as glslang
@@ -98,14 +101,16 @@ step() { run_step "flashvk $*" "$bin" "$@"; }
 if ((tiny)); then
   decode=(--nq 1 --heads 4 --kv-heads 2 --d 64 --repeat 3)
   decode_keys=(256 1024)
-  prefill_shape=(--heads 2 --nq 128 --repeat 3)
+  prefill_dims=(--heads 2 --nq 128)
+  prefill_shape=("${prefill_dims[@]}" --repeat 3)
   prefill_d=(64)
   shape=(--nq 64 --d 16 --repeat 2)  # for the modifiers suite
   peak=()                            # llvmpipe's calibrations take longer than the runs
 else
   decode=(--nq 1 --heads 32 --kv-heads 8 --d 128 --repeat 9)
   decode_keys=(4096 16384 65536)
-  prefill_shape=(--heads 8 --nq 4096 --repeat 9)
+  prefill_dims=(--heads 8 --nq 4096)
+  prefill_shape=("${prefill_dims[@]}" --repeat 9)
   prefill_d=(64 128 256)  # 256: the matrix kernel's split row blocks (Gemma's head dim)
   shape=(--nq 4096)  # issue #43's targets' N
   peak=(--peak)
@@ -161,6 +166,14 @@ sdpa_step() {
 }
 # Issue #43: the anchor, FlashAttention-2, on the prefill shapes.
 sdpa_step "$out/sdpa.json" "${json_files[@]}"
+# The prefill shapes' pipelines as the driver reports them, built without running (NVIDIA's
+# registers, which bound the matrix kernels' occupancy; nv2's beside them where present).
+for d in "${prefill_d[@]}"; do
+  step pipelines --variant flash2,flashd "${prefill_dims[@]}" --d "$d" --dtype f16 \
+    --json "$out/pipelines_f16_$d.json"
+  ((has_nv2 && d <= 128)) && step pipelines --variant flash2,flashd "${prefill_dims[@]}" \
+    --d "$d" --dtype f16 --matrix-api nv2 --json "$out/pipelines_nv2_f16_$d.json"
+done
 # Issue #19: the modifiers on the matrix path (softcap and the mask read +100% at 2adeeba), and
 # q8_0 decoding against fp16 at the longest length (targets: q8_0 <= 0.7x, q4_0 <= 0.5x fp16).
 step bench --suite modifiers --dtype f16 "${shape[@]}" --json "$out/modifiers_f16.json"
