@@ -119,6 +119,21 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got[name % (64, "nv2")], ("-", "no data"))
         self.assertEqual(got[name % (128, "nv2")], ("-", "no data"))
 
+    def test_split_row_blocks_against_the_engines_rows(self):
+        # d = 128: split (32 rows) 1.5 ms against the engine's 64 rows' 2.0; d = 64: 1.2 against
+        # 1.0; no d = 128 row block split where the split run fell back to other tiles.
+        files = {"prefill_f16_128.json": {"results": [row("flash2", 128, 2.0, block_rows=64)]},
+                 "prefill_f16_64.json": {"results": [row("flash2", 64, 1.0, block_rows=64)]},
+                 "rows_128_32.json": {"results": [row("flash2", 128, 1.5, block_rows=32)]},
+                 "rows_64_32.json": {"results": [row("flash2", 64, 1.2, block_rows=32)]}}
+        name = "d=%d full: row blocks split (32 rows) against the engine's (flash2)"
+        got = self.run_on(files)
+        self.assertEqual(got[name % 128], ("0.75x", "split wins"))
+        self.assertEqual(got[name % 64], ("1.20x", "the engine's 64 rows win"))
+        files["rows_128_32.json"] = {"results": [row("flash2", 128, 1.0, layout="blocks")]}
+        self.assertEqual(self.run_on(files)[name % 128],
+                         ("-", "not on the matrix path (blocks, cooperative_matrix)"))
+
     def test_skipped_phases_against_the_whole_kernel(self):
         files = {"skip_128_none.json": {"results": [row("flash2", 128, 2.0)]},
                  "skip_128_softmax.json": {"results": [row("flash2", 128, 0.5)]},
@@ -135,7 +150,7 @@ class GpuTargets(unittest.TestCase):
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 21)
+        self.assertEqual(len(got), 23)
 
 
 if __name__ == "__main__":

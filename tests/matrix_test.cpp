@@ -252,6 +252,30 @@ TEST_F(MatrixTest, TilesOfTheKeysACallAsksForMatchTheReference) {
                  "takes block_keys 16, 32 or 64");
 }
 
+// block_rows 32, where the call asks for the matrix layout, splits each block of rows over two
+// groups, half the head dims each, at d <= 128 too (as d = 256 always is: a lane holds half the
+// queries and output, a workgroup 32 rows): the modifiers' case in FlashAttention-2 and FLASH-D
+// (each row's softmax over the two groups' parts of its scores). 64 where the head dims need the
+// split, and other counts, are refused by name.
+TEST_F(MatrixTest, SplitRowBlocksACallAsksForMatchTheReference) {
+  Case c = modifiers_case(111);
+  c.params.hints.block_rows = 32;
+  for (Variant variant : {Variant::flash2, Variant::flashd}) {
+    c.params.variant = variant;
+    HostAttentionResult run = expect_matches(c.q, c.k, c.v, c.params, variant_name(variant));
+    EXPECT_EQ(run.block_rows, 32u) << variant_name(variant);
+  }
+  AttentionParams params;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  HostTensor q = round_to_half(random_tensor({1, 1, 4, 256}, 112));
+  for (auto [d, rows] : {std::pair{256, 64u}, std::pair{32, 48u}}) {
+    HostTensor qd = d == 256 ? q : round_to_half(c.q);
+    params.hints.block_rows = rows;
+    expect_refused([&] { attention(context(), qd, qd, qd, params, DType::f16); },
+                   "or 32 (each block of rows split over two groups");
+  }
+}
+
 // ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP in bench), the timing diagnostic, leaves
 // phases of the matrix kernel out, each to its closed form (flash_cm.comp, SKIP_*). In both
 // kernels (the softmax on lanes, and in matrices: nv2's, or its stand-in), FlashAttention-2, 70

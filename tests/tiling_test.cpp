@@ -462,6 +462,33 @@ TEST(TilingTest, LanesAskedForKeepTheirRowsWithinTheRegisterBudget) {
   EXPECT_EQ(lanes(dims(32, 8, 1, 16384, 128, 128), f16, 1), 4u);
 }
 
+// block_rows on the matrix kernel asked for: 32 splits each block of rows over two groups (half
+// the head dims each, LANES 2) at d = 128 too, 64 rows where d allows; the engine's choice is
+// unsplit up to 128, and block_rows without the layout asked for keeps other tiles.
+TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
+  auto matrix = [](uint32_t d, uint32_t rows, TileLayout layout) {
+    AttentionParams params;
+    params.variant = Variant::flash2;
+    params.hints.tile_layout = layout;
+    params.hints.block_rows = rows;
+    return detail::choose_tiling({.info = kH100,
+                                  .matrix_api = MatrixApi::khr,
+                                  .dims = dims(8, 8, 4096, 4096, d, d),
+                                  .params = params,
+                                  .dtype = DType::f16,
+                                  .kv = Storage(DType::f16)});
+  };
+  const TileLayout cm = TileLayout::cooperative_matrix;
+  EXPECT_EQ(matrix(128, 0, cm).lanes, 1u);
+  EXPECT_EQ(matrix(128, 64, cm).lanes, 1u);
+  Spec split = matrix(128, 32, cm);
+  EXPECT_EQ(split.layout, cm);
+  EXPECT_EQ(split.lanes, 2u);
+  EXPECT_GT(split.bc, 0u);
+  EXPECT_EQ(matrix(256, 32, cm).lanes, 2u);
+  EXPECT_NE(matrix(128, 32, TileLayout::automatic).layout, cm);
+}
+
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
   Spec s = tiling(kCpu, dims(8, 8, 4096, 4096, 128, 128), Variant::flash2, DType::f32);
   EXPECT_EQ(s.layout, TileLayout::registers);

@@ -116,10 +116,11 @@ uint32_t coopmat_whole_dims(const MatrixShape& shape) {
 // 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over
 // coopmat_whole_dims, so that a lane's queries and output take the registers they take there
 // (at d = 256 on 16 x 16, whole, they would take all 256 of an RDNA3 lane's; NVIDIA's 255 a
-// thread), else 1. Up to twice coopmat_whole_dims.
-uint32_t coopmat_split(const MatrixShape& shape, uint32_t d, uint32_t dv) {
+// thread), or where a call asks for kMatrixRows / 2 rows a workgroup (block_rows: half a lane's
+// queries and output, twice the workgroups), else 1. Up to twice coopmat_whole_dims.
+uint32_t coopmat_split(const MatrixShape& shape, uint32_t d, uint32_t dv, uint32_t block_rows) {
   uint32_t whole = coopmat_whole_dims(shape);
-  return d > whole || dv > whole ? 2 : 1;
+  return d > whole || dv > whole || block_rows == kMatrixRows / 2 ? 2 : 1;
 }
 
 // The matrix API of the kernel a call runs: nv2's keeps its softmax in matrices only where a
@@ -143,9 +144,8 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 // nv2's stand-in), and nv2 keeps the workgroup's rows (common.glsl's Row, 11 words, taken as 16).
 // `v_in_k`: V^T takes K's place once the scores are done (V_IN_K), so the larger of the two.
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
-                       MatrixApi api, Variant variant, bool v_in_k = false) {
+                       uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false) {
   const uint32_t wg = coopmat_workgroup(shape);
-  const uint32_t split = coopmat_split(shape, d, dv);
   api = coopmat_kernel_api(api, split);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   if (api == MatrixApi::emulated_nv2) exchange = wg * 4 * 9;  // and 8 for cm_to_a
@@ -181,21 +181,21 @@ struct MatrixTile {
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
 // (NVIDIA: registers bound these kernels) the most keys that fit.
 MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
-                        MatrixApi api, Variant variant, DType v_storage, uint32_t asked = 0) {
+                        uint32_t split, MatrixApi api, Variant variant, DType v_storage,
+                        uint32_t asked = 0) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t wg = coopmat_workgroup(shape);
-  const uint32_t split = coopmat_split(shape, d, dv);
   const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   for (uint32_t keys : {64u, 32u, 16u}) {
     if (asked && keys != asked) continue;
-    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, api, variant);
+    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
     bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
-    if (asked && coopmat_bytes(shape, keys, d, dv, api, variant, true) <= shared_bytes)
+    if (asked && coopmat_bytes(shape, keys, d, dv, split, api, variant, true) <= shared_bytes)
       return {keys, true};
   }
   return {};
@@ -225,17 +225,19 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
                  uint32_t shared_bytes, bool trace) {
   const MatrixShape shape = coopmat_shape(info);
   const uint32_t whole = coopmat_whole_dims(shape);
-  uint32_t multiple = 16 * coopmat_split(shape, dims.d, dims.dv);
   const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
-  const uint32_t keys = asked_matrix_keys(params);
+  const uint32_t keys = asked_matrix_keys(params), rows = params.hints.block_rows;
+  const uint32_t split = coopmat_split(shape, dims.d, dims.dv, rows);
+  const uint32_t multiple = 16 * split;
+  // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split
+  bool rows_fit = rows == 0 || (asked && rows == kMatrixRows / split);
   bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 &&
                     format(kv.k).matrix_kv() && format(kv.v).matrix_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
-                    dims.dv <= 2 * whole && params.hints.block_rows == 0 &&
-                    (asked || params.hints.block_keys == 0);
-  bool fits =
-      shape_fits &&
-      coopmat_tile(info, shared_bytes, dims.d, dims.dv, api, params.variant, kv.v, keys).keys > 0;
+                    dims.dv <= 2 * whole && rows_fit && (asked || params.hints.block_keys == 0);
+  bool fits = shape_fits && coopmat_tile(info, shared_bytes, dims.d, dims.dv, split, api,
+                                         params.variant, kv.v, keys)
+                                    .keys > 0;
   if (asked) {
     if (api == MatrixApi::none)
       throw Error(
@@ -254,19 +256,19 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           "Q, K and V in fp16 or a block format (q8_0, q4_0, ...), d and dv multiples of 16 up "
           "to " +
           std::to_string(whole) + ", or of 32 up to " + std::to_string(2 * whole) + " (" +
-          matrix_shape_name(shape) +
-          " matrices), and rows a workgroup chosen by the engine "
-          "(block_rows 0)");
+          matrix_shape_name(shape) + " matrices), and block_rows (rows a workgroup) 0 (the " +
+          "engine's), " + std::to_string(kMatrixRows) + " where d and dv are at most " +
+          std::to_string(whole) + ", or " + std::to_string(kMatrixRows / 2) +
+          " (each block of rows split over two groups, half the head dims each)");
     if (!fits) {
       const uint32_t tried = keys ? keys : 16;  // the engine's least
-      throw Error(
-          "tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
-          ", dv=" + std::to_string(dims.dv) + " needs " +
-          std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, api, params.variant,
-                                       keys != 0)) +
-          " bytes of shared memory with " + std::to_string(tried) +
-          " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
-          " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
+      throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
+                  ", dv=" + std::to_string(dims.dv) + " needs " +
+                  std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, split, api,
+                                               params.variant, keys != 0)) +
+                  " bytes of shared memory with " + std::to_string(tried) +
+                  " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
+                  " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
     }
     return !trace;  // traces record from the shared-memory kernels
   }
@@ -584,10 +586,10 @@ Spec choose_layout(const TilingRequest& request) {
     spec.subgroup = shape.subgroup;
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
-    spec.lanes = coopmat_split(shape, dims.d, dims.dv);
+    spec.lanes = coopmat_split(shape, dims.d, dims.dv, params.hints.block_rows);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.matrix, params.variant,
-                                   kv.v, asked_matrix_keys(params));
+    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.lanes, spec.matrix,
+                                   params.variant, kv.v, asked_matrix_keys(params));
     spec.bc = tile.keys;
     spec.v_in_k = tile.v_in_k;
     return spec;
