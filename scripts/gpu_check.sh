@@ -80,7 +80,13 @@ if [[ -z "${VK_DRIVER_FILES:-}" && -e "$nvidia_icd" && ! -e /usr/share/vulkan/ic
 fi
 export FLASHVK_VALIDATION=0 FLASHVK_CLI="$bin/flashvk"
 if [[ -n "${PACK:-}" ]]; then
-  pack() { tar czf "$PACK.part" -C "$(dirname "$out")" "$(basename "$out")" && mv "$PACK.part" "$PACK"; }
+  # Each packer writes a file of its own (a tar still running when the loop is killed at exit
+  # cannot overwrite the last pack), and leaves PACK's files out where PACK is inside OUT.
+  pack() {
+    local part="$PACK.$BASHPID"
+    tar czf "$part" --exclude="$(basename "$PACK")*" -C "$(dirname "$out")" "$(basename "$out")" &&
+      mv -f "$part" "$PACK"
+  }
   (while sleep 10; do pack 2>/dev/null; done) &
   packer=$!
   trap 'kill $packer 2>/dev/null; pack' EXIT

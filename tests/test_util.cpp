@@ -225,9 +225,9 @@ DecodeRounding decode_rounding(TileLayout layout, const HostTensor& q, const Hos
       }
   double scale = params.scale ? std::abs(*params.scale) : 1.0 / std::sqrt(double(d.d));
   r.lse = scale * pair_sum;
-  double vmax = max_abs(vs);
-  bool v_moved = std::any_of(vs.data.begin(), vs.data.end(), [&](float x) { return moved(x) > 0; });
-  r.out = vmax * (std::expm1(2.0 * r.lse) + (v_moved ? std::ldexp(1.0, -10) : 0.0));
+  double v_moved = 0.0;  // the most a value of V moves
+  for (float x : vs.data) v_moved = std::max(v_moved, moved(x));
+  r.out = max_abs(vs) * std::expm1(2.0 * r.lse) + v_moved;
   return r;
 }
 

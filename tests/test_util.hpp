@@ -77,7 +77,7 @@ inline double weight_rounding(const HostAttentionResult& gpu, const HostTensor& 
 /// moves by at most 2^-10 of itself (any rounding mode; 2^-24 more below fp16's normals), so
 /// each score by at most delta = |scale| max over a query's and its KV head's keys of
 /// sum_c |q_c| |dk_c|, the LSE by delta, each weight by a factor within e^(+-2 delta) and the
-/// output by max|v| (e^(2 delta) - 1) more, and by 2^-10 max|v| where V moved. 0 for the other
+/// output by max|v| (e^(2 delta) - 1) more, and by the most a value of V moved. 0 for the other
 /// layouts, and for values fp16 holds (exact_blocks').
 struct DecodeRounding {
   double out = 0.0, lse = 0.0;

@@ -259,7 +259,8 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           matrix_shape_name(shape) + " matrices), and block_rows (rows a workgroup) 0 (the " +
           "engine's), " + std::to_string(kMatrixRows) + " where d and dv are at most " +
           std::to_string(whole) + ", or " + std::to_string(kMatrixRows / 2) +
-          " (each block of rows split over two groups, half the head dims each)");
+          " (each block of rows split over two groups, half the head dims each: d and dv "
+          "multiples of 32)");
     if (!fits) {
       const uint32_t tried = keys ? keys : 16;  // the engine's least
       throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
