@@ -227,7 +227,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (!o.matrix_skip.empty())
     std::printf(
         "FLASHVK_MATRIX_SKIP=%s: the matrix kernel leaves these phases out (a timing "
-        "diagnostic: its results are wrong)\n",
+        "diagnostic: staging, scores, softmax or pv make its results wrong)\n",
         o.matrix_skip.c_str());
   std::printf("\n");
   std::vector<Row> rows = run_cases(ctx, cases, o);

@@ -15,7 +15,7 @@ class Args;
 /// pipeline cache; with flashvk::flex built, user-written functions (--score-mod, --mask-mod)
 /// enabled.
 /// The context of --device and --matrix-api (and ContextOptions::matrix_skip: a timing
-/// diagnostic, FLASHVK_MATRIX_SKIP, which only bench passes).
+/// diagnostic, FLASHVK_MATRIX_SKIP, which bench passes; pipelines reads it too).
 Context open_device(const Args& args, const std::string& matrix_skip = "");
 /// `flashvk bench --decode-loop` (decode_loop.cpp): one token a step over a growing KV cache,
 /// recorded once; host and GPU time per step and the objects created after the first. Exits 1

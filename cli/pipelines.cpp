@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -342,6 +343,8 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   options.matrix_api = parse_matrix_api(args.text("matrix-api", "auto"));
   options.subgroup_size = static_cast<uint32_t>(args.integer("subgroup-size", 0, 1, 1024));
   options.compile_only = true;
+  const char* skip = std::getenv("FLASHVK_MATRIX_SKIP");  // the pipelines bench would time
+  options.matrix_skip = skip ? skip : "";
   Context ctx = Context::create(options);
 #ifdef FLASHVK_CLI_FLEX
   flex::enable(ctx);  // --score-mod, --mask-mod: their kernels, and mask_mod's tile pass

@@ -21,7 +21,8 @@
 #   rows_D_32.json      flash2's matrix kernel with its row blocks split over two groups
 #                       (--block-rows 32), at d = 64 and 128
 #   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP,
-#                       its commas as +; none: nothing, the whole kernel)
+#                       its commas as +; none: nothing, the whole kernel); pipelines_skip_D_
+#                       PHASES.json: the registers of those that keep the results (queries)
 #   targets.txt         issue #43's targets, each measured and met or not; nv2, the SPIR-V as
 #                       built and the tiles against the default; the phases' share
 #                       (gpu_targets.py, run once the files it reads are written)
@@ -226,15 +227,23 @@ done
 # Issue #43: where the matrix kernel's time goes: flash2 (the engine's tiles) with phases left
 # out (FLASHVK_MATRIX_SKIP, flash_cm.comp's SKIP_*: staging K and V, the Q K^T products, the
 # softmax, the P V products; the last run all four, the loop's skeleton), for gpu_targets.py to
-# set against the whole kernel's time (none: the same run with nothing left out).
+# set against the whole kernel's time (none: the same run with nothing left out). Then two that
+# keep the results and free registers (NVIDIA's compiler gave this kernel 255 and spilled at
+# 9811b21): Q read from shared memory at each tile (queries), and the next tile not fetched
+# during this one (prefetch; 1.16x at 9811b21), each with its pipelines' registers.
 for d in "${prefill_d[@]}"; do
   ((d > 128)) && continue
-  for phases in none staging scores softmax pv scores,pv staging,scores,softmax,pv; do
+  for phases in none staging scores softmax pv scores,pv staging,scores,softmax,pv queries \
+    queries,prefetch; do
     skip="$phases"
     [[ $phases == none ]] && skip=""  # the whole kernel, with the same flags
     run_step "FLASHVK_MATRIX_SKIP=$skip flashvk bench ... --d $d (a timing diagnostic)" \
       env FLASHVK_MATRIX_SKIP="$skip" "$bin" bench --variant flash2 "${prefill_shape[@]}" \
       --d "$d" --dtype f16 --layout coopmat --json "$out/skip_${d}_${phases//,/+}.json"
+    [[ $phases == queries* ]] &&
+      run_step "FLASHVK_MATRIX_SKIP=$skip flashvk pipelines ... --d $d (their registers)" \
+        env FLASHVK_MATRIX_SKIP="$skip" "$bin" pipelines --variant flash2 "${prefill_dims[@]}" \
+        --d "$d" --dtype f16 --layout coopmat --json "$out/pipelines_skip_${d}_${phases//,/+}.json"
   done
 done
 # Issue #43's targets, judged from the files so far: prefill, sdpa, modifiers_f16, the tiles and

@@ -107,10 +107,19 @@ uvec2 block_head(bool of_k, uint x) {
 //            the rows' state as it started (FlashAttention-2: O = 0, LSE = -inf)
 //   pv       no P V products, nor O's rescaling (nor the reads of P and the factors, nor nv2's
 //            conversion of P): O = 0
+//   prefetch no tile is fetched during the work on the one before it: each is fetched right
+//            before it is stored (the results are unchanged: what the registers that holding
+//            the next tile takes would buy, a GPU's occupancy, against the loads' latency)
+//   queries  Q's matrices are not held in registers from the first tile to the last: each
+//            tile reads them from shared memory, where they stay (the results are unchanged:
+//            what their registers would buy; shared memory the host does not count)
 const bool SKIP_STAGING = (CM_SKIP & 1u) != 0u;
 const bool SKIP_SCORES = (CM_SKIP & 2u) != 0u;
 const bool SKIP_SOFTMAX = (CM_SKIP & 4u) != 0u;
 const bool SKIP_PV = (CM_SKIP & 8u) != 0u;
+const bool SKIP_PREFETCH = (CM_SKIP & 16u) != 0u;
+const bool SKIP_QUERIES = (CM_SKIP & 32u) != 0u;
+shared uvec4 q_sh[SKIP_QUERIES ? WG_ROWS * KS / 8u : 1u];  // the queries, with SKIP_QUERIES
 
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
@@ -188,9 +197,13 @@ void load_queries() {
     uint r = e / (D / 8u), t = e % (D / 8u);
     Row row = local_row(r);
     uvec4 x = row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
-    kv_sh[r * KS / 8u + t] = x;
+    if (SKIP_QUERIES)
+      q_sh[r * KS / 8u + t] = x;
+    else
+      kv_sh[r * KS / 8u + t] = x;
   }
   barrier();
+  if (SKIP_QUERIES) return;
   [[unroll]] for (uint k = 0u; k < QD / 16u; ++k)
     cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
 }
@@ -328,7 +341,13 @@ CmAcc score_piece(uint n) {
   [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
     CmBt kt;  // K^T: dims down, keys across
     cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
-    cm_mul_add(acc, q_frag[k], kt);
+    if (SKIP_QUERIES) {
+      CmA qa;
+      cm_load_a(qa, q_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+      cm_mul_add(acc, qa, kt);
+    } else {
+      cm_mul_add(acc, q_frag[k], kt);
+    }
   }
   return acc;
 }
@@ -697,14 +716,16 @@ void main() {
   uint kv_base = row.kv_base;  // the same for every row of the workgroup
   // Tiles the additive mask hides from every row of the workgroup are skipped (next_seen_tile).
   uint j0 = next_seen_tile(begin, end);
-  if (j0 < end) fetch_tile(kv_base, j0, min(BC, end - j0));
+  if (j0 < end && !SKIP_PREFETCH) fetch_tile(kv_base, j0, min(BC, end - j0));
   while (j0 < end) {
     uint n = min(BC, end - j0);
+    if (SKIP_PREFETCH) fetch_tile(kv_base, j0, n);
     barrier();  // every group is done with the previous tile
     store_tile();
     barrier();
     uint next = next_seen_tile(j0 + BC, end);
-    if (next < end) {  // with V_IN_K, V's loads once this tile's V^T is stored (below)
+    // with V_IN_K, V's loads once this tile's V^T is stored (below)
+    if (next < end && !SKIP_PREFETCH) {
       if (!V_IN_K) fetch_v(kv_base, next, min(BC, end - next));
       fetch_k(kv_base, next, min(BC, end - next));
     }
@@ -724,7 +745,7 @@ void main() {
 #endif
     tile_accumulate(rescale);
 #endif
-    if (V_IN_K && next < end) fetch_v(kv_base, next, min(BC, end - next));
+    if (V_IN_K && next < end && !SKIP_PREFETCH) fetch_v(kv_base, next, min(BC, end - next));
     j0 = next;
   }
 #ifdef CM_ROW_OPS

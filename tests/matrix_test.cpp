@@ -284,7 +284,9 @@ TEST_F(MatrixTest, SplitRowBlocksACallAsksForMatchTheReference) {
 // O = 0, LSE the true one. The softmax's P = 1 and factors 1 show in FLASH-D, whose output is not
 // divided: in 16-key tiles O is the sum of every tile's 16 keys' V, the last tile's 6 keys and
 // 10 more copies of key 69 (what a tile holds past its keys), unsplit (d = 16) and split (d =
-// 160: 4 keys a softmax lane, two groups a block). A phase it does not know is refused by name.
+// 160: 4 keys a softmax lane, two groups a block). prefetch (tiles fetched as they are stored)
+// and queries (Q read from shared memory at each tile) keep the reference's results. A phase
+// it does not know is refused by name.
 TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
   HostTensor q = round_to_half(random_tensor({1, 2, 20, 16}, 111)),
              k = round_to_half(random_tensor({1, 1, 70, 16}, 112)),
@@ -333,6 +335,14 @@ TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
     HostAttentionResult pv = run(api, "pv", q, k, v, params);
     EXPECT_EQ(max_error(pv.out.data, zeros), 0.0) << name;
     EXPECT_LE(max_lse_error(pv.lse.data, ref.lse), 2e-5) << name;
+    // prefetch and queries leave out a way of holding data, not work: the reference's output.
+    for (const char* kept : {"prefetch", "queries", "prefetch,queries"}) {
+      HostAttentionResult same = run(api, kept, q, k, v, params);
+      EXPECT_LE(max_error(same.out.data, ref.out),
+                tolerance(q, k, v, params) + weight_rounding(same, v))
+          << name << ", " << kept;
+      EXPECT_LE(max_lse_error(same.lse.data, ref.lse), 2e-5) << name << ", " << kept;
+    }
   }
   AttentionParams flashd = params;
   flashd.variant = Variant::flashd;
@@ -347,6 +357,16 @@ TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
     EXPECT_EQ(sums.block_keys, 16u) << what;
     EXPECT_LE(max_error(sums.out.data, weighed(vv, ones)), 1e-3) << what;
     for (float lse : sums.lse.data) EXPECT_EQ(lse, -INFINITY) << what;
+  }
+  {  // the kept ones split (each group's half of Q's head dims from shared memory)
+    AttentionParams split = params;
+    split.hints.block_keys = 16;
+    reference::Result want = reference::direct(q160, k160, v96, split);
+    HostAttentionResult same = run(matrix_api_of(context().device()), "prefetch,queries", q160,
+                                   k160, v96, split);
+    EXPECT_LE(max_error(same.out.data, want.out),
+              tolerance(q160, k160, v96, split) + weight_rounding(same, v96));
+    EXPECT_LE(max_lse_error(same.lse.data, want.lse), 2e-5);
   }
   ContextOptions unknown = test_options();
   unknown.matrix_skip = "scores,exp";

@@ -702,7 +702,7 @@ namespace {
 // ContextOptions::matrix_skip as CM_SKIP's bits (shaders/flash_cm.comp, SKIP_*).
 uint32_t matrix_phases(const std::string& names) {
   static const std::pair<std::string_view, uint32_t> kPhases[] = {
-      {"staging", 1}, {"scores", 2}, {"softmax", 4}, {"pv", 8}};
+      {"staging", 1}, {"scores", 2}, {"softmax", 4}, {"pv", 8}, {"prefetch", 16}, {"queries", 32}};
   uint32_t bits = 0;
   std::string_view rest = names;
   while (!rest.empty()) {
@@ -711,8 +711,8 @@ uint32_t matrix_phases(const std::string& names) {
                            [&](const auto& phase) { return phase.first == name; });
     if (it == std::end(kPhases))
       throw Error("ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP): '" + std::string(name) +
-                  "' is not a phase of the matrix kernel (staging, scores, softmax, pv, "
-                  "separated by commas)");
+                  "' is not a phase of the matrix kernel (staging, scores, softmax, pv, prefetch, "
+                  "queries, separated by commas)");
     bits |= it->second;
     rest.remove_prefix(std::min(rest.size(), name.size() + 1));
   }

@@ -169,8 +169,12 @@ struct ContextOptions {
   MatrixShape emulated_matrix_shape;
   /// A timing diagnostic, never for results: phases the matrix kernels leave out, by name and
   /// separated by commas (staging, scores, softmax, pv; docs/performance.md), to tell where a
-  /// GPU's time goes; their outputs are then wrong. Empty: none. Another name throws Error.
-  /// (`flashvk bench` takes it from the environment variable FLASHVK_MATRIX_SKIP.)
+  /// GPU's time goes; their outputs are then wrong. Two more leave out a way of holding data,
+  /// not work, and keep the results: `prefetch` (each K/V tile fetched only as it is stored,
+  /// not during the tile before) and `queries` (Q's matrices read from shared memory at each
+  /// tile, not held in registers), which tell what registers would buy. Empty: none. Another
+  /// name throws Error. (`flashvk bench` and `flashvk pipelines` take it from the environment
+  /// variable FLASHVK_MATRIX_SKIP.)
   std::string matrix_skip;
 };
 
