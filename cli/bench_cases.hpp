@@ -2,6 +2,7 @@
 // flashvk bench's parts, for the files that make it up: the cases and what a run records
 // (this header), the suites (bench_suites.cpp), the timed rounds (bench_run.cpp), the table and
 // the JSON (bench_output.cpp), and the command's options (bench.cpp).
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -46,6 +47,16 @@ struct Row {
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
   bool fp16_arithmetic = false;                         // --fp16-arithmetic applied to it
   bool emulated = false;  // the matrix kernel without matrix units (MatrixApi::emulated)
+  // Its slowest run's time over its fastest's (runs that timed nothing left out; 0 if none).
+  double spread() const {
+    double lo = 0, hi = 0;
+    for (const Run& run : runs)
+      if (run.ms > 0) {
+        lo = lo > 0 ? std::min(lo, run.ms) : run.ms;
+        hi = std::max(hi, run.ms);
+      }
+    return lo > 0 ? hi / lo : 0;
+  }
 };
 
 struct Options {
@@ -78,6 +89,7 @@ struct Clock {
 };
 
 constexpr double kSuiteMinTime = 0.5;
+constexpr double kUnsteadySpread = 2;  // a row's spread() past which bench says so
 constexpr int kSuiteFlashdRounds = 9;
 constexpr int kModifierRounds = 9;  // --suite modifiers: each ratio to the base a median of 9 pairs
 

@@ -299,6 +299,24 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
     rows.insert(rows.end(), case_rows.begin(), case_rows.end());
   }
   std::fprintf(stderr, "%zu runs in %.1f s\n", clock.done, clock.seconds());
+  // Runs of one variant on one case far apart: the GPU's clocks (or another load) changed
+  // while they ran (an H200 read 5x slow part-way through a suite), which a median may mix.
+  const Row* widest = nullptr;
+  size_t unsteady = 0;
+  for (const Row& r : rows)
+    if (r.spread() > kUnsteadySpread) {
+      ++unsteady;
+      if (!widest || r.spread() > widest->spread()) widest = &r;
+    }
+  if (widest)
+    std::fprintf(stderr,
+                 "flashvk: note: %zu of %zu rows have a run over %.0fx slower than their fastest "
+                 "(at most %.1fx: %s, %s, Nq=%u d=%u): the GPU's clocks or another load changed "
+                 "while they ran; the JSON's runs_ms has every run, and the ratios are taken run "
+                 "by run\n",
+                 unsteady, rows.size(), kUnsteadySpread, widest->spread(),
+                 variant_name(widest->variant), mask_text(*widest->c).c_str(), widest->c->dims.nq,
+                 widest->c->dims.d);
   if (o.peak && !rows.empty()) {
     auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       return a.peak_gflops < b.peak_gflops;

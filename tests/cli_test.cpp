@@ -456,6 +456,18 @@ TEST(BenchTable, TimesKeepTheirDigits) {
   EXPECT_EQ(cli::time_text(52184.02), "52184.020 ms");
 }
 
+// A row's spread: its slowest run over its fastest, runs that timed nothing left out (bench notes
+// rows past kUnsteadySpread: clocks that changed while they ran).
+TEST(BenchTable, SpreadIsTheSlowestRunOverTheFastest) {
+  cli::Row row{};
+  EXPECT_EQ(row.spread(), 0.0);
+  for (double ms : {0.357, 0.0, 1.708, 0.356, 1.855}) row.runs.push_back({ms, 0.0});
+  EXPECT_DOUBLE_EQ(row.spread(), 1.855 / 0.356);
+  EXPECT_GT(row.spread(), cli::kUnsteadySpread);
+  row.runs = {{0.5, 0.0}, {0.6, 0.0}};
+  EXPECT_DOUBLE_EQ(row.spread(), 1.2);
+}
+
 // --decode-loop: a cache of 48 tokens filled one a step; no Vulkan object after the first step,
 // the JSON holds a GPU and host time for every step, and options that make no sense for it are
 // refused by name.
