@@ -383,6 +383,22 @@ void write_factors(float keep, float coef) {
   }
 }
 
+// The additive mask's entries (MOD_MASK) of this lane's keys of a tile, fetched before the
+// tile's scores so that their loads are in flight during the Q K^T products, 4 keys a load:
+// read where the softmax uses them, each under its key's `seen`, they were waited for there. A
+// mask row is mask_stride() words (a multiple of 4) from pc.mask_values (a multiple of 64:
+// modifiers.cpp); past its end the last tile reads the row's last 4 again (keys never seen).
+layout(std430, binding = B_Tables) readonly buffer Tables4 { uvec4 table4[]; };
+vec4 mask4[PART / 4u];
+void fetch_mask(uint j0) {
+  if ((MODS & MOD_MASK) == 0u || SKIP_SOFTMAX) return;
+  uint first = (lane() % LPR) * PART;
+  uint row_at = (pc.mask_values + rows[0].mask_row * mask_stride()) / 4u;
+  uint last = mask_stride() / 4u - 1u;
+  [[unroll]] for (uint c4 = 0u; c4 < PART / 4u; ++c4)
+    mask4[c4] = uintBitsToFloat(table4[row_at + min((j0 + first) / 4u + c4, last)]);
+}
+
 // Step 2 left out (SKIP_SOFTMAX): P = 1 for the lane's keys, the factors 1; no rescaling.
 bool skip_softmax() {
   uint first = (lane() % LPR) * PART;
@@ -431,7 +447,9 @@ bool tile_softmax(uint j0, uint n, bool inner) {
     uint j = j0 + first + c;
     seen[c] = inner || c - c_lo < width;  // (c < c_lo wraps past width)
     if (KEY_MASK) seen[c] = seen[c] && key_visible(0u, j);
-    s[c] = row_score(0u, j, seen[c], dots[c / 4u][c % 4u] * pc.scale);
+    float x = dots[c / 4u][c % 4u] * pc.scale;
+    s[c] = (MODS & MOD_MASK) != 0u ? row_score_fetched(0u, j, seen[c], x, mask4[c / 4u][c % 4u])
+                                   : row_score(0u, j, seen[c], x);
     m_loc = max(m_loc, s[c]);
   }
   cm_sync();  // the row's scores are read (by its lanes, all in this group) before P goes over them
@@ -733,6 +751,7 @@ void main() {
 #ifdef CM_ROW_OPS
     tile_row_ops(j0, n, inner);
 #else
+    fetch_mask(j0);
     tile_scores();
 #ifdef CM_EMULATE
     bool rescale = tile_softmax(j0, n, inner);  // one copy: llvmpipe compiles it for many tests

@@ -90,7 +90,9 @@ int FLEX_NQ, FLEX_NK;
 #include "flex_functions.glsl"
 #endif
 
-float modify_score(uint rr, uint j, float s) {
+// Everything but the additive mask (for a kernel that fetched the mask's entries itself:
+// row_score_fetched); modify_score below adds the mask last.
+float modify_score_before_mask(uint rr, uint j, float s) {
 #ifdef FLEX
   int flex_b = int(rows[rr].b), flex_i = int(rows[rr].i);
   int flex_h = int(rows[rr].bh - rows[rr].b * pc.heads);  // bh % H, without a division
@@ -105,6 +107,11 @@ float modify_score(uint rr, uint j, float s) {
   s = score_mod(s, flex_b, flex_h, flex_i, int(j));
 #endif
   if ((MODS & MOD_ALIBI) != 0u) s -= rows[rr].slope * float(abs(rows[rr].diag - int(j)));
+  return s;
+}
+
+float modify_score(uint rr, uint j, float s) {
+  s = modify_score_before_mask(rr, j, s);
   // -inf from the mask hides the key: every recurrence treats it as masked.
   if ((MODS & MOD_MASK) != 0u) s += mask_value(rr, j);
   return s;
@@ -136,6 +143,11 @@ const bool SCORE_READS_ROW = (MODS & (MOD_ALIBI | MOD_MASK)) != 0u;
 // Row rr's score for key j, or -inf where `seen` says the row does not see it.
 float row_score(uint rr, uint j, bool seen, float scaled_dot) {
   return seen ? modify_score(rr, j, scaled_dot) : NEG_INF;
+}
+// The same with the additive mask's entry for (rr, j) given, where a kernel fetched its tile's
+// entries ahead of their use (MOD_MASK; flash_cm.comp's fetch_mask).
+float row_score_fetched(uint rr, uint j, bool seen, float scaled_dot, float mask) {
+  return seen ? modify_score_before_mask(rr, j, scaled_dot) + mask : NEG_INF;
 }
 
 // The tile bitmap (MOD_TILES; the fused kernels): a bit per workgroup and tile of BC keys, set

@@ -132,6 +132,40 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
   expect_modifiers_match(modifiers_case(31), {Variant::flashd, Variant::splitkv});
 }
 
+// An additive mask, per head (GQA's packed rows each read their own head's), whose entries the
+// kernel fetches 4 keys a load before each tile's scores (flash_cm.comp's fetch_mask): 150 keys,
+// so rows of 152 words whose last tile reads past them (clamped to the row's last 4); finite
+// values in [-2, 2], -inf on a stripe and on a few rows' first keys; every recurrence, 16-key
+// tiles (8 keys a softmax lane) and the engine's, unsplit (d = 32, dv = 48) and split (d = 160,
+// dv = 96). An entry of another key, row or head would move the output past the tolerance.
+TEST_F(MatrixTest, AdditiveMaskEntriesFetchedWithEachTileMatchTheReference) {
+  const int64_t heads = 4, nq = 70, nk = 150;
+  AttentionParams params;
+  params.want_lse = true;
+  params.mods.mask = HostTensor({1, heads, nq, nk});
+  HostTensor noise = random_tensor({1, heads, nq, nk}, 41);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t j = 0; j < nk; ++j) {
+        size_t at = size_t((h * nq + i) * nk + j);
+        bool hidden = (j + 3 * h) % 11 == 0 || (i % 9 == 0 && j < 40);
+        params.mods.mask.data[at] = hidden ? -INFINITY : 2.0f * noise.data[at];
+      }
+  for (int64_t d : {32, 160}) {
+    HostTensor q = random_tensor({1, heads, nq, d}, 42), k = random_tensor({1, 2, nk, d}, 43),
+               v = random_tensor({1, 2, nk, d == 32 ? 48 : 96}, 44);
+    for (Variant variant : kMatrixVariants)
+      for (uint32_t keys : {16u, 0u}) {
+        params.variant = variant;
+        params.hints.block_keys = keys;
+        params.hints.splits = variant == Variant::splitkv ? 3 : 0;
+        expect_matches(q, k, v, params,
+                       std::string("mask, ") + variant_name(variant) + ", d = " +
+                           std::to_string(d) + ", block_keys " + std::to_string(keys));
+      }
+  }
+}
+
 // FlashAttention-2's matrix kernel scales O only in tiles where some row of a block of 16 moves
 // its max (flash_cm.comp's vote, coopmat.glsl's cm_any). Key 0 gives every row its largest
 // score, so that most tiles move no row's max and skip the scaling; key 70 then beats it for one
