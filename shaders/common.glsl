@@ -191,6 +191,13 @@ Row rows[ROWS];
 // Whether key j is inside row rr's keys (row_keys).
 bool in_row_keys(uint rr, uint j) { return j >= rows[rr].key_begin && j < rows[rr].key_end; }
 
+// The block of query rows this workgroup runs (x of the fused kernels' grid), the dispatch's x
+// in reverse: in a causal walk later rows see more keys, so the longest blocks start first and
+// the short ones fill the dispatch's end, where in order the longest were the last to start and
+// the GPU waited on them. Every mapping of a workgroup to its rows, and the tile bitmap's
+// (mask_tile_word), goes through it.
+uint row_block() { return gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x; }
+
 // Which keys a row sees, its sink, and the score hook (the modifiers).
 #include "modifiers.glsl"
 
@@ -217,9 +224,9 @@ Row make_row(uint b, uint h, uint i, bool valid) {
 // BLOCK_TILE those of its row group (LANES invocations share them).
 uint row_slot(uint rr) {
 #ifdef BLOCK_TILE
-  return (gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x) / LANES * ROWS + rr;
+  return (row_block() * gl_WorkGroupSize.x + gl_LocalInvocationID.x) / LANES * ROWS + rr;
 #else
-  return gl_GlobalInvocationID.x * ROWS + rr;
+  return (row_block() * gl_WorkGroupSize.x + gl_LocalInvocationID.x) * ROWS + rr;
 #endif
 }
 

@@ -183,7 +183,7 @@ Row local_row(uint r) {
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads;
   uint hkv = gl_WorkGroupID.y % pc.kv_heads;
-  uint packed = gl_WorkGroupID.x * WG_ROWS + r;
+  uint packed = row_block() * WG_ROWS + r;
   bool valid = packed < group * pc.nq;
   uint hg = valid ? packed / pc.nq : 0u;
   uint i = valid ? packed % pc.nq : 0u;

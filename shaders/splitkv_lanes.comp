@@ -70,7 +70,7 @@ void main() {
   uint group = pc.heads / pc.kv_heads;
   uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
-    uint r = gl_WorkGroupID.x * ROWS + rr;
+    uint r = row_block() * ROWS + rr;
     bool valid = r < group * pc.nq;
     rows[rr] = make_row(b, hkv * group + (valid ? r / pc.nq : 0u), valid ? r % pc.nq : 0u, valid);
     uint base = q_at(rows[rr].bh, rows[rr].i) + sub * KE;
@@ -233,7 +233,7 @@ void main() {
   // leaves nothing wrong for the next.
   controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
                  gl_SemanticsAcquireRelease);
-  uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint block = row_block() + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (gl_LocalInvocationID.x == 0u)
     last_sh = atomicAdd(chunks_done[block], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
                         gl_SemanticsAcquireRelease) == pc.splits - 1u;

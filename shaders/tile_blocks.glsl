@@ -44,7 +44,7 @@ void load_q_tile() {
   const uint steps = (BR * D + WG - 1u) / WG;
   [[unroll]] for (uint s = 0; s < steps; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
-    uint lr = e % BR, k = e / BR, r = gl_WorkGroupID.x * BR + lr;
+    uint lr = e % BR, k = e / BR, r = row_block() * BR + lr;
     float x = 0.0;
     if (e < BR * D && r < rows) {
       uint bh = b * pc.heads + hkv * group + r / pc.nq;
