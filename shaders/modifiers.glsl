@@ -7,6 +7,7 @@ const uint MOD_ALIBI = 2u;    // s -= slope |diagonal - j|
 const uint MOD_SINKS = 4u;    // a sink logit in the denominator
 const uint MOD_MASK = 8u;     // an additive float mask (in table_words, from pc.mask_values)
 const uint MOD_TILES = 16u;   // a tile bitmap (pc.mask_tiles): an additive mask's, or mask_mod's
+const uint MOD_SOFTCAP_WIDE = 32u;  // a softcap past 64: tanh's series near 0 (modify_score)
 
 // The one place that says which keys a query row sees: [begin, end), bottom-right aligned, so that
 // query i sits on key i + Nk - Nq (its diagonal), and the sliding window (left, right) keeps keys
@@ -84,6 +85,9 @@ float mask_value(uint rr, uint j) {
 // c tanh(x), x = s / c, is c - 2 c / (e^2x + 1): one exponential and one reciprocal, where GLSL's
 // tanh took two exponentials and a division (AMD's compiler: the matrix kernel's latency
 // estimate over causal's +45% -> +29% at d = 64); x clamped to +-15, where tanh is +-1 in fp32.
+// Its error is about c 2^-24 in every score, as is GLSL's tanh on Mesa (3e-6 at Gemma 2's c = 50),
+// so past c = 64 (MOD_SOFTCAP_WIDE, the host's choice: kSoftcapFastMax) scores whose x is
+// under 1/8 take tanh's series.
 #ifdef FLEX
 // User-written attention (Modifiers::score_mod, mask_mod), compiled in at run time by
 // flashvk::flex, whose include serves flex_functions.glsl: flex_table[] (binding 14), FLEX_NQ and
@@ -105,8 +109,13 @@ float modify_score_before_mask(uint rr, uint j, float s) {
 #endif
 #endif
   if ((MODS & MOD_SOFTCAP) != 0u) {
-    float e2x = exp2(clamp(s / pc.softcap, -15.0, 15.0) * 2.8853900817779268);  // 2 log2(e)
-    s = pc.softcap - 2.0 * pc.softcap / (e2x + 1.0);
+    float x = clamp(s / pc.softcap, -15.0, 15.0), x2 = x * x;
+    float capped = pc.softcap - 2.0 * pc.softcap / (exp2(x * 2.8853900817779268) + 1.0);
+    if ((MODS & MOD_SOFTCAP_WIDE) != 0u)  // tanh's series below 1/8 (to x^7: within 2^-22)
+      capped = abs(x) < 0.125
+                   ? s * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+                   : capped;
+    s = capped;
   }
 #if defined(FLEX_SCORE_MOD) && !defined(FLEX_TILES)  // the tile pass asks what mask_mod hides
   s = score_mod(s, flex_b, flex_h, flex_i, int(j));

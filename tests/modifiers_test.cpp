@@ -360,34 +360,40 @@ TEST_P(ClosedFormTest, AlibiWithEqualScores) {
 
 // Softcap with known scores: q = a e_0 and k_j = b_j e_0 make s_j = scale a b_j, so the capped
 // scores c tanh(s_j / c) and their softmax are computed here, not by the reference. The raw
-// scores span -40..40 and c = 5, so capping changes the weights completely.
+// scores span -40..40: with c = 5 capping changes the weights completely (s / c past 1/8 and
+// near 0, both of the kernels' ways to tanh); with c = 10^4 it barely moves them, and a tanh
+// that kept only c's last bits (c - 2c / (e^2x + 1) alone) would be 10^-3 off.
 TEST_P(ClosedFormTest, SoftcapWithKnownScores) {
   const uint32_t nk = 33;
-  const float c = 5.0f, scale = 0.5f;
+  const float scale = 0.5f;
   HostTensor q({1, 1, 1, 4}), k({1, 1, nk, 4}), v({1, 1, nk, 4});
   q.data[0] = 8.0f;
   for (uint32_t j = 0; j < nk; ++j) {
     k.data[j * 4] = -10.0f + 20.0f * float(j) / float(nk - 1);  // s_j from -40 to 40
     for (uint32_t e = 0; e < 4; ++e) v.data[j * 4 + e] = std::cos(float(j * (e + 1)));
   }
-  AttentionParams params;
-  params.variant = GetParam();
-  params.scale = scale;
-  params.mods.softcap = c;
-  HostAttentionResult gpu = attention(context(), q, k, v, params);
-  double den = 0, o[4] = {0, 0, 0, 0}, m = 0;
-  std::vector<double> s(nk);
-  for (uint32_t j = 0; j < nk; ++j) {
-    s[j] = double(c) * std::tanh(double(scale) * 8.0 * double(k.data[j * 4]) / double(c));
-    m = std::max(m, s[j]);
+  for (float c : {5.0f, 1e4f}) {
+    AttentionParams params;
+    params.variant = GetParam();
+    params.scale = scale;
+    params.mods.softcap = c;
+    HostAttentionResult gpu = attention(context(), q, k, v, params);
+    double den = 0, o[4] = {0, 0, 0, 0}, m = -INFINITY;
+    std::vector<double> s(nk);
+    for (uint32_t j = 0; j < nk; ++j) {
+      s[j] = double(c) * std::tanh(double(scale) * 8.0 * double(k.data[j * 4]) / double(c));
+      m = std::max(m, s[j]);
+    }
+    for (uint32_t j = 0; j < nk; ++j) {
+      double w = std::exp(s[j] - m);
+      den += w;
+      for (uint32_t e = 0; e < 4; ++e) o[e] += w * v.data[j * 4 + e];
+    }
+    for (uint32_t e = 0; e < 4; ++e)
+      EXPECT_NEAR(gpu.out.data[e], o[e] / den, 2e-6) << "c = " << c << ", " << e;
+    // (an fp32 LSE near 40 is within 2^-19 of it at best)
+    EXPECT_NEAR(gpu.lse.data[0], m + std::log(den), 2e-6 * std::max(1.0, m)) << "c = " << c;
   }
-  for (uint32_t j = 0; j < nk; ++j) {
-    double w = std::exp(s[j] - m);
-    den += w;
-    for (uint32_t e = 0; e < 4; ++e) o[e] += w * v.data[j * 4 + e];
-  }
-  for (uint32_t e = 0; e < 4; ++e) EXPECT_NEAR(gpu.out.data[e], o[e] / den, 2e-6) << e;
-  EXPECT_NEAR(gpu.lse.data[0], m + std::log(den), 2e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, ClosedFormTest, ::testing::ValuesIn(all_variants()),

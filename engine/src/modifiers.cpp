@@ -569,6 +569,7 @@ void Plan::upload_flex_table() {
 
 void spec_modifiers(const Modifiers& m, Spec& spec) {
   if (m.softcap > 0) spec.mods |= kModSoftcap;
+  if (m.softcap > kSoftcapFastMax) spec.mods |= kModSoftcapWide;
   if (m.alibi()) spec.mods |= kModAlibi;
   if (!m.sinks.empty()) spec.mods |= kModSinks;
   if (m.has_mask()) spec.mods |= kModMask | kModTiles;

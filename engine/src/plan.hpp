@@ -39,8 +39,12 @@ static_assert(sizeof(Push) % 4 == 0 && sizeof(Push) <= 128 &&
                   sizeof(Push) <= sizeof(Dispatch::push),
               "push constants: 32-bit members within Vulkan's guaranteed 128 bytes");
 constexpr uint32_t kFlagLse = 4, kFlagTrace = 8;  // a key mask: Spec::key_mask
-/// Spec::mods bits, MOD_* in shaders/common.glsl.
-constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8, kModTiles = 16;
+/// Spec::mods bits, MOD_* in shaders/modifiers.glsl.
+constexpr uint32_t kModSoftcap = 1, kModAlibi = 2, kModSinks = 4, kModMask = 8, kModTiles = 16,
+                   kModSoftcapWide = 32;
+/// Softcaps past this take tanh's series near 0 too (kModSoftcapWide): the kernels' c - 2c /
+/// (e^2x + 1) is about c 2^-24 off in each score, whatever the score.
+constexpr float kSoftcapFastMax = 64.0f;
 
 /// Where tensor `t`'s values are.
 Range binding(const Tensor& t);
