@@ -113,6 +113,10 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
   --json FILE         write every figure as JSON
   --device N          Vulkan device index
 )" FLASHVK_MATRIX_API_HELP R"(
+FLASHVK_MATRIX_SKIP=LIST (a timing diagnostic: docs/performance.md) builds the matrix kernels
+with phases left out: staging, scores, softmax, pv (wrong results), prefetch, queries (the same
+results, data held otherwise).
+
 examples:
   flashvk bench --nq 512 --d 64 --causal --repeat 5 --json bench.json
   flashvk bench --suite standard --peak --json suite.json

@@ -311,12 +311,12 @@ std::vector<Row> run_cases(Context& ctx, const std::vector<Case>& cases, const O
   if (widest)
     std::fprintf(stderr,
                  "flashvk: note: %zu of %zu rows have a run over %.0fx slower than their fastest "
-                 "(at most %.1fx: %s, %s, Nq=%u d=%u): the GPU's clocks or another load changed "
-                 "while they ran; the JSON's runs_ms has every run, and the ratios are taken run "
-                 "by run\n",
+                 "(at most %.1fx: %s, %s, Nq=%u Nk=%u d=%u): the GPU's clocks or another load "
+                 "changed while they ran; the JSON's runs_ms has every run, and the ratios are "
+                 "taken run by run\n",
                  unsteady, rows.size(), kUnsteadySpread, widest->spread(),
                  variant_name(widest->variant), mask_text(*widest->c).c_str(), widest->c->dims.nq,
-                 widest->c->dims.d);
+                 widest->c->dims.nk, widest->c->dims.d);
   if (o.peak && !rows.empty()) {
     auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       return a.peak_gflops < b.peak_gflops;

@@ -89,6 +89,9 @@ uses subgroup operations built for that size), or where it assumes none the size
 compiled it at ("any" where the driver does not say). --check also fails where a driver
 compiled a pipeline at another size than it required.
 
+FLASHVK_MATRIX_SKIP=LIST builds the matrix kernels as bench does under it (their registers with
+phases left out, or with prefetch or queries: flashvk bench --help).
+
 examples:
   flashvk pipelines --variant flash2 --nq 4096 --d 128 --dtype f16 --fp16-arithmetic
   RADV_FORCE_FAMILY=vangogh flashvk pipelines --suite kernels --check --json vangogh.json
@@ -345,6 +348,9 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   options.compile_only = true;
   const char* skip = std::getenv("FLASHVK_MATRIX_SKIP");  // the pipelines bench would time
   options.matrix_skip = skip ? skip : "";
+  if (!options.matrix_skip.empty())
+    std::printf("FLASHVK_MATRIX_SKIP=%s: the matrix kernels leave these phases out\n",
+                options.matrix_skip.c_str());
   Context ctx = Context::create(options);
 #ifdef FLASHVK_CLI_FLEX
   flex::enable(ctx);  // --score-mod, --mask-mod: their kernels, and mask_mod's tile pass

@@ -107,12 +107,13 @@ uvec2 block_head(bool of_k, uint x) {
 //            the rows' state as it started (FlashAttention-2: O = 0, LSE = -inf)
 //   pv       no P V products, nor O's rescaling (nor the reads of P and the factors, nor nv2's
 //            conversion of P): O = 0
-//   prefetch no tile is fetched during the work on the one before it: each is fetched right
-//            before it is stored (the results are unchanged: what the registers that holding
-//            the next tile takes would buy, a GPU's occupancy, against the loads' latency)
+//   prefetch no tile is fetched during the work on the one before it: each is fetched at the
+//            start of its own (with V_IN_K, V too, stored once the scores are done). The results
+//            are the same: it tells what the registers that hold the next tile cost (a GPU's
+//            occupancy) against the loads' latency they hide
 //   queries  Q's matrices are not held in registers from the first tile to the last: each
-//            tile reads them from shared memory, where they stay (the results are unchanged:
-//            what their registers would buy; shared memory the host does not count)
+//            tile reads them from shared memory, where they stay (q_sh; the results are the
+//            same). The host refuses it where q_sh does not fit (ContextImpl::driver_constants)
 const bool SKIP_STAGING = (CM_SKIP & 1u) != 0u;
 const bool SKIP_SCORES = (CM_SKIP & 2u) != 0u;
 const bool SKIP_SOFTMAX = (CM_SKIP & 4u) != 0u;
@@ -156,8 +157,9 @@ uint part() { return sg() % SPLIT; }   // which 1 / SPLIT of the head dims it ho
 uint block_scratch() { return (block() * SPLIT * SG_ROWS * SS) / 4u; }
 uint group_scratch() { return (sg() * SG_ROWS * SS) / 4u; }  // the group's own
 // The row of its block whose softmax (and state) is this lane's: a split block's groups take
-// half of the rows each.
+// half of the rows each; of the row's keys in a tile, the lane takes PART from this one.
 uint softmax_row() { return part() * (SG_ROWS / SPLIT) + lane() / LPR; }
+uint lane_first_key() { return (lane() % LPR) * PART; }
 
 // The shared-memory writes of a block's groups before it are seen by them after it.
 void block_sync() {
@@ -190,8 +192,9 @@ Row local_row(uint r) {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-// Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices;
-// rows past the problem are zeros.
+// Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices
+// (SKIP_QUERIES: stages them in q_sh, where the tiles read them); rows past the problem are
+// zeros.
 void load_queries() {
   for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
     uint r = e / (D / 8u), t = e % (D / 8u);
@@ -392,8 +395,8 @@ layout(std430, binding = B_Tables) readonly buffer Tables4 { uvec4 table4[]; };
 vec4 mask4[PART / 4u];
 void fetch_mask(uint j0) {
   if ((MODS & MOD_MASK) == 0u || SKIP_SOFTMAX) return;
-  uint first = (lane() % LPR) * PART;
-  uint row_at = (pc.mask_values + rows[0].mask_row * mask_stride()) / 4u;
+  uint first = lane_first_key();
+  uint row_at = (pc.mask_values + mask_row_start(0u)) / 4u;
   uint last = mask_stride() / 4u - 1u;
   [[unroll]] for (uint c4 = 0u; c4 < PART / 4u; ++c4)
     mask4[c4] = uintBitsToFloat(table4[row_at + min((j0 + first) / 4u + c4, last)]);
@@ -401,7 +404,7 @@ void fetch_mask(uint j0) {
 
 // Step 2 left out (SKIP_SOFTMAX): P = 1 for the lane's keys, the factors 1; no rescaling.
 bool skip_softmax() {
-  uint first = (lane() % LPR) * PART;
+  uint first = lane_first_key();
   uint p_at = softmax_row() * SS + first / 2u;
   [[unroll]] for (uint c = 0u; c < PART; c += 2u) {
     uint at = p_at + c / 2u;
@@ -423,7 +426,7 @@ bool skip_softmax() {
 // at run time.
 bool tile_softmax(uint j0, uint n, bool inner) {
   if (SKIP_SOFTMAX) return skip_softmax();
-  uint first = (lane() % LPR) * PART;
+  uint first = lane_first_key();
   uint s_at = block_scratch() + (softmax_row() * SS + first) / 4u;  // first: a multiple of 4
   // Every score is read first, 4 at a time (PART is a multiple of 4): read where each is used,
   // a score a load, RADV waited for each load in turn.

@@ -67,6 +67,8 @@ bool key_visible(uint rr, uint j) {
 }
 
 uint mask_stride() { return (pc.nk + 3u) & ~3u; }
+// Where row rr's additive mask starts among the mask's values (pc.mask_values in table_words).
+uint mask_row_start(uint rr) { return rows[rr].mask_row * mask_stride(); }
 
 // The additive mask of row rr at key j (MOD_MASK). Register tiles prefetch their tile's entries
 // four keys a texel (tile.glsl): llvmpipe runs a per-lane storage-buffer read as a loop over the
@@ -75,7 +77,7 @@ uint mask_stride() { return (pc.nk + 3u) & ~3u; }
 float mask_value(uint rr, uint j);
 #else
 float mask_value(uint rr, uint j) {
-  return uintBitsToFloat(table_words[pc.mask_values + rows[rr].mask_row * mask_stride() + j]);
+  return uintBitsToFloat(table_words[pc.mask_values + mask_row_start(rr) + j]);
 }
 #endif
 

@@ -31,7 +31,7 @@ void mark_tile_keys(Row r, uint j0, uint n) {
     int last = textureSize(mask_tex) - 1;
     [[unroll]] for (uint rr = 0; rr < ROWS; ++rr)
       [[unroll]] for (uint t = 0; t < BC / 4u; ++t) {
-        int at = int((rows[rr].mask_row * mask_stride() + j0) / 4u + t);
+        int at = int((mask_row_start(rr) + j0) / 4u + t);
         vec4 x = texelFetch(mask_tex, min(at, last));
         [[unroll]] for (uint e = 0; e < 4u; ++e) tile_mask[rr][4u * t + e] = x[e];
       }

@@ -319,8 +319,8 @@ TEST_F(MatrixTest, SplitRowBlocksACallAsksForMatchTheReference) {
 // divided: in 16-key tiles O is the sum of every tile's 16 keys' V, the last tile's 6 keys and
 // 10 more copies of key 69 (what a tile holds past its keys), unsplit (d = 16) and split (d =
 // 160: 4 keys a softmax lane, two groups a block). prefetch (tiles fetched as they are stored)
-// and queries (Q read from shared memory at each tile) keep the reference's results. A phase
-// it does not know is refused by name.
+// and queries (Q read from shared memory at each tile) keep the whole kernel's results, bit for
+// bit. A phase it does not know is refused by name.
 TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
   HostTensor q = round_to_half(random_tensor({1, 2, 20, 16}, 111)),
              k = round_to_half(random_tensor({1, 1, 70, 16}, 112)),
@@ -369,13 +369,16 @@ TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
     HostAttentionResult pv = run(api, "pv", q, k, v, params);
     EXPECT_EQ(max_error(pv.out.data, zeros), 0.0) << name;
     EXPECT_LE(max_lse_error(pv.lse.data, ref.lse), 2e-5) << name;
-    // prefetch and queries leave out a way of holding data, not work: the reference's output.
+    // prefetch and queries leave out a way of holding data, not work: the whole kernel's
+    // results, bit for bit.
+    HostAttentionResult whole = run(api, "", q, k, v, params);
+    EXPECT_LE(max_error(whole.out.data, ref.out),
+              tolerance(q, k, v, params) + weight_rounding(whole, v))
+        << name;
     for (const char* kept : {"prefetch", "queries", "prefetch,queries"}) {
       HostAttentionResult same = run(api, kept, q, k, v, params);
-      EXPECT_LE(max_error(same.out.data, ref.out),
-                tolerance(q, k, v, params) + weight_rounding(same, v))
-          << name << ", " << kept;
-      EXPECT_LE(max_lse_error(same.lse.data, ref.lse), 2e-5) << name << ", " << kept;
+      EXPECT_EQ(same.out.data, whole.out.data) << name << ", " << kept;
+      EXPECT_EQ(same.lse.data, whole.lse.data) << name << ", " << kept;
     }
   }
   AttentionParams flashd = params;
@@ -392,15 +395,47 @@ TEST_F(MatrixTest, SkippedPhasesGiveTheirClosedForms) {
     EXPECT_LE(max_error(sums.out.data, weighed(vv, ones)), 1e-3) << what;
     for (float lse : sums.lse.data) EXPECT_EQ(lse, -INFINITY) << what;
   }
-  {  // the kept ones split (each group's half of Q's head dims from shared memory)
+  {
+    // The kept ones split (each group's half of Q's head dims from shared memory: d = 160, and
+    // d = 64 in 32-row blocks), and without the prefetch where V^T takes K's place (64 keys at
+    // d = 64 within 32 KiB: V_IN_K), bit for bit; queries where Q's array does not fit the
+    // shared memory is refused.
+    const MatrixApi api = matrix_api_of(context().device());
     AttentionParams split = params;
     split.hints.block_keys = 16;
-    reference::Result want = reference::direct(q160, k160, v96, split);
-    HostAttentionResult same = run(matrix_api_of(context().device()), "prefetch,queries", q160,
-                                   k160, v96, split);
-    EXPECT_LE(max_error(same.out.data, want.out),
-              tolerance(q160, k160, v96, split) + weight_rounding(same, v96));
-    EXPECT_LE(max_lse_error(same.lse.data, want.lse), 2e-5);
+    HostAttentionResult whole = run(api, "", q160, k160, v96, split);
+    HostAttentionResult same = run(api, "prefetch", q160, k160, v96, split);
+    EXPECT_EQ(same.out.data, whole.out.data) << "split, prefetch";
+    EXPECT_EQ(same.lse.data, whole.lse.data) << "split, prefetch";
+    HostTensor q64 = round_to_half(random_tensor({1, 2, 20, 64}, 117)),
+               k64 = round_to_half(random_tensor({1, 1, 70, 64}, 118)),
+               v64 = round_to_half(random_tensor({1, 1, 70, 64}, 119));
+    AttentionParams rows32 = params;
+    rows32.hints.block_rows = 32;
+    HostAttentionResult halves = run(api, "", q64, k64, v64, rows32);
+    for (const char* kept : {"queries", "prefetch,queries"}) {
+      HostAttentionResult split_same = run(api, kept, q64, k64, v64, rows32);
+      EXPECT_EQ(split_same.block_rows, 32u) << kept;
+      EXPECT_EQ(split_same.out.data, halves.out.data) << "32 rows, " << kept;
+      EXPECT_EQ(split_same.lse.data, halves.lse.data) << "32 rows, " << kept;
+    }
+    AttentionParams wide = params;
+    wide.hints.block_keys = 64;
+    wide.hints.max_shared_memory = 32 * 1024;
+    HostAttentionResult in_k = run(api, "", q64, k64, v64, wide);
+    EXPECT_EQ(in_k.block_keys, 64u);
+    HostAttentionResult fetched_late = run(api, "prefetch", q64, k64, v64, wide);
+    EXPECT_EQ(fetched_late.out.data, in_k.out.data);
+    EXPECT_EQ(fetched_late.lse.data, in_k.lse.data);
+    ContextOptions small = test_options();
+    small.matrix_api = api;
+    small.matrix_skip = "queries";
+    small.limits.max_shared_memory = 32 * 1024;  // the engine's tiles fit, with Q's array not
+    Context ctx = Context::create(small);
+    HostTensor q256 = round_to_half(random_tensor({1, 2, 20, 256}, 120)),
+               k256 = round_to_half(random_tensor({1, 1, 70, 256}, 121));
+    expect_refused([&] { attention(ctx, q256, k256, k256, params, DType::f16); },
+                   "matrix_skip (FLASHVK_MATRIX_SKIP) queries: the matrix kernel needs up to");
   }
   ContextOptions unknown = test_options();
   unknown.matrix_skip = "scores,exp";

@@ -14,6 +14,7 @@
 #include "flashvk/context.hpp"
 #include "shader_registry.hpp"
 #include "spirv.hpp"
+#include "tiling.hpp"
 #include "vk.hpp"
 
 namespace flashvk {
@@ -699,20 +700,25 @@ uint32_t ContextImpl::memory_type(uint32_t type_bits, VkMemoryPropertyFlags want
 
 namespace {
 
-// ContextOptions::matrix_skip as CM_SKIP's bits (shaders/flash_cm.comp, SKIP_*).
+// ContextOptions::matrix_skip's names and CM_SKIP's bits (shaders/flash_cm.comp, SKIP_*).
+constexpr uint32_t kSkipQueries = 32;  // Q's matrices from a shared array of their own
+constexpr std::pair<std::string_view, uint32_t> kPhases[] = {
+    {"staging", 1}, {"scores", 2},    {"softmax", 4},
+    {"pv", 8},      {"prefetch", 16}, {"queries", kSkipQueries}};
+
 uint32_t matrix_phases(const std::string& names) {
-  static const std::pair<std::string_view, uint32_t> kPhases[] = {
-      {"staging", 1}, {"scores", 2}, {"softmax", 4}, {"pv", 8}, {"prefetch", 16}, {"queries", 32}};
   uint32_t bits = 0;
   std::string_view rest = names;
   while (!rest.empty()) {
     std::string_view name = rest.substr(0, rest.find(','));
     auto it = std::find_if(std::begin(kPhases), std::end(kPhases),
                            [&](const auto& phase) { return phase.first == name; });
-    if (it == std::end(kPhases))
+    if (it == std::end(kPhases)) {
+      std::string known;
+      for (const auto& phase : kPhases) known += std::string(phase.first) + ", ";
       throw Error("ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP): '" + std::string(name) +
-                  "' is not a phase of the matrix kernel (staging, scores, softmax, pv, prefetch, "
-                  "queries, separated by commas)");
+                  "' is not a phase of the matrix kernel (" + known + "separated by commas)");
+    }
     bits |= it->second;
     rest.remove_prefix(std::min(rest.size(), name.size() + 1));
   }
@@ -723,7 +729,20 @@ uint32_t matrix_phases(const std::string& names) {
 
 std::array<uint32_t, spec_id::count> ContextImpl::driver_constants(const Spec& spec) const {
   std::array<uint32_t, spec_id::count> values = spec.constants();
-  if (spec.layout == TileLayout::cooperative_matrix) values[spec_id::cm_skip] = matrix_skip;
+  if (spec.layout != TileLayout::cooperative_matrix) return values;
+  values[spec_id::cm_skip] = matrix_skip;
+  // queries takes a shared array the tiling does not count: the block's rows of Q in fp16, each
+  // padded by 16 bytes (flash_cm.comp's q_sh), over what the tiling counts at most.
+  if (matrix_skip & kSkipQueries) {
+    uint32_t bytes = matrix_kernel_bytes(spec) + spec.block() * (spec.d + 8) * 2;
+    if (bytes > info.max_shared_memory)
+      throw Error(
+          "ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP) queries: the matrix kernel "
+          "needs up to " +
+          std::to_string(bytes) + " bytes of shared memory at d=" + std::to_string(spec.d) +
+          " with " + std::to_string(spec.bc) + " keys a tile; this device allows " +
+          std::to_string(info.max_shared_memory));
+  }
   return values;
 }
 

@@ -639,4 +639,10 @@ Spec choose_tiling(const TilingRequest& request) {
   return choose_layout(request);
 }
 
+uint32_t matrix_kernel_bytes(const Spec& spec) {
+  const MatrixShape shape{spec.cm_m, spec.cm_n, 16, spec.subgroup};
+  return coopmat_bytes(shape, spec.bc, spec.d, spec.dv, spec.lanes, spec.matrix, Variant::flash1,
+                       spec.v_in_k);
+}
+
 }  // namespace flashvk::detail

@@ -39,4 +39,8 @@ struct TilingRequest {
 /// asks for a layout (ExecutionHints::tile_layout) the device or the shape cannot have.
 Spec choose_tiling(const TilingRequest& request);
 
+/// Shared memory the cooperative-matrix kernel of `spec` takes as the tiling counts it (the
+/// recurrence's factors at their most: two), for a check outside the tiling.
+uint32_t matrix_kernel_bytes(const Spec& spec);
+
 }  // namespace flashvk::detail
