@@ -240,10 +240,14 @@ for d in "${prefill_d[@]}"; do
     run_step "FLASHVK_MATRIX_SKIP=$skip flashvk bench ... --d $d (a timing diagnostic)" \
       env FLASHVK_MATRIX_SKIP="$skip" "$bin" bench --variant flash2 "${prefill_shape[@]}" \
       --d "$d" --dtype f16 --layout coopmat --json "$out/skip_${d}_${phases//,/+}.json"
-    [[ $phases == queries* ]] &&
-      run_step "FLASHVK_MATRIX_SKIP=$skip flashvk pipelines ... --d $d (their registers)" \
-        env FLASHVK_MATRIX_SKIP="$skip" "$bin" pipelines --variant flash2 "${prefill_dims[@]}" \
-        --d "$d" --dtype f16 --layout coopmat --json "$out/pipelines_skip_${d}_${phases//,/+}.json"
+    [[ $phases == queries* ]] || continue
+    if tail -n 8 "$log" | grep -q "queries: the matrix kernel needs up to"; then
+      failed=$((failed - 1))  # refused: Q's array does not fit (lavapipe's 32 KiB; the log says so)
+      continue
+    fi
+    run_step "FLASHVK_MATRIX_SKIP=$skip flashvk pipelines ... --d $d (their registers)" \
+      env FLASHVK_MATRIX_SKIP="$skip" "$bin" pipelines --variant flash2 "${prefill_dims[@]}" \
+      --d "$d" --dtype f16 --layout coopmat --json "$out/pipelines_skip_${d}_${phases//,/+}.json"
   done
 done
 # Issue #43's targets, judged from the files so far: prefill, sdpa, modifiers_f16, the tiles and
