@@ -19,7 +19,8 @@
 #   tiles_API_D_KEYS.json  the matrix kernel at 16, 32 and 64 KEYS a tile (--block-keys),
 #                       flash2 at d = 64 and 128, in the default API and nv2 (API)
 #   rows_D_32.json      flash2's matrix kernel with its row blocks split over two groups
-#                       (--block-rows 32), at d = 64 and 128
+#                       (--block-rows 32), at d = 64 and 128; rows_D_128.json with 128 rows a
+#                       workgroup (--block-rows 128), and pipelines_rows_D_128.json their registers
 #   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP,
 #                       its commas as +; none: nothing, the whole kernel); pipelines_skip_D_
 #                       PHASES.json: the registers of those that keep the results (queries)
@@ -216,13 +217,18 @@ for api in default nv2; do
   done
 done
 # Issue #43: the matrix kernel's row blocks split over two groups (--block-rows 32: half the head
-# dims a group, a lane's queries and output halved, 32 rows a workgroup), which
-# gpu_targets.py sets against the engine's unsplit 64 rows: where registers bound the kernel's
-# occupancy (NVIDIA), the split may win.
+# dims a group, a lane's queries and output halved, 32 rows a workgroup; 1.55-1.63x the time on
+# the H200 at 9811b21), and workgroups of 128 rows (--block-rows 128: 8 groups, each K/V tile
+# staged and fetched once for twice the rows, half the next tile's registers an invocation),
+# which gpu_targets.py sets against the engine's 64 rows; the 128-row kernel's registers too.
 for d in "${prefill_d[@]}"; do
   ((d > 128)) && continue  # split anyway
-  step bench --variant flash2 "${prefill_shape[@]}" --d "$d" --dtype f16 --layout coopmat \
-    --block-rows 32 --json "$out/rows_${d}_32.json"
+  for rows in 128 32; do
+    step bench --variant flash2 "${prefill_shape[@]}" --d "$d" --dtype f16 --layout coopmat \
+      --block-rows "$rows" --json "$out/rows_${d}_$rows.json"
+  done
+  step pipelines --variant flash2 "${prefill_dims[@]}" --d "$d" --dtype f16 --layout coopmat \
+    --block-rows 128 --json "$out/pipelines_rows_${d}_128.json"
 done
 # Issue #43: where the matrix kernel's time goes: flash2 (the engine's tiles) with phases left
 # out (FLASHVK_MATRIX_SKIP, flash_cm.comp's SKIP_*: staging K and V, the Q K^T products, the

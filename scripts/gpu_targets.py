@@ -8,7 +8,7 @@ glslang built it), OUT/sdpa.json (PyTorch's SDPA on the same shapes, flash backe
 FlashAttention-2), OUT/modifiers_f16.json (bench --suite modifiers in fp16),
 OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the default matrix API and nv2), each
 set against the tile the engine chose, OUT/rows_D_32.json (flash2's row blocks split over two
-groups) set against the engine's rows, and OUT/skip_D_PHASES.json (flash2 with phases of the
+groups) and OUT/rows_D_128.json (workgroups of 128 rows) set against the engine's rows, and OUT/skip_D_PHASES.json (flash2 with phases of the
 matrix kernel left out; skip_D_none.json: the whole kernel, which the others are set against). A
 target "on the matrix path" is judged only on rows that ran the cooperative-matrix kernel; a run
 on other tiles says so instead. The targets are for N = 4096 (gpu_bench.sh's shapes; --tiny's
@@ -166,21 +166,23 @@ def evaluate(out):
             else:
                 verdict = "%d keys win (engine: %d)" % (best["block_keys"], chosen["block_keys"])
             results.append((name, measured, verdict))
-    # Row blocks split over two groups (--block-rows 32) against the engine's 64 rows.
-    for d in (64, 128):
-        name = "d=%d full: row blocks split (32 rows) against the engine's (flash2)" % d
-        path = os.path.join(out, "rows_%d_32.json" % d)
-        split = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
+    # Row blocks split over two groups (--block-rows 32), and workgroups of twice the groups
+    # (--block-rows 128), against the engine's 64 rows.
+    for d, rows in ((64, 32), (128, 32), (64, 128), (128, 128)):
+        what = "row blocks split (32 rows)" if rows == 32 else "128-row workgroups"
+        name = "d=%d full: %s against the engine's (flash2)" % (d, what)
+        path = os.path.join(out, "rows_%d_%d.json" % (d, rows))
+        other = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
         chosen = find(prefill, variant="flash2", d=d, causal=False)
-        if split is None or chosen is None:
+        if other is None or chosen is None:
             results.append((name, "-", "no data"))
-        elif split["tile_layout"] != MATRIX or chosen["tile_layout"] != MATRIX:
+        elif other["tile_layout"] != MATRIX or chosen["tile_layout"] != MATRIX:
             results.append((name, "-", "not on the matrix path (%s, %s)" %
-                            (split["tile_layout"], chosen["tile_layout"])))
+                            (other["tile_layout"], chosen["tile_layout"])))
         else:
-            x = split["ms"] / chosen["ms"]
-            won = x < 1.0 and split["block_rows"] != chosen["block_rows"]
-            results.append((name, "%.2fx" % x, "split wins" if won else
+            x = other["ms"] / chosen["ms"]
+            won = x < 1.0 and other["block_rows"] != chosen["block_rows"]
+            results.append((name, "%.2fx" % x, "%d rows win" % other["block_rows"] if won else
                             "the engine's %d rows win" % chosen["block_rows"]))
     # Where the matrix kernel's time goes: flash2 with phases left out (FLASHVK_MATRIX_SKIP),
     # against the whole kernel in the same flags (skip_D_none.json).

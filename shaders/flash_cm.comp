@@ -64,13 +64,25 @@ const uint VB = V_IN_K ? 0u : BC * KS;       // where the V^T tile starts, in fp
 
 // K tile, then V^T tile, or V^T in K's place once the scores are done (V_IN_K: a tile twice as long
 // in about the same space, for two more barriers a tile); the queries pass through the same space
-// first, so at least WG_ROWS rows of KS. Past the tile's n keys each piece repeats its last key:
+// first, Q_DIMS head dims of the workgroup's WG_ROWS rows at a time: all D where they fit in the
+// tiles' space, else the most of D / 2, D / 4, D / 8 that do, or 16 (128-row workgroups, whose
+// queries would take more than the tiles; a split block's always fit). Past the tile's n keys
+// each piece repeats its last key:
 // those keys' scores are -inf (tile_softmax's `seen`), their weights exactly 0, so what K and V
 // hold there is never used (zeros there cost a select a value where every tile but the last has
 // none past it).
 const uint KV_TILES = V_IN_K ? (BC * KS > DV * VTS ? BC * KS : DV * VTS)
                              : BC * KS + DV * VTS;  // fp16
-const uint KV_SIZE = KV_TILES > WG_ROWS * KS ? KV_TILES : WG_ROWS * KS;
+// (selects of comparisons alone: with && and || among these constants, RADV's compiler crashed)
+#define Q_FITS(dims) (((dims) % 16u == 0u ? WG_ROWS * ((dims) + 8u) : 0xffffffffu) <= KV_TILES)
+const uint Q_DIMS = SPLIT > 1u       ? D
+                    : Q_FITS(D)      ? D
+                    : Q_FITS(D / 2u) ? D / 2u
+                    : Q_FITS(D / 4u) ? D / 4u
+                    : Q_FITS(D / 8u) ? D / 8u
+                                     : 16u;
+const uint QS = Q_DIMS + 8u;  // a staged query row's stride, fp16
+const uint KV_SIZE = KV_TILES > WG_ROWS * QS ? KV_TILES : WG_ROWS * QS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
 
 // Q and K eight fp16 values at a time, V four (d and dv are multiples of 16).
@@ -192,23 +204,58 @@ Row local_row(uint r) {
   return make_row(b, hkv * group + hg, i, valid);
 }
 
-// Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices
-// (SKIP_QUERIES: stages them in q_sh, where the tiles read them); rows past the problem are
-// zeros.
-void load_queries() {
-  for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
-    uint r = e / (D / 8u), t = e % (D / 8u);
-    Row row = local_row(r);
-    uvec4 x = row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
-    if (SKIP_QUERIES)
-      q_sh[r * KS / 8u + t] = x;
-    else
-      kv_sh[r * KS / 8u + t] = x;
+// The workgroup's query row r (rows past the problem are zeros), piece t (8 head dims).
+uvec4 query_piece(uint r, uint t) {
+  Row row = local_row(r);
+  return row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
+}
+
+// Head dims x0 .. x0 + Q_DIMS - 1 of the workgroup's queries staged in kv_sh, and each group's
+// matrices of them loaded (where Q_DIMS < D: SPLIT is 1). Every group loads in each pass (in
+// passes of rows, with a test of which were a group's, RADV spilled the kernel).
+void load_query_dims(uint x0) {
+  const uint PIECES = WG_ROWS * Q_DIMS / 8u;  // 8 head dims each
+  if (x0 > 0u) barrier();  // every group has its matrices from the pass before
+  [[unroll]] for (uint i = 0u; i < (PIECES + WG - 1u) / WG; ++i) {
+    uint e = gl_LocalInvocationID.x + i * WG, r = e / (Q_DIMS / 8u), t = e % (Q_DIMS / 8u);
+    if (PIECES % WG == 0u || e < PIECES) kv_sh[r * QS / 8u + t] = query_piece(r, x0 / 8u + t);
   }
   barrier();
-  if (SKIP_QUERIES) return;
-  [[unroll]] for (uint k = 0u; k < QD / 16u; ++k)
-    cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+  // (clamped: a pass past D, in a build that never runs it, indexed past q_frag: RADV crashed)
+  [[unroll]] for (uint k = 0u; k < Q_DIMS / 16u; ++k)
+    cm_load_a(q_frag[min(x0 / 16u + k, QD / 16u - 1u)], kv_sh,
+              (block() * SG_ROWS * QS + k * 16u) / 8u, QS / 8u);
+}
+
+// Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices:
+// all at once where they fit, else Q_DIMS head dims at a time, the passes spelled out (in a loop
+// of passes, RADV's compiler crashed). SKIP_QUERIES: stages them all in q_sh, where the tiles
+// read them.
+void load_queries() {
+  if (SKIP_QUERIES || Q_DIMS == D) {
+    for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
+      uint r = e / (D / 8u), t = e % (D / 8u);
+      if (SKIP_QUERIES)
+        q_sh[r * KS / 8u + t] = query_piece(r, t);
+      else
+        kv_sh[r * KS / 8u + t] = query_piece(r, t);
+    }
+    barrier();
+    if (SKIP_QUERIES) return;
+    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k)
+      cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+    return;
+  }
+  load_query_dims(0u);  // D / Q_DIMS passes: 2, 4 or 8
+  load_query_dims(Q_DIMS);
+  if (D / Q_DIMS == 2u) return;
+  load_query_dims(2u * Q_DIMS);
+  load_query_dims(3u * Q_DIMS);
+  if (D / Q_DIMS == 4u) return;
+  load_query_dims(4u * Q_DIMS);
+  load_query_dims(5u * Q_DIMS);
+  load_query_dims(6u * Q_DIMS);
+  load_query_dims(7u * Q_DIMS);
 }
 
 // A tile's K and V as each invocation fetches them: the next tile is fetched into registers

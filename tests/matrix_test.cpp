@@ -310,6 +310,39 @@ TEST_F(MatrixTest, SplitRowBlocksACallAsksForMatchTheReference) {
   }
 }
 
+// block_rows 128, where the call asks for the matrix layout: twice the groups a workgroup (256
+// invocations on 16 x 16), each K/V tile staged once for 128 rows. The ragged case (GQA: 140
+// packed rows a KV head, so a partial workgroup) in FlashAttention-2 at 16 keys a tile, whose
+// queries pass through the K/V space 16 head dims at a time (flash_cm.comp's Q_DIMS), and the
+// modifiers' case in FLASH-D; the pipeline's workgroup says so. Past d = 128 it is refused.
+TEST_F(MatrixTest, WorkgroupsOfTwiceTheRowsACallAsksForMatchTheReference) {
+  Case ragged = ragged_case(121);
+  ragged.params.variant = Variant::flash2;
+  ragged.params.hints.block_rows = 128;
+  ragged.params.hints.block_keys = 16;
+  HostAttentionResult run =
+      expect_matches(ragged.q, ragged.k, ragged.v, ragged.params, "flash2, 16 keys");
+  EXPECT_EQ(run.block_rows, 128u);
+  EXPECT_EQ(run.block_keys, 16u);
+  AttentionParams described = ragged.params;
+  described.hints.tile_layout = TileLayout::cooperative_matrix;
+  std::vector<PipelineDescription> pipes =
+      describe_pipelines(context(), PipelineCall{2, 4, 2, 70, 150, 32, 48, described, DType::f16});
+  ASSERT_FALSE(pipes.empty());
+  EXPECT_EQ(pipes[0].spec_constants.at(0).second, 8u * pipes[0].spec_constants.at(13).second)
+      << "8 groups of SUBGROUP invocations";
+  Case c = modifiers_case(122);
+  c.params.variant = Variant::flashd;
+  c.params.hints.block_rows = 128;
+  EXPECT_EQ(expect_matches(c.q, c.k, c.v, c.params, "flashd, modifiers").block_rows, 128u);
+  AttentionParams params;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  params.hints.block_rows = 128;
+  HostTensor q = round_to_half(random_tensor({1, 1, 4, 256}, 123));
+  expect_refused([&] { attention(context(), q, q, q, params, DType::f16); },
+                 "or 128 (256 invocations a workgroup");
+}
+
 // ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP in bench), the timing diagnostic, leaves
 // phases of the matrix kernel out, each to its closed form (flash_cm.comp, SKIP_*). In both
 // kernels (the softmax on lanes, and in matrices: nv2's, or its stand-in), FlashAttention-2, 70

@@ -302,7 +302,8 @@ TEST(TilingTest, MatrixTilesTakeTheKeysACallAsksFor) {
       [&] { asked(kH100, 64, 32 * 1024); },
       ("needs " + std::to_string(v_in_k) + " bytes of shared memory with 64 keys").c_str());
   expect_refused([&] { asked(kH100, 48); }, "takes block_keys 16, 32 or 64");
-  expect_refused([&] { asked(kH100, 16, 16384); }, "the kernels may take 16384 (the least of");
+  // 16 keys with V^T in K's place, the queries staged a row block at a time: 13 KiB
+  expect_refused([&] { asked(kH100, 16, 12288); }, "the kernels may take 12288 (the least of");
   DeviceInfo nv2 = kH100;
   nv2.nv_cooperative_matrix2 = true;
   nv2.matrix_api = MatrixApi::nv2;
@@ -463,15 +464,17 @@ TEST(TilingTest, LanesAskedForKeepTheirRowsWithinTheRegisterBudget) {
 }
 
 // block_rows on the matrix kernel asked for: 32 splits each block of rows over two groups (half
-// the head dims each, LANES 2) at d = 128 too, 64 rows where d allows; the engine's choice is
-// unsplit up to 128, and block_rows without the layout asked for keeps other tiles.
+// the head dims each, LANES 2) at d = 128 too, 64 rows where d allows; 128 takes 8 groups (256
+// invocations) up to d = 128, on a device that allows so many (Vulkan's minimum is 128); the
+// engine's choice is unsplit 64 rows up to 128, and block_rows without the layout asked for
+// keeps other tiles.
 TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
-  auto matrix = [](uint32_t d, uint32_t rows, TileLayout layout) {
+  auto matrix = [](uint32_t d, uint32_t rows, TileLayout layout, const DeviceInfo& info = kH100) {
     AttentionParams params;
     params.variant = Variant::flash2;
     params.hints.tile_layout = layout;
     params.hints.block_rows = rows;
-    return detail::choose_tiling({.info = kH100,
+    return detail::choose_tiling({.info = info,
                                   .matrix_api = MatrixApi::khr,
                                   .dims = dims(8, 8, 4096, 4096, d, d),
                                   .params = params,
@@ -487,6 +490,21 @@ TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
   EXPECT_GT(split.bc, 0u);
   EXPECT_EQ(matrix(256, 32, cm).lanes, 2u);
   EXPECT_NE(matrix(128, 32, TileLayout::automatic).layout, cm);
+  EXPECT_EQ(matrix(128, 0, cm).block(), 64u);
+  Spec wide = matrix(128, 128, cm);
+  EXPECT_EQ(wide.lanes, 1u);
+  EXPECT_EQ(wide.workgroup, 256u);
+  EXPECT_EQ(wide.block(), 128u);
+  // its queries through the K/V space 64 head dims at a time at 32 keys: K's 32 x 136 and V^T's
+  // 128 x 40 fp16 (18.5 KiB), then 128 rows of scratch, FlashAttention's (two factors) 52 fp32
+  EXPECT_EQ(wide.bc, 32u);
+  EXPECT_EQ(detail::matrix_kernel_bytes(wide), 2u * (32 * 136 + 128 * 40) + 128 * 4 * 52 + 64);
+  EXPECT_EQ(matrix(64, 128, cm).block(), 128u);
+  DeviceInfo narrow = kH100;
+  narrow.max_workgroup_invocations = 128;
+  test::expect_refused([&] { matrix(128, 128, cm, narrow); },
+                       "or 128 (256 invocations a workgroup; this device takes 128)");
+  test::expect_refused([&] { matrix(256, 128, cm); }, "or 128 (256 invocations");
 }
 
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {
@@ -559,7 +577,7 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
   EXPECT_TRUE(has(h100_flash2, TileLayout::cooperative_matrix));
   // Without matrix units the matrix kernel is emulated, so CPU drivers run its logic: at d = 32
   // and 128, not where d is no multiple of 16; in Vulkan's minimum of shared memory (16 KiB)
-  // FlashAttention-2's (12.6 KiB at 16 keys, d = 32) but not FLASH-D's (16.6 KiB: its rows
+  // FlashAttention-2's (12.8 KiB at 16 keys, d = 64) but not FLASH-D's (16.8 KiB: its rows
   // keep a second factor).
   EXPECT_TRUE(has(test::device_layouts(kCpu, Variant::flashd, 32, 32),
                   TileLayout::cooperative_matrix));
@@ -567,10 +585,10 @@ TEST(TilingTest, TheLayoutsTheTestsAskForAreOnesTheDeviceRuns) {
                   TileLayout::cooperative_matrix));
   EXPECT_FALSE(has(test::device_layouts(kCpu, Variant::flash2, 24, 24),
                    TileLayout::cooperative_matrix));
-  EXPECT_TRUE(has(test::device_layouts(kMinimum, Variant::flash2, 32, 32),
-                  TileLayout::cooperative_matrix));
-  EXPECT_FALSE(has(test::device_layouts(kMinimum, Variant::flashd, 32, 32),
-                   TileLayout::cooperative_matrix));
+  EXPECT_TRUE(
+      has(test::device_layouts(kMinimum, Variant::flash2, 64, 64), TileLayout::cooperative_matrix));
+  EXPECT_FALSE(
+      has(test::device_layouts(kMinimum, Variant::flashd, 64, 64), TileLayout::cooperative_matrix));
   int checked = 0;
   for (const DeviceInfo* info : {&kH100, &kPhone, &kMinimum, &kCpu})
     for (Variant variant : all_variants())

@@ -9,6 +9,12 @@
 
 namespace flashvk::detail {
 
+/// What a workgroup's query rows follow from (Spec's fields): its invocations, ROWS, LANES, and
+/// for cooperative matrices the groups' lanes and rows, SUBGROUP and CM_M.
+struct WorkgroupShape {
+  uint32_t workgroup, rows, lanes, subgroup, m;
+};
+
 struct LayoutRow {
   TileLayoutInfo info;
   /// A K/V tile is one iteration of the kernel's key loop (llvmpipe's loop cap,
@@ -17,39 +23,53 @@ struct LayoutRow {
   /// With an additive mask's or mask_mod's tile bitmap, the kernel tests each tile's bit
   /// (lanes) instead of walking the words with next_seen_tile.
   bool tests_each_tile;
-  /// Query rows one workgroup covers, from its invocations, ROWS and LANES (Spec::block).
-  uint32_t (*workgroup_rows)(uint32_t workgroup, uint32_t rows, uint32_t lanes);
+  /// Query rows one workgroup covers (Spec::block).
+  uint32_t (*workgroup_rows)(const WorkgroupShape&);
 };
 
-/// The cooperative-matrix kernel's query rows a workgroup, whatever the matrices' shape (its
-/// groups are 64 / m, of the shape's subgroup each), halved where LANES groups share a row block
-/// (shaders/flash_cm.comp's WG_ROWS).
+/// The cooperative-matrix kernel's rows of matrices a workgroup by default, whatever the
+/// matrices' shape (its groups are 64 / m, of the shape's subgroup each): its query rows, halved
+/// where LANES groups share a row block (shaders/flash_cm.comp's WG_ROWS). A call may ask for
+/// twice as many (ExecutionHints::block_rows 128: 8 groups of 16 rows on NVIDIA and AMD).
 inline constexpr uint32_t kMatrixRows = 64;
+
+// Each layout's workgroup_rows: one row an invocation; ROWS an invocation (register tiles);
+// CM_M a group of SUBGROUP invocations, a block over LANES groups (cooperative matrices); ROWS
+// (lanes); ROWS a row group of LANES invocations (blocks).
+constexpr uint32_t rows_an_invocation(const WorkgroupShape& w) { return w.workgroup; }
+constexpr uint32_t rows_each(const WorkgroupShape& w) { return w.workgroup * w.rows; }
+constexpr uint32_t rows_of_groups(const WorkgroupShape& w) {
+  return w.workgroup / w.subgroup * w.m / w.lanes;
+}
+constexpr uint32_t rows_asked(const WorkgroupShape& w) { return w.rows; }
+constexpr uint32_t rows_a_row_group(const WorkgroupShape& w) {
+  return w.workgroup / w.lanes * w.rows;
+}
 
 inline constexpr LayoutRow kLayouts[] = {
     {{TileLayout::automatic, "automatic", "auto", "the engine's choice (tiling.cpp)", ""},
-     false, false, [](uint32_t wg, uint32_t, uint32_t) { return wg; }},
+     false, false, rows_an_invocation},
     {{TileLayout::shared, "shared", "shared",
       "one query row an invocation, the K/V tile in shared memory; traces and naive",
       "tile_shared.glsl"},
-     false, false, [](uint32_t wg, uint32_t, uint32_t) { return wg; }},
+     false, false, rows_an_invocation},
     {{TileLayout::registers, "registers", "registers",
       "ROWS rows an invocation, a tile one key a subgroup lane, read with shuffles; CPU drivers",
       "tile_registers.glsl"},
-     true, false, [](uint32_t wg, uint32_t rows, uint32_t) { return wg * rows; }},
+     true, false, rows_each},
     {{TileLayout::cooperative_matrix, "cooperative_matrix", "coopmat",
       "Q K^T and P V on the matrix units, a matrix's rows (16; 8 on Intel) a subgroup (two "
       "past d = 128, 64 on Intel Arc)",
       "flash_cm.comp"},
-     false, false, [](uint32_t, uint32_t, uint32_t lanes) { return kMatrixRows / lanes; }},
+     false, false, rows_of_groups},
     {{TileLayout::lanes, "lanes", "lanes",
       "splitkv decoding: a KV head's rows in one workgroup, a key's row over a few lanes",
       "splitkv_lanes.comp"},
-     true, true, [](uint32_t, uint32_t rows, uint32_t) { return rows; }},
+     true, true, rows_asked},
     {{TileLayout::blocks, "blocks", "blocks",
       "register blocks: 4 rows a row group of LANES invocations, 16-byte shared-memory reads",
       "tile_blocks.glsl"},
-     true, false, [](uint32_t wg, uint32_t rows, uint32_t lanes) { return wg / lanes * rows; }},
+     true, false, rows_a_row_group},
 };
 
 constexpr bool layouts_in_order() {

@@ -99,10 +99,16 @@ MatrixShape coopmat_shape(const DeviceInfo& info) {
 }
 
 // The cooperative-matrix kernel's workgroup: groups of the shape's subgroup, one a block of m
-// rows, kMatrixRows rows in all (NSG in shaders/flash_cm.comp): 4 of 32 at 16 x 16, 8 of 16 or 8
-// at Intel's 8-row shapes.
-uint32_t coopmat_workgroup(const MatrixShape& shape) {
-  return kMatrixRows / shape.m * shape.subgroup;
+// rows, `rows` rows of matrices in all (NSG in shaders/flash_cm.comp; kMatrixRows, or twice it
+// where a call asks): at 64, 4 groups of 32 at 16 x 16, 8 of 16 or 8 at Intel's 8-row shapes.
+uint32_t coopmat_workgroup(const MatrixShape& shape, uint32_t rows = kMatrixRows) {
+  return rows / shape.m * shape.subgroup;
+}
+
+// The rows of matrices a call's workgroups take: twice kMatrixRows where it asks for as many
+// query rows (block_rows; their groups each hold their block's head dims whole), else kMatrixRows.
+uint32_t coopmat_rows(uint32_t block_rows) {
+  return block_rows == 2 * kMatrixRows ? block_rows : kMatrixRows;
 }
 
 // The head dims a group holds whole: those at which a lane holds what it does at d = 128 on
@@ -143,21 +149,35 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 // as in the shader; emulated, coopmat.glsl's exchange takes a float an invocation more (9 with
 // nv2's stand-in), and nv2 keeps the workgroup's rows (common.glsl's Row, 11 words, taken as 16).
 // `v_in_k`: V^T takes K's place once the scores are done (V_IN_K), so the larger of the two.
+// The queries pass through the K/V space: their D head dims where they fit in the tiles' space,
+// else the most of d / 2, d / 4 and d / 8 that do (multiples of 16), or 16 at a time (Q_DIMS).
+// `matrix_rows`: the groups' rows (coopmat_rows).
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
-                       uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false) {
-  const uint32_t wg = coopmat_workgroup(shape);
+                       uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false,
+                       uint32_t matrix_rows = kMatrixRows) {
+  const uint32_t wg = coopmat_workgroup(shape, matrix_rows);
   api = coopmat_kernel_api(api, split);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   if (api == MatrixApi::emulated_nv2) exchange = wg * 4 * 9;  // and 8 for cm_to_a
   const bool in_matrices = keeps_softmax_in_matrices(api);
-  if (in_matrices) exchange += kMatrixRows * 64;
-  uint32_t rows = layout_row(TileLayout::cooperative_matrix).workgroup_rows(wg, 1, split);
+  uint32_t rows = layout_row(TileLayout::cooperative_matrix)
+                      .workgroup_rows({wg, 1, split, shape.subgroup, shape.m});
+  if (in_matrices) exchange += rows * 64;
   // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
   const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
   uint32_t k = keys * (d + 8), vt = dv * (keys + 8);  // K and V^T, fp16
-  uint32_t kv = 2 * std::max(v_in_k ? std::max(k, vt) : k + vt, rows * (d + 8));
+  uint32_t tiles = v_in_k ? std::max(k, vt) : k + vt;
+  auto q_fits = [&](uint32_t dims) {
+    return d % dims == 0 && dims % 16 == 0 && rows * (dims + 8) <= tiles;
+  };
+  uint32_t q_dims = split > 1 || q_fits(d) ? d
+                    : q_fits(d / 2)        ? d / 2
+                    : q_fits(d / 4)        ? d / 4
+                    : q_fits(d / 8)        ? d / 8
+                                           : 16;
+  uint32_t kv = 2 * std::max(tiles, rows * (q_dims + 8));
   uint32_t row = in_matrices ? factors * shape.n : std::max(keys, keys / 2 + factors * shape.n);
-  return kv + kMatrixRows * 4 * (row + 4) + exchange + 64;
+  return kv + matrix_rows * 4 * (row + 4) + exchange + 64;
 }
 
 // The cooperative-matrix kernel's tiles: keys a tile, 0 where none fits, and whether V^T takes
@@ -179,23 +199,24 @@ struct MatrixTile {
 // Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
 // more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
-// (NVIDIA: registers bound these kernels) the most keys that fit.
+// (NVIDIA: registers bound these kernels) the most keys that fit. `matrix_rows`: coopmat_rows.
 MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                         uint32_t split, MatrixApi api, Variant variant, DType v_storage,
-                        uint32_t asked = 0) {
+                        uint32_t asked, uint32_t matrix_rows) {
   const MatrixShape shape = coopmat_shape(info);
-  const uint32_t wg = coopmat_workgroup(shape);
+  const uint32_t wg = coopmat_workgroup(shape, matrix_rows);
   const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
   for (uint32_t keys : {64u, 32u, 16u}) {
     if (asked && keys != asked) continue;
-    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant);
+    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant, false, matrix_rows);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
     bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
-    if (asked && coopmat_bytes(shape, keys, d, dv, split, api, variant, true) <= shared_bytes)
+    if (asked &&
+        coopmat_bytes(shape, keys, d, dv, split, api, variant, true, matrix_rows) <= shared_bytes)
       return {keys, true};
   }
   return {};
@@ -228,15 +249,18 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
   const uint32_t keys = asked_matrix_keys(params), rows = params.hints.block_rows;
   const uint32_t split = coopmat_split(shape, dims.d, dims.dv, rows);
-  const uint32_t multiple = 16 * split;
-  // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split
-  bool rows_fit = rows == 0 || (asked && rows == kMatrixRows / split);
+  const uint32_t multiple = 16 * split, matrix_rows = coopmat_rows(rows);
+  // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split, or
+  // twice kMatrixRows (unsplit) where the device takes workgroups of as many groups
+  bool rows_fit = rows == 0 || (asked && rows == kMatrixRows / split) ||
+                  (asked && rows == 2 * kMatrixRows && split == 1 &&
+                   coopmat_workgroup(shape, rows) <= info.max_workgroup_invocations);
   bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 &&
                     format(kv.k).matrix_kv() && format(kv.v).matrix_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
                     dims.dv <= 2 * whole && rows_fit && (asked || params.hints.block_keys == 0);
   bool fits = shape_fits && coopmat_tile(info, shared_bytes, dims.d, dims.dv, split, api,
-                                         params.variant, kv.v, keys)
+                                         params.variant, kv.v, keys, matrix_rows)
                                     .keys > 0;
   if (asked) {
     if (api == MatrixApi::none)
@@ -257,7 +281,10 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           "to " +
           std::to_string(whole) + ", or of 32 up to " + std::to_string(2 * whole) + " (" +
           matrix_shape_name(shape) + " matrices), and block_rows (rows a workgroup) 0 (the " +
-          "engine's), " + std::to_string(kMatrixRows) + " where d and dv are at most " +
+          "engine's), " + std::to_string(kMatrixRows) + " or " + std::to_string(2 * kMatrixRows) +
+          " (" + std::to_string(coopmat_workgroup(shape, 2 * kMatrixRows)) +
+          " invocations a workgroup; this device takes " +
+          std::to_string(info.max_workgroup_invocations) + ") where d and dv are at most " +
           std::to_string(whole) + ", or " + std::to_string(kMatrixRows / 2) +
           " (each block of rows split over two groups, half the head dims each: d and dv "
           "multiples of 32)");
@@ -266,7 +293,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
       throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
                   ", dv=" + std::to_string(dims.dv) + " needs " +
                   std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, split, api,
-                                               params.variant, keys != 0)) +
+                                               params.variant, keys != 0, matrix_rows)) +
                   " bytes of shared memory with " + std::to_string(tried) +
                   " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
                   " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
@@ -583,14 +610,15 @@ Spec choose_layout(const TilingRequest& request) {
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
     const MatrixShape shape = coopmat_shape(info);
-    spec.workgroup = coopmat_workgroup(shape);  // a block of m query rows to `lanes` groups
+    const uint32_t matrix_rows = coopmat_rows(params.hints.block_rows);
+    spec.workgroup = coopmat_workgroup(shape, matrix_rows);  // a block of m rows to `lanes` groups
     spec.subgroup = shape.subgroup;
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv, params.hints.block_rows);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
     MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.lanes, spec.matrix,
-                                   params.variant, kv.v, asked_matrix_keys(params));
+                                   params.variant, kv.v, asked_matrix_keys(params), matrix_rows);
     spec.bc = tile.keys;
     spec.v_in_k = tile.v_in_k;
     return spec;
@@ -642,7 +670,7 @@ Spec choose_tiling(const TilingRequest& request) {
 uint32_t matrix_kernel_bytes(const Spec& spec) {
   const MatrixShape shape{spec.cm_m, spec.cm_n, 16, spec.subgroup};
   return coopmat_bytes(shape, spec.bc, spec.d, spec.dv, spec.lanes, spec.matrix, Variant::flash1,
-                       spec.v_in_k);
+                       spec.v_in_k, spec.workgroup / spec.subgroup * spec.cm_m);
 }
 
 }  // namespace flashvk::detail

@@ -143,8 +143,11 @@ struct Spec {
   }
   /// Query rows one workgroup covers: one an invocation (shared tiles), ROWS an invocation
   /// (register tiles), ROWS a row group of LANES invocations (blocks), ROWS (lanes: all of a KV
-  /// head's), or kMatrixRows / LANES (cooperative matrices: LANES groups a block of CM_M rows).
-  uint32_t block() const { return layout_row(layout).workgroup_rows(workgroup, rows, lanes); }
+  /// head's), or CM_M a group of SUBGROUP invocations over LANES (cooperative matrices: LANES
+  /// groups a block of CM_M rows).
+  uint32_t block() const {
+    return layout_row(layout).workgroup_rows({workgroup, rows, lanes, subgroup, cm_m});
+  }
   bool operator<(const Spec& o) const {
     auto fields = [](const Spec& s) {
       return std::tie(s.layout, s.kv_quant, s.block_shuffle, s.block_f16, s.matrix);

@@ -89,9 +89,10 @@ struct ExecutionHints {
   /// Invocations per workgroup; 0 = auto (64). With shared tiles one query row each; with
   /// register tiles R rows each (AttentionResult::block_rows says how many rows a workgroup
   /// covered). With tile_layout cooperative_matrix, query rows a workgroup: 64 (d and dv up to
-  /// 128 on 16x16 matrices), or 32, each block of rows split over two groups of half the head
-  /// dims (d and dv multiples of 32; a lane's registers for queries and output halved, as past
-  /// d = 128).
+  /// 128 on 16x16 matrices), 128 (as many groups again, each K/V tile staged once for twice the
+  /// rows; 256 invocations on 16x16), or 32, each block of rows split over two groups of half
+  /// the head dims (d and dv multiples of 32; a lane's registers for queries and output halved,
+  /// as past d = 128).
   uint32_t block_rows = 0;
   /// Bc, keys per tile; 0 = the most that fit in shared memory. With tile_layout
   /// cooperative_matrix, 16, 32 or 64 (what a tuning sweep varies); with automatic, it asks for
