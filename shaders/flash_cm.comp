@@ -14,7 +14,8 @@
 // or dv is over 128, 64 on Arc's 8 x 8: tiling.cpp's coopmat_split), each of which keeps
 // 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
 // output columns as accumulator matrices (fp32) from the first tile to the last, so that at
-// d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split. Per tile of
+// d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split (or 128 where
+// a call asks: twice the groups; ExecutionHints::block_rows). Per tile of
 // BC keys, staged in shared memory as fp16 (decoded on the way where K or V is in a block
 // format; K as rows, V transposed: every right operand is read as the transpose of rows, keys or
 // head dims contiguous, which is how AMD's and Intel's lanes hold it; V as rows took a 16-bit
@@ -47,7 +48,7 @@
 
 const uint SG_ROWS = CM_M;           // query rows per row block (the matrices' M)
 const uint WG = gl_WorkGroupSize.x;  // invocations per workgroup
-const uint NSG = WG / SUBGROUP;      // groups per workgroup: NSG * CM_M = 64 rows
+const uint NSG = WG / SUBGROUP;      // groups per workgroup: NSG * CM_M = 64 rows (or 128)
 const uint SPLIT = LANES;            // groups per row block, each with D / SPLIT and DV / SPLIT
 const uint QD = D / SPLIT;           // head dims of Q and K a group multiplies
 const uint OD = DV / SPLIT;          // output columns a group holds
@@ -57,7 +58,7 @@ const uint PART = BC / LPR;          // keys of a tile each of them takes
 // Row strides in shared memory, each padded by 16 bytes so that the rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
 // in the same ones; padding made the kernel 2.5x faster on an H100).
-const uint KS = D + 8u;                      // K tile (and the staged queries), fp16
+const uint KS = D + 8u;                      // K tile (and the queries staged whole), fp16
 const uint VTS = BC + 8u;                    // V^T tile: a head dim's row of keys, fp16
 const uint OS = CM_N + 4u;                   // a CM_M x CM_N piece of the output, fp32
 const uint VB = V_IN_K ? 0u : BC * KS;       // where the V^T tile starts, in fp16 values
@@ -65,9 +66,10 @@ const uint VB = V_IN_K ? 0u : BC * KS;       // where the V^T tile starts, in fp
 // K tile, then V^T tile, or V^T in K's place once the scores are done (V_IN_K: a tile twice as long
 // in about the same space, for two more barriers a tile); the queries pass through the same space
 // first, Q_DIMS head dims of the workgroup's WG_ROWS rows at a time: all D where they fit in the
-// tiles' space, else the most of D / 2, D / 4, D / 8 that do, or 16 (128-row workgroups, whose
-// queries would take more than the tiles; a split block's always fit). Past the tile's n keys
-// each piece repeats its last key:
+// tiles' space, else the most of D / 2, D / 4 and D / 8 (multiples of 16: 2, 4 or 8 passes) that
+// do (128-row workgroups, and some short tiles; a split block's always pass whole), else the
+// least of them, or all D where none is a multiple of 16, the space grown to hold them. Past the
+// tile's n keys each piece repeats its last key:
 // those keys' scores are -inf (tile_softmax's `seen`), their weights exactly 0, so what K and V
 // hold there is never used (zeros there cost a select a value where every tile but the last has
 // none past it).
@@ -75,12 +77,16 @@ const uint KV_TILES = V_IN_K ? (BC * KS > DV * VTS ? BC * KS : DV * VTS)
                              : BC * KS + DV * VTS;  // fp16
 // (selects of comparisons alone: with && and || among these constants, RADV's compiler crashed)
 #define Q_FITS(dims) (((dims) % 16u == 0u ? WG_ROWS * ((dims) + 8u) : 0xffffffffu) <= KV_TILES)
+#define Q_PASS(dims) ((dims) % 16u == 0u)
 const uint Q_DIMS = SPLIT > 1u       ? D
                     : Q_FITS(D)      ? D
                     : Q_FITS(D / 2u) ? D / 2u
                     : Q_FITS(D / 4u) ? D / 4u
                     : Q_FITS(D / 8u) ? D / 8u
-                                     : 16u;
+                    : Q_PASS(D / 8u) ? D / 8u
+                    : Q_PASS(D / 4u) ? D / 4u
+                    : Q_PASS(D / 2u) ? D / 2u
+                                     : D;
 const uint QS = Q_DIMS + 8u;  // a staged query row's stride, fp16
 const uint KV_SIZE = KV_TILES > WG_ROWS * QS ? KV_TILES : WG_ROWS * QS;
 shared uvec4 kv_sh[KV_SIZE / 8u];
@@ -221,7 +227,8 @@ void load_query_dims(uint x0) {
     if (PIECES % WG == 0u || e < PIECES) kv_sh[r * QS / 8u + t] = query_piece(r, x0 / 8u + t);
   }
   barrier();
-  // (clamped: a pass past D, in a build that never runs it, indexed past q_frag: RADV crashed)
+  // (clamped: a pass past D, in a build that never runs it (load_queries' passes are D /
+  // Q_DIMS), indexed past q_frag: RADV crashed)
   [[unroll]] for (uint k = 0u; k < Q_DIMS / 16u; ++k)
     cm_load_a(q_frag[min(x0 / 16u + k, QD / 16u - 1u)], kv_sh,
               (block() * SG_ROWS * QS + k * 16u) / 8u, QS / 8u);

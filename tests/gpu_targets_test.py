@@ -121,15 +121,20 @@ class GpuTargets(unittest.TestCase):
 
     def test_split_row_blocks_against_the_engines_rows(self):
         # d = 128: split (32 rows) 1.5 ms against the engine's 64 rows' 2.0; d = 64: 1.2 against
-        # 1.0; no d = 128 row block split where the split run fell back to other tiles.
+        # 1.0; 128-row workgroups 0.9 ms at d = 64, none at d = 128; no d = 128 row block split
+        # where the split run fell back to other tiles.
         files = {"prefill_f16_128.json": {"results": [row("flash2", 128, 2.0, block_rows=64)]},
                  "prefill_f16_64.json": {"results": [row("flash2", 64, 1.0, block_rows=64)]},
                  "rows_128_32.json": {"results": [row("flash2", 128, 1.5, block_rows=32)]},
-                 "rows_64_32.json": {"results": [row("flash2", 64, 1.2, block_rows=32)]}}
+                 "rows_64_32.json": {"results": [row("flash2", 64, 1.2, block_rows=32)]},
+                 "rows_64_128.json": {"results": [row("flash2", 64, 0.9, block_rows=128)]}}
         name = "d=%d full: row blocks split (32 rows) against the engine's (flash2)"
+        wide = "d=%d full: 128-row workgroups against the engine's (flash2)"
         got = self.run_on(files)
-        self.assertEqual(got[name % 128], ("0.75x", "split wins"))
+        self.assertEqual(got[name % 128], ("0.75x", "32 rows win"))
         self.assertEqual(got[name % 64], ("1.20x", "the engine's 64 rows win"))
+        self.assertEqual(got[wide % 64], ("0.90x", "128 rows win"))
+        self.assertEqual(got[wide % 128], ("-", "no data"))
         files["rows_128_32.json"] = {"results": [row("flash2", 128, 1.0, layout="blocks")]}
         self.assertEqual(self.run_on(files)[name % 128],
                          ("-", "not on the matrix path (blocks, cooperative_matrix)"))
@@ -150,7 +155,7 @@ class GpuTargets(unittest.TestCase):
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 23)
+        self.assertEqual(len(got), 25)
 
 
 if __name__ == "__main__":

@@ -313,8 +313,9 @@ TEST_F(MatrixTest, SplitRowBlocksACallAsksForMatchTheReference) {
 // block_rows 128, where the call asks for the matrix layout: twice the groups a workgroup (256
 // invocations on 16 x 16), each K/V tile staged once for 128 rows. The ragged case (GQA: 140
 // packed rows a KV head, so a partial workgroup) in FlashAttention-2 at 16 keys a tile, whose
-// queries pass through the K/V space 16 head dims at a time (flash_cm.comp's Q_DIMS), and the
-// modifiers' case in FLASH-D; the pipeline's workgroup says so. Past d = 128 it is refused.
+// queries pass through the K/V space 16 head dims at a time (flash_cm.comp's Q_DIMS: 2 passes),
+// the modifiers' case in FLASH-D, 4 passes and none; the pipeline's workgroup says so. Past
+// d = 128 it is refused.
 TEST_F(MatrixTest, WorkgroupsOfTwiceTheRowsACallAsksForMatchTheReference) {
   Case ragged = ragged_case(121);
   ragged.params.variant = Variant::flash2;
@@ -329,18 +330,33 @@ TEST_F(MatrixTest, WorkgroupsOfTwiceTheRowsACallAsksForMatchTheReference) {
   std::vector<PipelineDescription> pipes =
       describe_pipelines(context(), PipelineCall{2, 4, 2, 70, 150, 32, 48, described, DType::f16});
   ASSERT_FALSE(pipes.empty());
-  EXPECT_EQ(pipes[0].spec_constants.at(0).second, 8u * pipes[0].spec_constants.at(13).second)
-      << "8 groups of SUBGROUP invocations";
+  const uint32_t subgroup = pipes[0].spec_constants.at(13).second,
+                 m = pipes[0].spec_constants.at(15).second;  // SUBGROUP, CM_M
+  EXPECT_EQ(pipes[0].spec_constants.at(0).second, 128u / m * subgroup) << "128 / CM_M groups";
   Case c = modifiers_case(122);
   c.params.variant = Variant::flashd;
   c.params.hints.block_rows = 128;
   EXPECT_EQ(expect_matches(c.q, c.k, c.v, c.params, "flashd, modifiers").block_rows, 128u);
+  // d = 64 at 32 keys: 16 head dims a pass (4 passes); d = 48, whose halves are no multiple of
+  // 16: whole, the K/V space grown to hold them
+  for (auto [d, keys] : {std::pair{64u, 32u}, std::pair{48u, 16u}}) {
+    AttentionParams p;
+    p.want_lse = true;
+    p.mods.causal = true;
+    p.hints.block_rows = 128;
+    p.hints.block_keys = keys;
+    std::string what = "d=" + std::to_string(d) + ", " + std::to_string(keys) + " keys";
+    HostAttentionResult r = expect_matches(random_tensor({1, 4, 40, d}, 124),
+                                           random_tensor({1, 2, 90, d}, 125),
+                                           random_tensor({1, 2, 90, d}, 126), p, what);
+    EXPECT_EQ(r.block_rows, 128u) << what;
+  }
   AttentionParams params;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   params.hints.block_rows = 128;
   HostTensor q = round_to_half(random_tensor({1, 1, 4, 256}, 123));
   expect_refused([&] { attention(context(), q, q, q, params, DType::f16); },
-                 "or 128 (256 invocations a workgroup");
+                 "invocations a workgroup; this device takes");
 }
 
 // ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP in bench), the timing diagnostic, leaves

@@ -302,7 +302,7 @@ TEST(TilingTest, MatrixTilesTakeTheKeysACallAsksFor) {
       [&] { asked(kH100, 64, 32 * 1024); },
       ("needs " + std::to_string(v_in_k) + " bytes of shared memory with 64 keys").c_str());
   expect_refused([&] { asked(kH100, 48); }, "takes block_keys 16, 32 or 64");
-  // 16 keys with V^T in K's place, the queries staged a row block at a time: 13 KiB
+  // 16 keys with V^T in K's place, the queries staged 32 head dims at a time: 13 KiB
   expect_refused([&] { asked(kH100, 16, 12288); }, "the kernels may take 12288 (the least of");
   DeviceInfo nv2 = kH100;
   nv2.nv_cooperative_matrix2 = true;

@@ -30,7 +30,7 @@ struct LayoutRow {
 /// The cooperative-matrix kernel's rows of matrices a workgroup by default, whatever the
 /// matrices' shape (its groups are 64 / m, of the shape's subgroup each): its query rows, halved
 /// where LANES groups share a row block (shaders/flash_cm.comp's WG_ROWS). A call may ask for
-/// twice as many (ExecutionHints::block_rows 128: 8 groups of 16 rows on NVIDIA and AMD).
+/// twice as many (ExecutionHints::block_rows 128: twice the groups).
 inline constexpr uint32_t kMatrixRows = 64;
 
 // Each layout's workgroup_rows: one row an invocation; ROWS an invocation (register tiles);

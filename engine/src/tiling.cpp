@@ -140,17 +140,19 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 }
 
 // Shared memory the cooperative-matrix kernel (shaders/flash_cm.comp) takes with `keys` a tile:
-// its fp16 K tile and V^T tile (the K/V space takes at least the workgroup's queries, 64 rows or
-// 32 split, which are staged there first) and the groups' scratch. Where the softmax runs on
-// lanes, the scratch is kMatrixRows rows of S in fp32, over which P in fp16 and the rows' factor
-// matrices go: at least keys / 2 + 2 n words a row, or keys / 2 + n where the variant's coef is
-// always 1 (FlashAttention-2's); where it stays in matrices (nv2), a row is only the output's
-// pieces and the out_scale column at the end (2 n words, or n). Every row is padded by 16 bytes,
-// as in the shader; emulated, coopmat.glsl's exchange takes a float an invocation more (9 with
-// nv2's stand-in), and nv2 keeps the workgroup's rows (common.glsl's Row, 11 words, taken as 16).
+// its fp16 K tile and V^T tile (the workgroup's queries, 64 rows, 128 or 32 split, are staged
+// there first, as many of their head dims at a time as fit) and the groups' scratch. Where the
+// softmax runs on lanes, the scratch is a row of S in fp32 for each of the groups' matrix rows,
+// over which P in fp16 and the rows' factor matrices go: at least keys / 2 + 2 n words a row, or
+// keys / 2 + n where the variant's coef is always 1 (FlashAttention-2's); where it stays in
+// matrices (nv2), a row is only the output's pieces and the out_scale column at the end (2 n
+// words, or n). Every row is padded by 16 bytes, as in the shader; emulated, coopmat.glsl's
+// exchange takes a float an invocation more (9 with nv2's stand-in), and nv2 keeps the
+// workgroup's rows (common.glsl's Row, 11 words, taken as 16).
 // `v_in_k`: V^T takes K's place once the scores are done (V_IN_K), so the larger of the two.
-// The queries pass through the K/V space: their D head dims where they fit in the tiles' space,
-// else the most of d / 2, d / 4 and d / 8 that do (multiples of 16), or 16 at a time (Q_DIMS).
+// The queries pass through the K/V space: their d head dims where they fit in the tiles' space,
+// else the most of d / 2, d / 4 and d / 8 that do (multiples of 16), else the least of them, or
+// all d where none is a multiple of 16, the space grown to hold them (Q_DIMS).
 // `matrix_rows`: the groups' rows (coopmat_rows).
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
                        uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false,
@@ -174,7 +176,10 @@ uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint
                     : q_fits(d / 2)        ? d / 2
                     : q_fits(d / 4)        ? d / 4
                     : q_fits(d / 8)        ? d / 8
-                                           : 16;
+                    : d % 128 == 0         ? d / 8
+                    : d % 64 == 0          ? d / 4
+                    : d % 32 == 0          ? d / 2
+                                           : d;
   uint32_t kv = 2 * std::max(tiles, rows * (q_dims + 8));
   uint32_t row = in_matrices ? factors * shape.n : std::max(keys, keys / 2 + factors * shape.n);
   return kv + matrix_rows * 4 * (row + 4) + exchange + 64;
@@ -251,10 +256,14 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const uint32_t split = coopmat_split(shape, dims.d, dims.dv, rows);
   const uint32_t multiple = 16 * split, matrix_rows = coopmat_rows(rows);
   // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split, or
-  // twice kMatrixRows (unsplit) where the device takes workgroups of as many groups
-  bool rows_fit = rows == 0 || (asked && rows == kMatrixRows / split) ||
-                  (asked && rows == 2 * kMatrixRows && split == 1 &&
-                   coopmat_workgroup(shape, rows) <= info.max_workgroup_invocations);
+  // twice kMatrixRows (unsplit) where the device takes workgroups of as many groups (invocations,
+  // and subgroups where they are known: maxComputeWorkgroupSubgroups)
+  const uint32_t wide = coopmat_workgroup(shape, 2 * kMatrixRows);
+  bool rows_fit =
+      rows == 0 || (asked && rows == kMatrixRows / split) ||
+      (asked && rows == 2 * kMatrixRows && split == 1 && wide <= info.max_workgroup_invocations &&
+       (info.max_workgroup_subgroups == 0 ||
+        wide / shape.subgroup <= info.max_workgroup_subgroups));
   bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 &&
                     format(kv.k).matrix_kv() && format(kv.v).matrix_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
@@ -282,8 +291,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
           std::to_string(whole) + ", or of 32 up to " + std::to_string(2 * whole) + " (" +
           matrix_shape_name(shape) + " matrices), and block_rows (rows a workgroup) 0 (the " +
           "engine's), " + std::to_string(kMatrixRows) + " or " + std::to_string(2 * kMatrixRows) +
-          " (" + std::to_string(coopmat_workgroup(shape, 2 * kMatrixRows)) +
-          " invocations a workgroup; this device takes " +
+          " (" + std::to_string(wide) + " invocations a workgroup; this device takes " +
           std::to_string(info.max_workgroup_invocations) + ") where d and dv are at most " +
           std::to_string(whole) + ", or " + std::to_string(kMatrixRows / 2) +
           " (each block of rows split over two groups, half the head dims each: d and dv "
