@@ -59,8 +59,9 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       naive runs fp32 (the tiles column says which rows ran it)
   --block-rows N      invocations per workgroup (default: the engine's choice; with register
                       tiles a multiple of the subgroup size, each invocation working on R rows;
-                      coopmat: query rows, 64, or 32 to split each row block's head dims over
-                      two groups)
+                      coopmat: query rows, 64, 128 (twice the groups, each K/V tile staged
+                      once for them all), or 32 to split each row block's head dims over two
+                      groups)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
                       register tiles: the subgroup size; coopmat: 16, 32 or 64)
   --splits N          splitkv's number of key chunks (default: from the device); these three
