@@ -227,17 +227,15 @@ void load_query_dims(uint x0) {
     if (PIECES % WG == 0u || e < PIECES) kv_sh[r * QS / 8u + t] = query_piece(r, x0 / 8u + t);
   }
   barrier();
-  // (clamped: a pass past D, in a build that never runs it (load_queries' passes are D /
-  // Q_DIMS), indexed past q_frag: RADV crashed)
-  [[unroll]] for (uint k = 0u; k < Q_DIMS / 16u; ++k)
-    cm_load_a(q_frag[min(x0 / 16u + k, QD / 16u - 1u)], kv_sh,
-              (block() * SG_ROWS * QS + k * 16u) / 8u, QS / 8u);
+  [[unroll]] for (uint k = 0u; k < (Q_DIMS < QD ? Q_DIMS : QD) / 16u; ++k)
+    cm_load_a(q_frag[x0 / 16u + k], kv_sh, (block() * SG_ROWS * QS + k * 16u) / 8u, QS / 8u);
 }
 
 // Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices:
-// all at once where they fit, else Q_DIMS head dims at a time, the passes spelled out (in a loop
-// of passes, RADV's compiler crashed). SKIP_QUERIES: stages them all in q_sh, where the tiles
-// read them.
+// all at once where they fit (its own loop, as before passes: through load_query_dims RADV gave
+// the kernel 224 (d = 64) and 515 (d = 128) more instructions, and with that loop not unrolled
+// spilled it), else Q_DIMS head dims at a time. SKIP_QUERIES: stages them all in q_sh, where the
+// tiles read them.
 void load_queries() {
   if (SKIP_QUERIES || Q_DIMS == D) {
     for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
@@ -253,16 +251,7 @@ void load_queries() {
       cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
     return;
   }
-  load_query_dims(0u);  // D / Q_DIMS passes: 2, 4 or 8
-  load_query_dims(Q_DIMS);
-  if (D / Q_DIMS == 2u) return;
-  load_query_dims(2u * Q_DIMS);
-  load_query_dims(3u * Q_DIMS);
-  if (D / Q_DIMS == 4u) return;
-  load_query_dims(4u * Q_DIMS);
-  load_query_dims(5u * Q_DIMS);
-  load_query_dims(6u * Q_DIMS);
-  load_query_dims(7u * Q_DIMS);
+  [[unroll]] for (uint x0 = 0u; x0 < D; x0 += Q_DIMS) load_query_dims(x0);  // 2, 4 or 8
 }
 
 // A tile's K and V as each invocation fetches them: the next tile is fetched into registers
