@@ -169,9 +169,7 @@ uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint
   const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
   uint32_t k = keys * (d + 8), vt = dv * (keys + 8);  // K and V^T, fp16
   uint32_t tiles = v_in_k ? std::max(k, vt) : k + vt;
-  auto q_fits = [&](uint32_t dims) {
-    return d % dims == 0 && dims % 16 == 0 && rows * (dims + 8) <= tiles;
-  };
+  auto q_fits = [&](uint32_t dims) { return dims % 16 == 0 && rows * (dims + 8) <= tiles; };
   uint32_t q_dims = split > 1 || q_fits(d) ? d
                     : q_fits(d / 2)        ? d / 2
                     : q_fits(d / 4)        ? d / 4
@@ -678,7 +676,7 @@ Spec choose_tiling(const TilingRequest& request) {
 uint32_t matrix_kernel_bytes(const Spec& spec) {
   const MatrixShape shape{spec.cm_m, spec.cm_n, 16, spec.subgroup};
   return coopmat_bytes(shape, spec.bc, spec.d, spec.dv, spec.lanes, spec.matrix, Variant::flash1,
-                       spec.v_in_k, spec.workgroup / spec.subgroup * spec.cm_m);
+                       spec.v_in_k, spec.block() * spec.lanes);
 }
 
 }  // namespace flashvk::detail
