@@ -165,6 +165,18 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
 CmA q_frag[QD / 16u];     // the group's head dims of its block's queries
 CmA p_frag[BC / 16u];     // the tile's P (step 2), as left operands of P V
 CmAcc o_acc[OD / CM_N];   // its columns of its block's output (unnormalised for FlashAttention-2)
+// o_acc's pieces are named by literal indices, never by a loop's variable (as glslang writes an
+// [[unroll]] loop, an index the driver must unroll away): where a driver indexes an array at run
+// time it keeps it in memory, and NVIDIA's kept o_acc there (local memory of o_acc's size, 128
+// B at d = 64 and 256 at 128, below its 255 registers). EACH_PIECE(F) is F(k) for each k below
+// PIECES, at most 8 in every shape (OD is at most 8 CM_N: tiling.cpp's coopmat_whole_dims);
+// PIECE(k) is k, clamped where it is past the end in code that never runs (such an index crashed
+// RADV's compiler).
+const uint PIECES = OD / CM_N;
+#define PIECE(k) ((k) < PIECES ? (k) : 0u)
+#define EACH_PIECE(F)                                                                        \
+  if (0u < PIECES) F(0u) if (1u < PIECES) F(1u) if (2u < PIECES) F(2u) if (3u < PIECES) F(3u) \
+  if (4u < PIECES) F(4u) if (5u < PIECES) F(5u) if (6u < PIECES) F(6u) if (7u < PIECES) F(7u)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -549,17 +561,21 @@ void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
   if (SKIP_PV) return;
 #ifdef CM_FLASH2
   // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
+#define SCALE_PIECE(k) cm_scale(o_acc[PIECE(k)], keep);
+#define ADD_PV_PIECE(k) add_pv(o_acc[PIECE(k)], k);  // coef is 1
   if (rescale) {
-    [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) cm_scale(o_acc[nv], keep);
+    EACH_PIECE(SCALE_PIECE)
   }
-  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) add_pv(o_acc[nv], nv);  // coef is 1
+  EACH_PIECE(ADD_PV_PIECE)
 #else
-  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
-    CmAcc pv;
-    cm_zero(pv);
-    add_pv(pv, nv);
-    cm_blend(o_acc[nv], keep, pv, coef);
+#define BLEND_PIECE(k)                   \
+  {                                      \
+    CmAcc pv;                            \
+    cm_zero(pv);                         \
+    add_pv(pv, k);                       \
+    cm_blend(o_acc[PIECE(k)], keep, pv, coef); \
   }
+  EACH_PIECE(BLEND_PIECE)
 #endif
 }
 
@@ -724,6 +740,22 @@ uint output_at(Row row) {
 #endif
 }
 
+// Output piece nv (o, its columns CM_N nv ..) through the group's scratch, at `at` there: this
+// lane's 8 values of its row, times mul, to the row's output from `base` (where the row is valid).
+void write_piece(CmAcc o, uint nv, uint at, float mul, uint base, bool valid) {
+  cm_store(o, s_sh, group_scratch(), OS / 4u);
+  cm_sync();
+  [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+    float x = uintBitsToFloat(s_sh[at + e / 4u][e % 4u]) * mul;
+#ifdef SPLIT_KV
+    if (valid) scratch1[base + nv * CM_N + e] = x;
+#else
+    if (valid) o_buf[base + nv * CM_N + e] = x;
+#endif
+  }
+  cm_sync();  // read before the next piece overwrites it
+}
+
 // The output, times its row's out_scale, from the accumulators through the group's scratch: each
 // lane writes 8 values of row lane / CM_LPG of its block a piece (CM_M * CM_N = 8 * SUBGROUP).
 // Called by every lane in uniform flow.
@@ -734,23 +766,11 @@ void finish() {
   uint r = lane() / CM_LPG, col = (lane() % CM_LPG) * 8u;
   float mul = uintBitsToFloat(s_sh[block_scratch() + (r * SS + FC) / 4u].x);
   Row row = local_row(block() * SG_ROWS + r);
-  uint base = output_at(row) + part() * OD;
+  uint base = output_at(row) + part() * OD + col;
   block_sync();  // read before the pieces overwrite it
-  uint piece = group_scratch();
-  uint at = piece + (r * OS + col) / 4u;
-  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) {
-    cm_store(o_acc[nv], s_sh, piece, OS / 4u);
-    cm_sync();
-    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-      float x = uintBitsToFloat(s_sh[at + e / 4u][e % 4u]) * mul;
-#ifdef SPLIT_KV
-      if (row.valid) scratch1[base + nv * CM_N + col + e] = x;
-#else
-      if (row.valid) o_buf[base + nv * CM_N + col + e] = x;
-#endif
-    }
-    cm_sync();  // read before the next piece overwrites it
-  }
+  uint at = group_scratch() + (r * OS + col) / 4u;
+#define WRITE_PIECE(k) write_piece(o_acc[PIECE(k)], k, at, mul, base, row.valid);
+  EACH_PIECE(WRITE_PIECE)
   // The row's state, from the first of the lanes that ran its softmax.
   Row own = rows[0];
   if (!own.valid || lane() % LPR != 0u) return;
@@ -767,7 +787,8 @@ void main() {
   Row row = local_row(block() * SG_ROWS + softmax_row());
   rows[0] = row;
   state_start(0u);
-  [[unroll]] for (uint nv = 0u; nv < OD / CM_N; ++nv) cm_zero(o_acc[nv]);
+#define ZERO_PIECE(k) cm_zero(o_acc[PIECE(k)]);
+  EACH_PIECE(ZERO_PIECE)
 #ifdef CM_ROW_OPS
   start_rows();
   rows[0] = row;  // (cm_start went through the block's rows)
