@@ -165,18 +165,20 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
 CmA q_frag[QD / 16u];     // the group's head dims of its block's queries
 CmA p_frag[BC / 16u];     // the tile's P (step 2), as left operands of P V
 CmAcc o_acc[OD / CM_N];   // its columns of its block's output (unnormalised for FlashAttention-2)
-// o_acc's pieces are named by literal indices, never by a loop's variable (as glslang writes an
-// [[unroll]] loop, an index the driver must unroll away): where a driver indexes an array at run
-// time it keeps it in memory, and NVIDIA's kept o_acc there (local memory of o_acc's size, 128
-// B at d = 64 and 256 at 128, below its 255 registers). EACH_PIECE(F) is F(k) for each k below
-// PIECES, at most 8 in every shape (OD is at most 8 CM_N: tiling.cpp's coopmat_whole_dims);
-// PIECE(k) is k, clamped where it is past the end in code that never runs (such an index crashed
-// RADV's compiler).
-const uint PIECES = OD / CM_N;
-#define PIECE(k) ((k) < PIECES ? (k) : 0u)
-#define EACH_PIECE(F)                                                                        \
-  if (0u < PIECES) F(0u) if (1u < PIECES) F(1u) if (2u < PIECES) F(2u) if (3u < PIECES) F(3u) \
-  if (4u < PIECES) F(4u) if (5u < PIECES) F(5u) if (6u < PIECES) F(6u) if (7u < PIECES) F(7u)
+// The matrices a group keeps across its key loop's phases (o_acc; with the softmax in matrices,
+// the tile's scores and the rows' state) are named by literal indices, never by a loop's variable
+// (as glslang writes an [[unroll]] loop, an index that only the driver's unrolling makes
+// constant): where a driver indexes an array at run time it keeps it in memory, and NVIDIA's kept
+// o_acc there (local memory of o_acc's size, 128 B at d = 64 and 256 at 128, below its 255
+// registers). EACH_BELOW(n, F) is F(k) for each literal k below n (at most 8), AT(k, n) is k,
+// clamped to 0 where k is past n in code that never runs (such an index crashed RADV's compiler).
+#define EACH_BELOW(n, F)                                                                   \
+  if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u)         \
+  if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)
+#define AT(k, n) ((k) < (n) ? (k) : 0u)
+const uint PIECES = OD / CM_N;  // at most 8 (OD is at most 8 CM_N: tiling.cpp's coopmat_whole_dims)
+#define PIECE(k) AT(k, PIECES)
+#define EACH_PIECE(F) EACH_BELOW(PIECES, F)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -568,11 +570,11 @@ void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
   }
   EACH_PIECE(ADD_PV_PIECE)
 #else
-#define BLEND_PIECE(k)                   \
-  {                                      \
-    CmAcc pv;                            \
-    cm_zero(pv);                         \
-    add_pv(pv, k);                       \
+#define BLEND_PIECE(k)                       \
+  {                                          \
+    CmAcc pv;                                \
+    cm_zero(pv);                             \
+    add_pv(pv, k);                           \
     cm_blend(o_acc[PIECE(k)], keep, pv, coef); \
   }
   EACH_PIECE(BLEND_PIECE)
@@ -604,8 +606,10 @@ void tile_accumulate(bool rescale) {
 // element of its row, so that the variant's own hooks (tile_ref, tile_step) run element by
 // element on the state of the element's row, through the invocation's rows[0] and its state
 // slot 0. P becomes the left operand of P V by conversion.
-shared Row rows_sh[WG_ROWS];  // the workgroup's rows, for the hooks of any row of a block
-CmAcc st[STATE_WORDS];
+shared Row rows_sh[WG_ROWS];   // the workgroup's rows, for the hooks of any row of a block
+CmAcc row_state[STATE_WORDS];  // the rows' state, a word a matrix
+const uint S_PIECES = BC / CM_N;  // a tile's CM_N-key pieces, at most 4
+CmAcc s_tile[S_PIECES];           // the tile's scores, then its weights
 
 // Row r of this group's block as rows[0] (main() sets the lane's own row again for finish()).
 // cm_each's functions run in no set order, perhaps more than once (VK_NV_cooperative_matrix2),
@@ -640,65 +644,79 @@ float cm_start(const in uint r, const in uint c, const in float x, const in uint
 
 // The state of element i's row into slot 0, and back.
 void load_state(int i) {
-  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) set_state_word(0u, k, CM_EL(st[k], i));
+#define LOAD_WORD(k) set_state_word(0u, k, CM_EL(row_state[AT(k, STATE_WORDS)], i));
+  EACH_BELOW(STATE_WORDS, LOAD_WORD)
 }
 void save_state(int i) {
-  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) CM_EL(st[k], i) = state_word(0u, k);
+#define SAVE_WORD(k) CM_EL(row_state[AT(k, STATE_WORDS)], i) = state_word(0u, k);
+  EACH_BELOW(STATE_WORDS, SAVE_WORD)
 }
 
+// Row r's state word k in every element of its row of w.
+void start_word(uint k, out CmAcc w) {
+  cm_zero(w);
+  cm_each(w, w, cm_start, k, 0u);
+}
 void start_rows() {
   for (uint r = gl_LocalInvocationID.x; r < WG_ROWS; r += WG) rows_sh[r] = local_row(r);
   barrier();
-  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) {
-    cm_zero(st[k]);
-    cm_each(st[k], st[k], cm_start, k, 0u);
+#define START_WORD(k) start_word(k, row_state[AT(k, STATE_WORDS)]);
+  EACH_BELOW(STATE_WORDS, START_WORD)
+}
+
+// Piece c of the tile's scores (its keys j0 + c CM_N ..) into sc, each through the score hook,
+// and its rows' max into mx (over pieces 0 .. c).
+void piece_scores(uint c, out CmAcc sc, inout CmAcc mx, uint j0, uint n, bool inner) {
+  sc = score_piece(c);
+  uint in_piece = inner ? CM_INNER : n > c * CM_N ? n - c * CM_N : 0u;
+  cm_each(sc, sc, cm_score, j0 + c * CM_N, in_piece);
+  CmAcc m;
+  cm_row_max(m, sc);
+  if (c == 0u) {
+    mx = m;
+  } else {
+    [[unroll]] for (int i = 0; i < cm_len(m); ++i) CM_EL(mx, i) = max(CM_EL(mx, i), CM_EL(m, i));
   }
+}
+
+// Piece c's weights e^(s - ref) as a left operand of P V, and their rows' sum into sum (over
+// pieces 0 .. c).
+void piece_weights(uint c, CmAcc sc, out CmA pa, CmAcc ref, inout CmAcc sum) {
+  [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
+    float x = CM_EL(sc, i);
+    CM_EL(sc, i) = x == NEG_INF ? 0.0 : exp(x - CM_EL(ref, i));  // exp(-inf) spelled out
+  }
+  CmAcc l;
+  cm_row_sum(l, sc);
+  if (c == 0u) {
+    sum = l;
+  } else {
+    [[unroll]] for (int i = 0; i < cm_len(l); ++i) CM_EL(sum, i) += CM_EL(l, i);
+  }
+  cm_to_a(pa, sc);
 }
 
 // Keys j0.. (n in the tile): the scores, the softmax and the recurrence, then O. `inner` as
 // tile_softmax's.
 void tile_row_ops(uint j0, uint n, bool inner) {
-  CmAcc s[BC / CM_N], mx, sum, ref, keep, coef;
+  CmAcc mx, sum, ref, keep, coef;
   if (SKIP_SOFTMAX) {  // P = S, the factors 1
-    [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
-      s[c] = score_piece(c);
-      cm_to_a(p_frag[c], s[c]);
-    }
+#define SKIPPED_PIECE(k) cm_to_a(p_frag[AT(k, S_PIECES)], score_piece(k));
+    EACH_BELOW(S_PIECES, SKIPPED_PIECE)
     cm_zero(keep);
     [[unroll]] for (int i = 0; i < cm_len(keep); ++i) CM_EL(keep, i) = 1.0;
     accumulate(keep, keep, false);
     return;
   }
-  [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
-    s[c] = score_piece(c);
-    uint in_piece = inner ? CM_INNER : n > c * CM_N ? n - c * CM_N : 0u;
-    cm_each(s[c], s[c], cm_score, j0 + c * CM_N, in_piece);
-    CmAcc m;
-    cm_row_max(m, s[c]);
-    if (c == 0u) {
-      mx = m;
-    } else {
-      [[unroll]] for (int i = 0; i < cm_len(m); ++i) CM_EL(mx, i) = max(CM_EL(mx, i), CM_EL(m, i));
-    }
-  }
+#define SCORES_PIECE(k) piece_scores(k, s_tile[AT(k, S_PIECES)], mx, j0, n, inner);
+  EACH_BELOW(S_PIECES, SCORES_PIECE)
   [[unroll]] for (int i = 0; i < cm_len(mx); ++i) {  // FLASH-D: the tile's own max
     load_state(i);
     CM_EL(ref, i) = tile_ref(0u, CM_EL(mx, i));
   }
-  [[unroll]] for (uint c = 0u; c < BC / CM_N; ++c) {
-    [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
-      float x = CM_EL(s[c], i);
-      CM_EL(s[c], i) = x == NEG_INF ? 0.0 : exp(x - CM_EL(ref, i));  // exp(-inf) spelled out
-    }
-    CmAcc l;
-    cm_row_sum(l, s[c]);
-    if (c == 0u) {
-      sum = l;
-    } else {
-      [[unroll]] for (int i = 0; i < cm_len(l); ++i) CM_EL(sum, i) += CM_EL(l, i);
-    }
-    cm_to_a(p_frag[c], s[c]);
-  }
+#define WEIGHTS_PIECE(k) \
+  piece_weights(k, s_tile[AT(k, S_PIECES)], p_frag[AT(k, S_PIECES)], ref, sum);
+  EACH_BELOW(S_PIECES, WEIGHTS_PIECE)
   [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
     load_state(i);
     float k_i, c_i;
@@ -710,16 +728,21 @@ void tile_row_ops(uint j0, uint n, bool inner) {
   accumulate(keep, coef, true);
 }
 
-// The lane's own row and its state (from st, through the group's scratch), as the other flow
-// leaves them for finish().
+// State word k of the lane's row from w (its row's value in every element), through the group's
+// scratch.
+void end_word(uint k, CmAcc w) {
+  cm_store(w, s_sh, group_scratch(), SS / 4u);
+  cm_sync();
+  set_state_word(0u, k, uintBitsToFloat(s_sh[group_scratch() + softmax_row() * SS / 4u].x));
+  cm_sync();  // read before the next word overwrites it
+}
+
+// The lane's own row and its state (from row_state, through the group's scratch), as the other
+// flow leaves them for finish().
 void end_rows(Row own) {
   rows[0] = own;
-  [[unroll]] for (uint k = 0u; k < STATE_WORDS; ++k) {
-    cm_store(st[k], s_sh, group_scratch(), SS / 4u);
-    cm_sync();
-    set_state_word(0u, k, uintBitsToFloat(s_sh[group_scratch() + softmax_row() * SS / 4u].x));
-    cm_sync();  // read before the next word overwrites it
-  }
+#define END_WORD(k) end_word(k, row_state[AT(k, STATE_WORDS)]);
+  EACH_BELOW(STATE_WORDS, END_WORD)
 }
 #endif
 

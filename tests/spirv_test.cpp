@@ -4,9 +4,11 @@
 // availability of workgroup memory that glslang gives GLSL's shared variables, keeps those
 // accesses non-private, and has every barrier that orders workgroup memory make it available and
 // visible instead; every other build is left as it is. (That the drivers take the result is
-// RADV's part: scripts/pipelines.sh compiles every matrix kernel.)
+// RADV's part: scripts/pipelines.sh compiles every matrix kernel.) And how the matrix kernels
+// index the matrices they keep across a key loop's phases: by constants alone.
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -178,6 +180,51 @@ TEST(SpirvRewrite, TheEnvironmentCanAskForModulesAsBuilt) {
     ::setenv(name, saved.c_str(), 1);
   else
     ::unsetenv(name);
+}
+
+// The matrices a matrix kernel keeps across its key loop's phases (flash_cm.comp's o_acc; with
+// the softmax in matrices, s_tile and row_state too) are indexed by constants alone (OpConstant,
+// or a specialization constant's expression): a driver keeps an array that an index reaches at
+// run time in memory, and NVIDIA's kept o_acc in local memory while [[unroll]] loops' variables
+// indexed it (glslang writes those as loops; only the driver's unrolling made them constant).
+TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
+  size_t kernels = 0;
+  for (const ShaderBlob& blob : shader_blobs()) {
+    const std::string name = blob.name;
+    if (name.find("_cooperative_matrix_") == std::string::npos) continue;
+    ++kernels;
+    const std::vector<uint32_t> w = words_of(blob);
+    std::map<uint32_t, std::string> names;  // OpName
+    std::set<uint32_t> constants;           // constants and specialization constants' ids
+    std::map<std::string, size_t> indexed;  // kept matrices' access chains, by name
+    for (size_t i = 5; i < w.size();) {
+      uint32_t op = w[i] & 0xffffu, n = w[i] >> 16;
+      ASSERT_TRUE(n > 0 && i + n <= w.size()) << name << ": malformed at word " << i;
+      const uint32_t* x = &w[i];
+      if (op == 5 && n > 2) {  // OpName: a nul-terminated string in the words after the id
+        const char* text = reinterpret_cast<const char*>(x + 2);
+        names[x[1]] = std::string(text, strnlen(text, 4 * (n - 2)));
+      }
+      // OpConstantTrue/False, OpConstant, OpSpecConstantTrue/False, OpSpecConstant, ...Op
+      if ((op >= 41 && op <= 43) || (op >= 48 && op <= 50) || op == 52) constants.insert(x[2]);
+      if ((op == 65 || op == 66) && n > 4 && names.count(x[3])) {  // OpAccessChain, InBounds
+        const std::string& base = names[x[3]];
+        if (base == "o_acc" || base == "s_tile" || base == "row_state") {
+          ++indexed[base];
+          EXPECT_TRUE(constants.count(x[4]))
+              << name << ": " << base << " indexed by %" << x[4] << ", not a constant";
+        }
+      }
+      i += n;
+    }
+    EXPECT_GT(indexed["o_acc"], 0u) << name;
+    if (name.find("nv2") != std::string::npos) {  // nv2's, and its stand-in's (emunv2)
+      EXPECT_GT(indexed["s_tile"], 0u) << name;
+      EXPECT_GT(indexed["row_state"], 0u) << name;
+    }
+  }
+  // flash1, flash2, flashd and splitkv, each through khr, nv, nv2 and both stand-ins.
+  EXPECT_EQ(kernels, 20u);
 }
 
 }  // namespace
