@@ -184,6 +184,23 @@ def evaluate(out):
             won = x < 1.0 and other["block_rows"] != chosen["block_rows"]
             results.append((name, "%.2fx" % x, "%d rows win" % other["block_rows"] if won else
                             "the engine's %d rows win" % chosen["block_rows"]))
+    # The prefill shapes' matrix kernels as the driver built them (pipelines_f16_D.json): no
+    # register spilled and no local memory (NVIDIA's "Local Memory Size", the report's scratch).
+    for d in (64, 128):
+        name = "d=%d: the matrix kernels spill nothing, no local memory" % d
+        path = os.path.join(out, "pipelines_f16_%d.json" % d)
+        kernels = [p for p in load(path)["pipelines"] if p.get("layout") == MATRIX] \
+            if os.path.exists(path) else []
+        stats = [(p["program"], p.get("summary", {})) for p in kernels]
+        if not stats:
+            results.append((name, "-", "no data"))
+            continue
+        measured = ", ".join("%s: %s regs, %s B" % (program, int(s.get("registers") or 0),
+                                                     int(s.get("scratch_bytes") or 0))
+                             for program, s in stats)
+        worst = max((s.get("scratch_bytes") or 0) + (s.get("spilled_registers") or 0)
+                    for _, s in stats)
+        results.append((name, measured, judge(worst, 0)))
     # Where the matrix kernel's time goes: flash2 with phases left out (FLASHVK_MATRIX_SKIP),
     # against the whole kernel in the same flags (skip_D_none.json).
     for d in (64, 128):

@@ -152,10 +152,31 @@ class GpuTargets(unittest.TestCase):
                          ("0.75x (1.500 ms)", "of the whole kernel's time"))
         self.assertEqual(got[name % (64, "pv")], ("-", "no data"))  # no whole run at d = 64
 
+    def test_the_matrix_kernels_registers_and_local_memory(self):
+        def pipeline(program, layout, registers, scratch, spilled=None):
+            summary = {"registers": registers, "scratch_bytes": scratch}
+            if spilled is not None:
+                summary["spilled_registers"] = spilled
+            return {"program": program, "layout": layout, "summary": summary}
+        at64 = {"pipelines": [pipeline("flash2", MATRIX, 234.0, 128.0),
+                              pipeline("flashd", MATRIX, 230.0, 0.0),
+                              pipeline("flash2", "blocks", 253.0, 512.0)]}  # not a matrix kernel
+        at128 = {"pipelines": [pipeline("flash2", MATRIX, 240.0, 0.0, 0.0),
+                               pipeline("flashd", MATRIX, 250.0, 0.0, 0.0)]}
+        got = self.run_on({"pipelines_f16_64.json": at64, "pipelines_f16_128.json": at128})
+        name = "d=%d: the matrix kernels spill nothing, no local memory"
+        self.assertEqual(got[name % 64], ("flash2: 234 regs, 128 B, flashd: 230 regs, 0 B",
+                                          "NOT MET"))
+        self.assertEqual(got[name % 128], ("flash2: 240 regs, 0 B, flashd: 250 regs, 0 B", "met"))
+        at128["pipelines"][1]["summary"]["spilled_registers"] = 4.0  # AMD's spill, no scratch
+        got = self.run_on({"pipelines_f16_128.json": at128})
+        self.assertEqual(got[name % 128][1], "NOT MET")
+        self.assertEqual(got[name % 64], ("-", "no data"))
+
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 25)
+        self.assertEqual(len(got), 27)
 
 
 if __name__ == "__main__":
