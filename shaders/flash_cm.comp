@@ -162,23 +162,28 @@ const uint SS = (BC > FC + FACTORS * CM_N ? BC : FC + FACTORS * CM_N) + 4u;
 #endif
 shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors; the output
 
-CmA q_frag[QD / 16u];     // the group's head dims of its block's queries
-CmA p_frag[BC / 16u];     // the tile's P (step 2), as left operands of P V
-CmAcc o_acc[OD / CM_N];   // its columns of its block's output (unnormalised for FlashAttention-2)
-// The matrices a group keeps across its key loop's phases (o_acc; with the softmax in matrices,
-// the tile's scores and the rows' state) are named by literal indices, never by a loop's variable
-// (as glslang writes an [[unroll]] loop, an index that only the driver's unrolling makes
-// constant): where a driver indexes an array at run time it keeps it in memory, and NVIDIA's kept
-// o_acc there (local memory of o_acc's size, 128 B at d = 64 and 256 at 128, below its 255
-// registers). EACH_BELOW(n, F) is F(k) for each literal k below n (at most 8), AT(k, n) is k,
-// clamped to 0 where k is past n in code that never runs (such an index crashed RADV's compiler).
-#define EACH_BELOW(n, F)                                                                   \
-  if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u)         \
+// The arrays of matrices a group keeps across a tile's phases (the tile's P and its output; with
+// the softmax in matrices, the tile's scores and the rows' state) are indexed by literals alone,
+// never by a loop's variable (as glslang writes an [[unroll]] loop, an index that only the
+// driver's unrolling makes constant): where a driver indexes an array at run time it keeps it in
+// memory, as NVIDIA's appeared to keep o_acc (local memory of o_acc's size at 9811b21: 128 B at
+// d = 64 beside 234 registers, 256 B at 128 beside 255). CM_EACH(n, F) is F(k) for each literal k
+// below n (at most 8: tiling.cpp checks the shapes), CM_AT(k, n) is k, clamped to 0 where k is
+// past n in code that never runs (such an index crashed RADV's compiler). tests/spirv_test.cpp
+// checks every build. The queries, read in one loop (score_piece), are the exception: NVIDIA kept
+// q_frag in registers. (An element of a matrix is another matter: CM_NV's cm_scale and cm_blend
+// index them in loops over the driver's length.)
+#define CM_EACH(n, F)                                                             \
+  if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u) \
   if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)
-#define AT(k, n) ((k) < (n) ? (k) : 0u)
-const uint PIECES = OD / CM_N;  // at most 8 (OD is at most 8 CM_N: tiling.cpp's coopmat_whole_dims)
-#define PIECE(k) AT(k, PIECES)
-#define EACH_PIECE(F) EACH_BELOW(PIECES, F)
+#define CM_AT(k, n) ((k) < (n) ? (k) : 0u)
+// (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims; BC at most 64.)
+const uint Q_MATRICES = QD / 16u, P_MATRICES = BC / 16u, PIECES = OD / CM_N;
+CmA q_frag[Q_MATRICES];  // the group's head dims of its block's queries, 16 a matrix
+CmA p_frag[P_MATRICES];  // the tile's P (step 2), 16 keys a matrix, as left operands of P V
+CmAcc o_acc[PIECES];     // its columns of its block's output (unnormalised for FlashAttention-2)
+#define PIECE(k) CM_AT(k, PIECES)
+#define EACH_PIECE(F) CM_EACH(PIECES, F)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -261,7 +266,7 @@ void load_queries() {
     }
     barrier();
     if (SKIP_QUERIES) return;
-    [[unroll]] for (uint k = 0u; k < QD / 16u; ++k)
+    [[unroll]] for (uint k = 0u; k < Q_MATRICES; ++k)
       cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
     return;
   }
@@ -394,11 +399,13 @@ void v_turn() {
 // Step 1: this group's part of its block's scores against the tile (over its head dims),
 // unscaled, into its scratch.
 // The group's scores (its part of the head dims) for the tile's keys n CM_N .. n CM_N + CM_N - 1.
+// (A loop: written out by literal indices, as the kept matrices are, RADV's compiler held twice
+// the queries' registers and spilled at d = 128.)
 CmAcc score_piece(uint n) {
   CmAcc acc;
   cm_zero(acc);
   if (SKIP_SCORES) return acc;
-  [[unroll]] for (uint k = 0u; k < QD / 16u; ++k) {
+  [[unroll]] for (uint k = 0u; k < Q_MATRICES; ++k) {
     CmBt kt;  // K^T: dims down, keys across
     cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
     if (SKIP_QUERIES) {
@@ -547,13 +554,17 @@ bool tile_softmax(uint j0, uint n, bool inner) {
   return SPLIT > 1u || cm_any(rows[0].valid && keep != 1.0);
 }
 
-// acc += the CM_N columns of P V from the group's column CM_N nv.
+// acc += the CM_N columns of P V from the group's column CM_N nv, of the tile's keys 16 kc ..
+// 16 kc + 15 (p: their weights, p_frag[kc]).
+void add_pv_keys(inout CmAcc acc, uint nv, uint kc, CmA p) {
+  CmBt vt;  // keys down, head dims across: V^T's rows, transposed
+  cm_load_bt(vt, kv_sh, (VB + (part() * OD + nv * CM_N) * VTS + kc * 16u) / 8u, VTS / 8u);
+  cm_mul_add(acc, p, vt);
+}
+// ... of all the tile's keys.
 void add_pv(inout CmAcc acc, uint nv) {
-  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc) {
-    CmBt vt;  // keys down, head dims across: V^T's rows, transposed
-    cm_load_bt(vt, kv_sh, (VB + (part() * OD + nv * CM_N) * VTS + kc * 16u) / 8u, VTS / 8u);
-    cm_mul_add(acc, p_frag[kc], vt);
-  }
+#define PV_KEYS(k) add_pv_keys(acc, nv, k, p_frag[CM_AT(k, P_MATRICES)]);
+  CM_EACH(P_MATRICES, PV_KEYS)
 }
 
 // Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
@@ -592,8 +603,8 @@ void tile_accumulate(bool rescale) {
   cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
   cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
 #endif
-  [[unroll]] for (uint kc = 0u; kc < BC / 16u; ++kc)  // P's rows are SS fp32 apart, 2 SS fp16
-    cm_load_a(p_frag[kc], s_sh, f + kc * 2u, SS / 4u);
+#define LOAD_P(k) cm_load_a(p_frag[CM_AT(k, P_MATRICES)], s_sh, f + (k) * 2u, SS / 4u);
+  CM_EACH(P_MATRICES, LOAD_P)  // P's rows are SS fp32 apart, 2 SS fp16
   accumulate(keep, coef, rescale);
 }
 
@@ -608,8 +619,8 @@ void tile_accumulate(bool rescale) {
 // slot 0. P becomes the left operand of P V by conversion.
 shared Row rows_sh[WG_ROWS];   // the workgroup's rows, for the hooks of any row of a block
 CmAcc row_state[STATE_WORDS];  // the rows' state, a word a matrix
-const uint S_PIECES = BC / CM_N;  // a tile's CM_N-key pieces, at most 4
-CmAcc s_tile[S_PIECES];           // the tile's scores, then its weights
+const uint S_PIECES = BC / CM_N;  // a tile's CM_N-key pieces, at most 4 (CM_N is 16 here)
+CmAcc s_tile[S_PIECES];           // the tile's scores
 
 // Row r of this group's block as rows[0] (main() sets the lane's own row again for finish()).
 // cm_each's functions run in no set order, perhaps more than once (VK_NV_cooperative_matrix2),
@@ -644,12 +655,12 @@ float cm_start(const in uint r, const in uint c, const in float x, const in uint
 
 // The state of element i's row into slot 0, and back.
 void load_state(int i) {
-#define LOAD_WORD(k) set_state_word(0u, k, CM_EL(row_state[AT(k, STATE_WORDS)], i));
-  EACH_BELOW(STATE_WORDS, LOAD_WORD)
+#define LOAD_WORD(k) set_state_word(0u, k, CM_EL(row_state[CM_AT(k, STATE_WORDS)], i));
+  CM_EACH(STATE_WORDS, LOAD_WORD)
 }
 void save_state(int i) {
-#define SAVE_WORD(k) CM_EL(row_state[AT(k, STATE_WORDS)], i) = state_word(0u, k);
-  EACH_BELOW(STATE_WORDS, SAVE_WORD)
+#define SAVE_WORD(k) CM_EL(row_state[CM_AT(k, STATE_WORDS)], i) = state_word(0u, k);
+  CM_EACH(STATE_WORDS, SAVE_WORD)
 }
 
 // Row r's state word k in every element of its row of w.
@@ -660,8 +671,8 @@ void start_word(uint k, out CmAcc w) {
 void start_rows() {
   for (uint r = gl_LocalInvocationID.x; r < WG_ROWS; r += WG) rows_sh[r] = local_row(r);
   barrier();
-#define START_WORD(k) start_word(k, row_state[AT(k, STATE_WORDS)]);
-  EACH_BELOW(STATE_WORDS, START_WORD)
+#define START_WORD(k) start_word(k, row_state[CM_AT(k, STATE_WORDS)]);
+  CM_EACH(STATE_WORDS, START_WORD)
 }
 
 // Piece c of the tile's scores (its keys j0 + c CM_N ..) into sc, each through the score hook,
@@ -701,22 +712,22 @@ void piece_weights(uint c, CmAcc sc, out CmA pa, CmAcc ref, inout CmAcc sum) {
 void tile_row_ops(uint j0, uint n, bool inner) {
   CmAcc mx, sum, ref, keep, coef;
   if (SKIP_SOFTMAX) {  // P = S, the factors 1
-#define SKIPPED_PIECE(k) cm_to_a(p_frag[AT(k, S_PIECES)], score_piece(k));
-    EACH_BELOW(S_PIECES, SKIPPED_PIECE)
+#define SKIPPED_PIECE(k) cm_to_a(p_frag[CM_AT(k, P_MATRICES)], score_piece(k));
+    CM_EACH(S_PIECES, SKIPPED_PIECE)
     cm_zero(keep);
     [[unroll]] for (int i = 0; i < cm_len(keep); ++i) CM_EL(keep, i) = 1.0;
     accumulate(keep, keep, false);
     return;
   }
-#define SCORES_PIECE(k) piece_scores(k, s_tile[AT(k, S_PIECES)], mx, j0, n, inner);
-  EACH_BELOW(S_PIECES, SCORES_PIECE)
+#define SCORES_PIECE(k) piece_scores(k, s_tile[CM_AT(k, S_PIECES)], mx, j0, n, inner);
+  CM_EACH(S_PIECES, SCORES_PIECE)
   [[unroll]] for (int i = 0; i < cm_len(mx); ++i) {  // FLASH-D: the tile's own max
     load_state(i);
     CM_EL(ref, i) = tile_ref(0u, CM_EL(mx, i));
   }
 #define WEIGHTS_PIECE(k) \
-  piece_weights(k, s_tile[AT(k, S_PIECES)], p_frag[AT(k, S_PIECES)], ref, sum);
-  EACH_BELOW(S_PIECES, WEIGHTS_PIECE)
+  piece_weights(k, s_tile[CM_AT(k, S_PIECES)], p_frag[CM_AT(k, P_MATRICES)], ref, sum);
+  CM_EACH(S_PIECES, WEIGHTS_PIECE)
   [[unroll]] for (int i = 0; i < cm_len(ref); ++i) {
     load_state(i);
     float k_i, c_i;
@@ -741,8 +752,8 @@ void end_word(uint k, CmAcc w) {
 // flow leaves them for finish().
 void end_rows(Row own) {
   rows[0] = own;
-#define END_WORD(k) end_word(k, row_state[AT(k, STATE_WORDS)]);
-  EACH_BELOW(STATE_WORDS, END_WORD)
+#define END_WORD(k) end_word(k, row_state[CM_AT(k, STATE_WORDS)]);
+  CM_EACH(STATE_WORDS, END_WORD)
 }
 #endif
 

@@ -5,7 +5,7 @@
 // accesses non-private, and has every barrier that orders workgroup memory make it available and
 // visible instead; every other build is left as it is. (That the drivers take the result is
 // RADV's part: scripts/pipelines.sh compiles every matrix kernel.) And how the matrix kernels
-// index the matrices they keep across a key loop's phases: by constants alone.
+// index the matrices they keep across a tile's phases: by constants alone.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -182,11 +182,14 @@ TEST(SpirvRewrite, TheEnvironmentCanAskForModulesAsBuilt) {
     ::unsetenv(name);
 }
 
-// The matrices a matrix kernel keeps across its key loop's phases (flash_cm.comp's o_acc; with
-// the softmax in matrices, s_tile and row_state too) are indexed by constants alone (OpConstant,
-// or a specialization constant's expression): a driver keeps an array that an index reaches at
-// run time in memory, and NVIDIA's kept o_acc in local memory while [[unroll]] loops' variables
-// indexed it (glslang writes those as loops; only the driver's unrolling made them constant).
+// The matrices a matrix kernel keeps across a tile's phases (flash_cm.comp's o_acc and p_frag;
+// with the softmax in matrices, s_tile and row_state too) are indexed by constants alone
+// (OpConstant, or a specialization constant's expression): a driver keeps an array that an index
+// reaches at run time in memory, and NVIDIA's kept o_acc in local memory while [[unroll]] loops'
+// variables indexed it (glslang writes those as loops; only the driver's unrolling made them
+// constant). Nor is such an array used whole (loaded, stored, copied or passed to a function,
+// where a callee would index it). An element of a matrix is not checked: GL_NV_cooperative_matrix
+// has no product of two, and coopmat.glsl's CM_NV steps through elements in loops.
 TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
   size_t kernels = 0;
   for (const ShaderBlob& blob : shader_blobs()) {
@@ -197,6 +200,11 @@ TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
     std::map<uint32_t, std::string> names;  // OpName
     std::set<uint32_t> constants;           // constants and specialization constants' ids
     std::map<std::string, size_t> indexed;  // kept matrices' access chains, by name
+    auto kept = [&names](uint32_t id) {
+      auto it = names.find(id);
+      return it != names.end() && (it->second == "o_acc" || it->second == "p_frag" ||
+                                   it->second == "s_tile" || it->second == "row_state");
+    };
     for (size_t i = 5; i < w.size();) {
       uint32_t op = w[i] & 0xffffu, n = w[i] >> 16;
       ASSERT_TRUE(n > 0 && i + n <= w.size()) << name << ": malformed at word " << i;
@@ -207,17 +215,24 @@ TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
       }
       // OpConstantTrue/False, OpConstant, OpSpecConstantTrue/False, OpSpecConstant, ...Op
       if ((op >= 41 && op <= 43) || (op >= 48 && op <= 50) || op == 52) constants.insert(x[2]);
-      if ((op == 65 || op == 66) && n > 4 && names.count(x[3])) {  // OpAccessChain, InBounds
-        const std::string& base = names[x[3]];
-        if (base == "o_acc" || base == "s_tile" || base == "row_state") {
-          ++indexed[base];
-          EXPECT_TRUE(constants.count(x[4]))
-              << name << ": " << base << " indexed by %" << x[4] << ", not a constant";
-        }
+      if ((op == 65 || op == 66) && n > 4 && kept(x[3])) {  // OpAccessChain, InBounds
+        ++indexed[names[x[3]]];
+        EXPECT_TRUE(constants.count(x[4]))
+            << name << ": " << names[x[3]] << " indexed by %" << x[4] << ", not a constant";
       }
+      // The whole array loaded, stored or copied (OpLoad, OpStore, OpCopyMemory), or passed
+      // (an OpFunctionCall's argument)
+      std::vector<uint32_t> whole;
+      if (op == 61 && n > 3) whole = {x[3]};
+      if (op == 62 && n > 2) whole = {x[1]};
+      if (op == 63 && n > 2) whole = {x[1], x[2]};
+      if (op == 57) whole.assign(x + 4, x + n);
+      for (uint32_t id : whole)
+        EXPECT_FALSE(kept(id)) << name << ": " << names[id] << " used whole (opcode " << op << ")";
       i += n;
     }
     EXPECT_GT(indexed["o_acc"], 0u) << name;
+    EXPECT_GT(indexed["p_frag"], 0u) << name;
     if (name.find("nv2") != std::string::npos) {  // nv2's, and its stand-in's (emunv2)
       EXPECT_GT(indexed["s_tile"], 0u) << name;
       EXPECT_GT(indexed["row_state"], 0u) << name;

@@ -117,6 +117,15 @@ uint32_t coopmat_rows(uint32_t block_rows) {
 uint32_t coopmat_whole_dims(const MatrixShape& shape) {
   return 64 * shape.subgroup / shape.m;
 }
+// A group's output is at most coopmat_whole_dims / n matrices a row block (a split block's groups
+// hold half of up to twice that), which flash_cm.comp names by literal indices, 8 at most
+// (CM_EACH): so in every shape.
+constexpr bool at_most_eight_output_matrices() {
+  for (const MatrixShape& shape : kMatrixShapes)
+    if (64 * shape.subgroup / shape.m / shape.n > 8) return false;
+  return true;
+}
+static_assert(at_most_eight_output_matrices(), "flash_cm.comp's CM_EACH names 8 matrices at most");
 
 // Groups of the cooperative-matrix kernel that share a block of query rows, each holding
 // 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over
