@@ -157,7 +157,8 @@ class GpuTargets(unittest.TestCase):
             summary = {"registers": registers, "scratch_bytes": scratch}
             if spilled is not None:
                 summary["spilled_registers"] = spilled
-            return {"program": program, "layout": layout, "summary": summary}
+            spills = bool(scratch) or bool(spilled)  # the report's own verdict
+            return {"program": program, "layout": layout, "summary": summary, "spills": spills}
         at64 = {"pipelines": [pipeline("flash2", MATRIX, 234.0, 128.0),
                               pipeline("flashd", MATRIX, 230.0, 0.0),
                               pipeline("flash2", "blocks", 253.0, 512.0)]}  # not a matrix kernel
@@ -168,10 +169,18 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got[name % 64], ("flash2: 234 regs, 128 B, flashd: 230 regs, 0 B",
                                           "NOT MET"))
         self.assertEqual(got[name % 128], ("flash2: 240 regs, 0 B, flashd: 250 regs, 0 B", "met"))
-        at128["pipelines"][1]["summary"]["spilled_registers"] = 4.0  # AMD's spill, no scratch
+        at128["pipelines"][1] = pipeline("flashd", MATRIX, 256.0, 0.0, 4.0)  # AMD's spill
         got = self.run_on({"pipelines_f16_128.json": at128})
-        self.assertEqual(got[name % 128][1], "NOT MET")
+        self.assertEqual(got[name % 128], ("flash2: 240 regs, 0 B, flashd: 256 regs, 0 B, "
+                                           "4 spilled", "NOT MET"))
         self.assertEqual(got[name % 64], ("-", "no data"))
+        # A driver without statistics (no summary), or without a figure for local memory (null):
+        # no data, never a zero.
+        bare = {"pipelines": [{"program": "flash2", "layout": MATRIX, "spills": False}]}
+        unnamed = {"pipelines": [pipeline("flash2", MATRIX, 255.0, None)]}
+        got = self.run_on({"pipelines_f16_64.json": bare, "pipelines_f16_128.json": unnamed})
+        self.assertEqual(got[name % 64], ("-", "no data"))
+        self.assertEqual(got[name % 128], ("-", "no data"))
 
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
