@@ -173,9 +173,16 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
 // checks every build. The queries, read in one loop (score_piece), are the exception: NVIDIA kept
 // q_frag in registers. (An element of a matrix is another matter: CM_NV's cm_scale and cm_blend
 // index them in loops over the driver's length.)
+// Emulated (llvmpipe, which has no matrix types), CM_EACH is a loop: written out, the nv2
+// stand-in's kernels took llvmpipe twice as long to compile (SoftmaxInMatrices: 83 s to 182 s).
+#ifdef CM_EMULATE
+#define CM_EACH(n, F) \
+  for (uint cm_k = 0u; cm_k < (n); ++cm_k) { F(cm_k) }
+#else
 #define CM_EACH(n, F)                                                             \
   if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u) \
   if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)
+#endif
 #define CM_AT(k, n) ((k) < (n) ? (k) : 0u)
 // (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims; BC at most 64.)
 const uint Q_MATRICES = QD / 16u, P_MATRICES = BC / 16u, PIECES = OD / CM_N;
