@@ -190,8 +190,6 @@ const uint Q_MATRICES = QD / 16u, P_MATRICES = BC / 16u, PIECES = OD / CM_N;
 CmA q_frag[Q_MATRICES];  // the group's head dims of its block's queries, 16 a matrix
 CmA p_frag[P_MATRICES];  // the tile's P (step 2), 16 keys a matrix, as left operands of P V
 CmAcc o_acc[PIECES];     // its columns of its block's output (unnormalised for FlashAttention-2)
-#define PIECE(k) CM_AT(k, PIECES)
-#define EACH_PIECE(F) CM_EACH(PIECES, F)
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -582,21 +580,21 @@ void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
   if (SKIP_PV) return;
 #ifdef CM_FLASH2
   // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
-#define SCALE_PIECE(k) cm_scale(o_acc[PIECE(k)], keep);
-#define ADD_PV_PIECE(k) add_pv(o_acc[PIECE(k)], k);  // coef is 1
+#define SCALE_PIECE(k) cm_scale(o_acc[CM_AT(k, PIECES)], keep);
+#define ADD_PV_PIECE(k) add_pv(o_acc[CM_AT(k, PIECES)], k);  // coef is 1
   if (rescale) {
-    EACH_PIECE(SCALE_PIECE)
+    CM_EACH(PIECES, SCALE_PIECE)
   }
-  EACH_PIECE(ADD_PV_PIECE)
+  CM_EACH(PIECES, ADD_PV_PIECE)
 #else
-#define BLEND_PIECE(k)                       \
-  {                                          \
-    CmAcc pv;                                \
-    cm_zero(pv);                             \
-    add_pv(pv, k);                           \
-    cm_blend(o_acc[PIECE(k)], keep, pv, coef); \
+#define BLEND_PIECE(k)                               \
+  {                                                  \
+    CmAcc pv;                                        \
+    cm_zero(pv);                                     \
+    add_pv(pv, k);                                   \
+    cm_blend(o_acc[CM_AT(k, PIECES)], keep, pv, coef); \
   }
-  EACH_PIECE(BLEND_PIECE)
+  CM_EACH(PIECES, BLEND_PIECE)
 #endif
 }
 
@@ -811,8 +809,8 @@ void finish() {
   uint base = output_at(row) + part() * OD + col;
   block_sync();  // read before the pieces overwrite it
   uint at = group_scratch() + (r * OS + col) / 4u;
-#define WRITE_PIECE(k) write_piece(o_acc[PIECE(k)], k, at, mul, base, row.valid);
-  EACH_PIECE(WRITE_PIECE)
+#define WRITE_PIECE(k) write_piece(o_acc[CM_AT(k, PIECES)], k, at, mul, base, row.valid);
+  CM_EACH(PIECES, WRITE_PIECE)
   // The row's state, from the first of the lanes that ran its softmax.
   Row own = rows[0];
   if (!own.valid || lane() % LPR != 0u) return;
@@ -829,8 +827,8 @@ void main() {
   Row row = local_row(block() * SG_ROWS + softmax_row());
   rows[0] = row;
   state_start(0u);
-#define ZERO_PIECE(k) cm_zero(o_acc[PIECE(k)]);
-  EACH_PIECE(ZERO_PIECE)
+#define ZERO_PIECE(k) cm_zero(o_acc[CM_AT(k, PIECES)]);
+  CM_EACH(PIECES, ZERO_PIECE)
 #ifdef CM_ROW_OPS
   start_rows();
   rows[0] = row;  // (cm_start went through the block's rows)

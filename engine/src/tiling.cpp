@@ -114,7 +114,7 @@ uint32_t coopmat_rows(uint32_t block_rows) {
 // The head dims a group holds whole: those at which a lane holds what it does at d = 128 on
 // 16 x 16 matrices by 32 lanes (m / subgroup of a row's queries and output a lane): 128 there and
 // on Xe2's 8 x 16 by 16, 64 on Arc's 8 x 8 by 8, where a lane holds a whole matrix row.
-uint32_t coopmat_whole_dims(const MatrixShape& shape) {
+constexpr uint32_t coopmat_whole_dims(const MatrixShape& shape) {
   return 64 * shape.subgroup / shape.m;
 }
 // A group's output is at most coopmat_whole_dims / n matrices a row block (a split block's groups
@@ -122,7 +122,7 @@ uint32_t coopmat_whole_dims(const MatrixShape& shape) {
 // (CM_EACH): so in every shape.
 constexpr bool at_most_eight_output_matrices() {
   for (const MatrixShape& shape : kMatrixShapes)
-    if (64 * shape.subgroup / shape.m / shape.n > 8) return false;
+    if (coopmat_whole_dims(shape) / shape.n > 8) return false;
   return true;
 }
 static_assert(at_most_eight_output_matrices(), "flash_cm.comp's CM_EACH names 8 matrices at most");
