@@ -62,6 +62,9 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       coopmat: query rows, 64, 128 (twice the groups, each K/V tile staged
                       once for them all), or 32 to split each row block's head dims over two
                       groups)
+  --group-rows N      coopmat: query rows each subgroup multiplies (default 16, a matrix's;
+                      32: each K and V matrix read from shared memory feeds two products,
+                      d <= 64, 128 rows a workgroup unless --block-rows 64)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
                       register tiles: the subgroup size; coopmat: 16, 32 or 64)
   --splits N          splitkv's number of key chunks (default: from the device); these three
@@ -134,9 +137,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Args args(
       argv,
       with_modifiers(
-          {"variant", "batch",      "heads",      "kv-heads",      "nq",       "nk",     "d",
-           "dv",      "repeat",     "min-time",   "flashd-rounds", "json",     "device", "matrix-api", "suite",
-           "layout",  "block-rows", "block-keys", "splits",        "gpu-warm", "rope"}),
+          {"variant",   "batch",  "heads",      "kv-heads",      "nq",     "nk",       "d",
+           "dv",        "repeat", "min-time",   "flashd-rounds", "json",   "device",   "matrix-api",
+           "suite",     "layout", "block-rows", "block-keys",    "splits", "gpu-warm", "rope",
+           "group-rows"}),
       with_modifier_flags({"check", "peak", "warm-cache", "decode-loop", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));  // before a long run, not after
   if (args.flag("decode-loop")) return run_decode_loop(args);
@@ -147,7 +151,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (suite == "standard") {
     for (const std::string& shape_option :
          with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv",
-                         "block-rows", "block-keys", "splits"}))
+                         "block-rows", "block-keys", "splits", "group-rows"}))
       if (args.has(shape_option))
         throw UsageError{
             std::string("--suite standard fixes its shapes, storages and modifiers and runs the "
@@ -193,6 +197,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   o.layout = parse_layout(args.text("layout", "auto"));
   o.fp16_arithmetic = args.flag("fp16-arithmetic");
   o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  o.group_rows = static_cast<uint32_t>(args.integer("group-rows", 0, 1, 1 << 16));
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
 
@@ -209,7 +214,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
         ctx.device().name + " has none (see `flashvk devices`)");
   // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
   // engine's message (the first case, and those of its group: --suite modifiers).
-  if (o.block_rows || o.block_keys || o.fp16_arithmetic)
+  if (o.block_rows || o.group_rows || o.block_keys || o.fp16_arithmetic)
     for (size_t i = 0; i < cases.size() && (i == 0 || cases[i].with_previous); ++i)
       for (Variant v : cases[i].variants) warm_up(ctx, cases[i], case_params(cases[i], v, o));
   std::printf("device: %s (driver %s), median of %s%d\n", ctx.device().name.c_str(),

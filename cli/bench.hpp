@@ -23,8 +23,9 @@ Context open_device(const Args& args, const std::string& matrix_skip = "");
 int run_decode_loop(const Args& args);
 
 /// "registers 48x8": a layout with its query rows per workgroup x keys per tile (none for naive),
-/// and ", 3 splits" for splitkv.
+/// ", 3 splits" for splitkv, and ", 32 rows a group" where group_rows (the matrix kernel's,
+/// where a call asked) is not 0.
 std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
-                        uint32_t block_keys, uint32_t splits);
+                        uint32_t block_keys, uint32_t splits, uint32_t group_rows = 0);
 
 }  // namespace flashvk::cli

@@ -45,6 +45,7 @@ struct Row {
   uint64_t bytes = 0;
   TileLayout layout = TileLayout::shared;               // the kernel that ran
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  // and its tiling
+  uint32_t group_rows = 0;  // the matrix kernel's rows a group, where --group-rows asked
   bool fp16_arithmetic = false;                         // --fp16-arithmetic applied to it
   bool emulated = false;  // the matrix kernel without matrix units (MatrixApi::emulated)
   // Its slowest run's time over its fastest's (runs that timed nothing left out; 0 if none).
@@ -69,6 +70,7 @@ struct Options {
   TileLayout layout = TileLayout::automatic;
   bool fp16_arithmetic = false;
   uint32_t block_rows = 0, block_keys = 0, splits = 0;  // 0: the engine's choice
+  uint32_t group_rows = 0;                              // the same
   std::optional<DevicePeak> peak;
   bool vs_base = false;  // the "vs base" column (--suite modifiers, --kv-dtype lists)
   int mask_width = 6;    // the mask column's: its longest text

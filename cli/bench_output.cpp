@@ -13,7 +13,7 @@
 namespace flashvk::cli {
 
 std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
-                        uint32_t block_keys, uint32_t splits) {
+                        uint32_t block_keys, uint32_t splits, uint32_t group_rows) {
   std::string s = tile_layout_name(layout);
   if (block_keys == 0) return s;  // naive: no tiles
   // Appended piece by piece: GCC 12's -O3 flags " " + std::string with a false -Wrestrict.
@@ -26,6 +26,11 @@ std::string tiling_text(Variant variant, TileLayout layout, uint32_t block_rows,
     s += std::to_string(splits);
     s += splits == 1 ? " split" : " splits";
   }
+  if (group_rows) {
+    s += ", ";
+    s += std::to_string(group_rows);
+    s += " rows a group";
+  }
   return s;
 }
 
@@ -34,7 +39,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::string tiles_text(const Row& r) {
-  return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits) +
+  return tiling_text(r.variant, r.layout, r.block_rows, r.block_keys, r.splits, r.group_rows) +
          (r.emulated ? ", emulated" : "") + (r.fp16_arithmetic ? ", fp16 arithmetic" : "");
 }
 
@@ -136,6 +141,7 @@ std::string json(const DeviceInfo& dev, const Options& o, const std::vector<Row>
     x["device_bytes"] = r.bytes;
     x["tile_layout"] = tile_layout_name(r.layout);
     x["block_rows"] = r.block_rows;
+    if (r.group_rows) x["group_rows"] = r.group_rows;
     x["block_keys"] = r.block_keys;
     x["splits"] = r.splits;
     x["fp16_arithmetic"] = r.fp16_arithmetic;

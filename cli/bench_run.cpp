@@ -117,6 +117,7 @@ void time_run(Context& ctx, const Case& c, const Tensor* qkv, const Options& o, 
   r.bytes = res.device_bytes;
   r.layout = res.tile_layout;
   r.block_rows = res.block_rows, r.block_keys = res.block_keys, r.splits = res.splits;
+  r.group_rows = o.group_rows ? res.group_rows : 0;
   r.emulated = r.layout == TileLayout::cooperative_matrix &&
                !on_matrix_units(ctx.handles().matrix_api);
 }
@@ -219,6 +220,7 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
     params.hints.fp16_arithmetic = o.fp16_arithmetic || c.fp16_arithmetic;
   }
   params.hints.block_rows = o.block_rows;
+  params.hints.group_rows = o.group_rows;
   params.hints.block_keys = o.block_keys;
   if (variant_info(variant).splits_keys) params.hints.splits = o.splits;
   return params;

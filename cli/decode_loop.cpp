@@ -111,7 +111,7 @@ Tensor random_tensor(Context& ctx, std::vector<int64_t> shape, DType dtype, uint
 
 int run_decode_loop(const Args& args) {
   for (const char* option : {"suite", "nq", "batch", "repeat", "min-time", "flashd-rounds",
-                             "block-rows", "block-keys", "splits", "gpu-warm"})
+                             "block-rows", "group-rows", "block-keys", "splits", "gpu-warm"})
     if (args.has(option))
       throw UsageError{std::string("--decode-loop runs one query a step over a growing cache; "
                                    "drop --") +

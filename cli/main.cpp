@@ -52,9 +52,10 @@ options:
                       docs/engine.md; lanes: splitkv's decoding kernel for GPUs; blocks:
                       GPUs without matrix units); the line
                       printed at the end names what ran
-  --block-rows N --block-keys N
-                      invocations per workgroup and keys per tile (default: the engine's;
-                      `flashvk bench` with the same options times them)
+  --block-rows N --block-keys N --group-rows N
+                      invocations per workgroup, keys per tile and (coopmat) query rows a
+                      subgroup multiplies (default: the engine's; `flashvk bench` with the
+                      same options times them)
   --fp16-arithmetic   fp16 products (register blocks, or the matrix units), summed in fp32
                       every 8 products: faster where fp16 math is (phones), within the
                       bound of docs/algorithms.md; needs shaderFloat16 (`flashvk devices`)
@@ -132,6 +133,7 @@ AttentionParams attention_options(const Args& args) {
   p.hints.tile_layout = parse_layout(args.text("layout", "auto"));
   p.hints.fp16_arithmetic = args.flag("fp16-arithmetic");
   p.hints.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  p.hints.group_rows = static_cast<uint32_t>(args.integer("group-rows", 0, 1, 1 << 16));
   p.hints.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   try {
     p.rope = parse_rope(args.text("rope", "none"));
@@ -155,7 +157,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return std::cout << with_modifier_help(kRunHelp), 0;
   Args args(argv,
             with_modifiers({"q", "k", "v", "out", "lse", "variant", "scale", "splits", "rope",
-                            "rope-base", "device", "matrix-api", "layout", "block-rows", "block-keys"}),
+                            "rope-base", "device", "matrix-api", "layout", "block-rows",
+                            "block-keys", "group-rows"}),
             with_modifier_flags({"fp16-arithmetic"}));
   std::string out_path = args.required("out");
   AttentionParams params = attention_options(args);
@@ -171,8 +174,8 @@ int cmd_run(const std::vector<std::string>& argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   npy::write(out_path, r.out);
   if (params.want_lse) npy::write(args.required("lse"), r.lse);
-  std::string tiles =
-      tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys, r.splits);
+  std::string tiles = tiling_text(params.variant, r.tile_layout, r.block_rows, r.block_keys,
+                                  r.splits, params.hints.group_rows ? r.group_rows : 0);
   if (r.tile_layout == TileLayout::cooperative_matrix && !on_matrix_units(ctx.handles().matrix_api))
     tiles += ", emulated";
   std::string mods = params_text(params);

@@ -54,7 +54,7 @@ that up for RDNA2, RDNA3 and RDNA3.5).
 options:
   --variant LIST|all  --batch B --heads H --kv-heads Hk --nq N --nk N --d D --dv D
   --dtype, --kv-dtype LIST, the modifiers, --layout, --fp16-arithmetic, --block-rows,
-  --block-keys, --splits
+  --group-rows, --block-keys, --splits
                       the call, as for `flashvk bench` (default: its defaults)
   --suite standard    bench's standard suite: its prefill, window and decode sets
   --suite kernels     every kernel the engine picks on its own on a GPU: prefill (all six
@@ -309,7 +309,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
             with_modifiers({"variant", "batch", "heads", "kv-heads", "nq", "nk", "d", "dv", "json",
                             "device", "matrix-api", "subgroup-size", "suite", "layout",
                             "block-rows", "block-keys", "splits", "spirv", "disassembly",
-                            "skip-listed"}),
+                            "skip-listed", "group-rows"}),
             with_modifier_flags({"check", "fp16-arithmetic"}));
   if (args.has("json")) check_writable(args.text("json"));
   // The builds of user functions are named for the build alone: a report of other functions
@@ -336,6 +336,7 @@ int cmd_pipelines(const std::vector<std::string>& argv) {
   o.layout = parse_layout(args.text("layout", "auto"));
   o.fp16_arithmetic = args.flag("fp16-arithmetic");
   o.block_rows = static_cast<uint32_t>(args.integer("block-rows", 0, 1, 1 << 16));
+  o.group_rows = static_cast<uint32_t>(args.integer("group-rows", 0, 1, 1 << 16));
   o.block_keys = static_cast<uint32_t>(args.integer("block-keys", 0, 1, 1 << 16));
   o.splits = static_cast<uint32_t>(args.integer("splits", 0, 1, 1 << 16));
   for (const char* dir : {"spirv", "disassembly"})

@@ -10,12 +10,14 @@
 //
 // The matrices are the device's shape (coopmat.glsl): CM_M x 16 times 16 x CM_N by a group of
 // SUBGROUP lanes (16 x 16 by 32 on NVIDIA and AMD; 8-row shapes on Intel). A workgroup is NSG
-// groups. A row block of CM_M packed query rows belongs to SPLIT groups (LANES: 1, or 2 where d
+// groups. A row block of RM x CM_M packed query rows (RM row matrices: 1, or 2 where a call asks,
+// d and dv up to 64: ExecutionHints::group_rows) belongs to SPLIT groups (LANES: 1, or 2 where d
 // or dv is over 128, 64 on Arc's 8 x 8: tiling.cpp's coopmat_split), each of which keeps
 // 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
 // output columns as accumulator matrices (fp32) from the first tile to the last, so that at
 // d = 256 a lane holds what it does at 128. So 64 rows a workgroup, or 32 split (or 128 where
-// a call asks: twice the groups; ExecutionHints::block_rows). Per tile of
+// a call asks: twice the groups, ExecutionHints::block_rows; or 4 groups of 2 row matrices).
+// Each right operand read from shared memory feeds RM products. Per tile of
 // BC keys, staged in shared memory as fp16 (decoded on the way where K or V is in a block
 // format; K as rows, V transposed: every right operand is read as the transpose of rows, keys or
 // head dims contiguous, which is how AMD's and Intel's lanes hold it; V as rows took a 16-bit
@@ -46,14 +48,15 @@
 #define FP16
 #include "common.glsl"
 
-const uint SG_ROWS = CM_M;           // query rows per row block (the matrices' M)
+const uint RM = CM_ROW_MATRICES;     // row matrices a group multiplies: 1, or 2 (group_rows)
+const uint SG_ROWS = CM_M * RM;      // query rows per row block
 const uint WG = gl_WorkGroupSize.x;  // invocations per workgroup
 const uint NSG = WG / SUBGROUP;      // groups per workgroup: NSG * CM_M = 64 rows (or 128)
 const uint SPLIT = LANES;            // groups per row block, each with D / SPLIT and DV / SPLIT
 const uint QD = D / SPLIT;           // head dims of Q and K a group multiplies
 const uint OD = DV / SPLIT;          // output columns a group holds
 const uint WG_ROWS = SG_ROWS * (NSG / SPLIT);  // query rows per workgroup
-const uint LPR = SUBGROUP / CM_M * SPLIT;  // lanes a row's softmax takes, in one group
+const uint LPR = SUBGROUP * SPLIT / SG_ROWS;  // lanes a row's softmax takes, in one group
 const uint PART = BC / LPR;          // keys of a tile each of them takes
 // Row strides in shared memory, each padded by 16 bytes so that the rows a matrix load or
 // store touches fall in different banks (unpadded, the 128- and 256-byte strides put them all
@@ -185,11 +188,15 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
   if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)
 #endif
 #define CM_AT(k, n) ((k) < (n) ? (k) : 0u)
-// (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims; BC at most 64.)
+// (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims, or 4 with RM = 2; BC at most
+// 64.) Row matrix r's matrices follow row matrix r - 1's in each array.
 const uint Q_MATRICES = QD / 16u, P_MATRICES = BC / 16u, PIECES = OD / CM_N;
-CmA q_frag[Q_MATRICES];  // the group's head dims of its block's queries, 16 a matrix
-CmA p_frag[P_MATRICES];  // the tile's P (step 2), 16 keys a matrix, as left operands of P V
-CmAcc o_acc[PIECES];     // its columns of its block's output (unnormalised for FlashAttention-2)
+const uint RQ = RM * Q_MATRICES, RP = RM * P_MATRICES, RO = RM * PIECES;  // the arrays' lengths
+CmA q_frag[RQ];      // the group's head dims of its block's queries, 16 a matrix
+CmA p_frag[RP];      // the tile's P (step 2), 16 keys a matrix, as left operands of P V
+CmAcc o_acc[RO];     // its columns of its block's output (unnormalised for FlashAttention-2)
+CmAcc s_rows[RM];    // a CM_N-key piece of the tile's scores (step 1), a matrix a row matrix
+CmAcc keep_m[RM], coef_m[RM];  // the tile's factors of step 3, a matrix a row matrix
 
 uint lane() { return CM_LANE; }
 uint sg() { return CM_GROUP; }
@@ -241,6 +248,12 @@ uvec4 query_piece(uint r, uint t) {
   return row.valid ? q8[q_at(row.bh, row.i) / 8u + t] : uvec4(0u);
 }
 
+// Where row matrix r's head dims 16 k .. of the group's queries start, staged whole (in kv_sh, or
+// q_sh), in uvec4 elements.
+uint query_matrix(uint r, uint k) {
+  return ((block() * SG_ROWS + r * CM_M) * KS + part() * QD + k * 16u) / 8u;
+}
+
 // Head dims x0 .. x0 + Q_DIMS - 1 of the workgroup's queries staged in kv_sh, and each group's
 // matrices of them loaded (where Q_DIMS < D: SPLIT is 1). Every group loads in each pass (in
 // passes of rows, with a test of which were a group's, RADV spilled the kernel).
@@ -252,8 +265,10 @@ void load_query_dims(uint x0) {
     if (PIECES % WG == 0u || e < PIECES) kv_sh[r * QS / 8u + t] = query_piece(r, x0 / 8u + t);
   }
   barrier();
-  [[unroll]] for (uint k = 0u; k < (Q_DIMS < QD ? Q_DIMS : QD) / 16u; ++k)
-    cm_load_a(q_frag[x0 / 16u + k], kv_sh, (block() * SG_ROWS * QS + k * 16u) / 8u, QS / 8u);
+  [[unroll]] for (uint r = 0u; r < RM; ++r)
+    [[unroll]] for (uint k = 0u; k < (Q_DIMS < QD ? Q_DIMS : QD) / 16u; ++k)
+      cm_load_a(q_frag[r * Q_MATRICES + x0 / 16u + k], kv_sh,
+                ((block() * SG_ROWS + r * CM_M) * QS + k * 16u) / 8u, QS / 8u);
 }
 
 // Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices:
@@ -272,8 +287,8 @@ void load_queries() {
     }
     barrier();
     if (SKIP_QUERIES) return;
-    [[unroll]] for (uint k = 0u; k < Q_MATRICES; ++k)
-      cm_load_a(q_frag[k], kv_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
+    [[unroll]] for (uint i = 0u; i < RQ; ++i)
+      cm_load_a(q_frag[i], kv_sh, query_matrix(i / Q_MATRICES, i % Q_MATRICES), KS / 8u);
     return;
   }
   [[unroll]] for (uint x0 = 0u; x0 < D; x0 += Q_DIMS) load_query_dims(x0);  // 2, 4 or 8
@@ -404,31 +419,40 @@ void v_turn() {
 
 // Step 1: this group's part of its block's scores against the tile (over its head dims),
 // unscaled, into its scratch.
-// The group's scores (its part of the head dims) for the tile's keys n CM_N .. n CM_N + CM_N - 1.
+// Row matrix r's scores of head dims 16 k .. against K^T's matrix kt, into acc.
+void add_scores(inout CmAcc acc, uint r, uint k, CmBt kt) {
+  if (SKIP_QUERIES) {
+    CmA qa;
+    cm_load_a(qa, q_sh, query_matrix(r, k), KS / 8u);
+    cm_mul_add(acc, qa, kt);
+  } else {
+    cm_mul_add(acc, q_frag[r * Q_MATRICES + k], kt);
+  }
+}
+
+// The group's scores (its part of the head dims) for the tile's keys n CM_N .. n CM_N + CM_N - 1,
+// into s_rows: each of K^T's matrices read from shared memory once for the RM row matrices.
 // (A loop: written out by literal indices, as the kept matrices are, RADV's compiler held twice
 // the queries' registers and spilled at d = 128.)
-CmAcc score_piece(uint n) {
-  CmAcc acc;
-  cm_zero(acc);
-  if (SKIP_SCORES) return acc;
+void score_piece(uint n) {
+#define ZERO_ROWS(r) cm_zero(s_rows[CM_AT(r, RM)]);
+  CM_EACH(RM, ZERO_ROWS)
+  if (SKIP_SCORES) return;
   [[unroll]] for (uint k = 0u; k < Q_MATRICES; ++k) {
     CmBt kt;  // K^T: dims down, keys across
     cm_load_bt(kt, kv_sh, (n * CM_N * KS + part() * QD + k * 16u) / 8u, KS / 8u);
-    if (SKIP_QUERIES) {
-      CmA qa;
-      cm_load_a(qa, q_sh, (block() * SG_ROWS * KS + part() * QD + k * 16u) / 8u, KS / 8u);
-      cm_mul_add(acc, qa, kt);
-    } else {
-      cm_mul_add(acc, q_frag[k], kt);
-    }
+#define SCORE_ROWS(r) add_scores(s_rows[CM_AT(r, RM)], r, k, kt);
+    CM_EACH(RM, SCORE_ROWS)
   }
-  return acc;
 }
 
 void tile_scores() {
   [[unroll]] for (uint n = 0u; n < BC / CM_N; ++n) {
-    CmAcc acc = score_piece(n);
-    cm_store(acc, s_sh, group_scratch() + n * CM_N / 4u, SS / 4u);
+    score_piece(n);
+#define STORE_ROWS(r)                                                                       \
+  cm_store(s_rows[CM_AT(r, RM)], s_sh, group_scratch() + ((r) * CM_M * SS + n * CM_N) / 4u, \
+           SS / 4u);
+    CM_EACH(RM, STORE_ROWS)
   }
   block_sync();
 }
@@ -569,49 +593,83 @@ void add_pv_keys(inout CmAcc acc, uint nv, uint kc, CmA p) {
 }
 // ... of all the tile's keys.
 void add_pv(inout CmAcc acc, uint nv) {
-#define PV_KEYS(k) add_pv_keys(acc, nv, k, p_frag[CM_AT(k, P_MATRICES)]);
+#define PV_KEYS(k) add_pv_keys(acc, nv, k, p_frag[CM_AT(k, RP)]);
   CM_EACH(P_MATRICES, PV_KEYS)
 }
+// The same for two row matrices (RM = 2), into a0 and a1, each of V^T's matrices read once for
+// both (p0, p1: p_frag[kc] and p_frag[P_MATRICES + kc]). (One function for both, its second
+// matrix under a test of RM, gave RADV 3% more instructions and 17% more latency at RM = 1.)
+void add_pv_keys2(inout CmAcc a0, inout CmAcc a1, uint nv, uint kc, CmA p0, CmA p1) {
+  CmBt vt;
+  cm_load_bt(vt, kv_sh, (VB + (part() * OD + nv * CM_N) * VTS + kc * 16u) / 8u, VTS / 8u);
+  cm_mul_add(a0, p0, vt);
+  cm_mul_add(a1, p1, vt);
+}
+void add_pv2(inout CmAcc a0, inout CmAcc a1, uint nv) {
+#define PV_KEYS2(k) \
+  add_pv_keys2(a0, a1, nv, k, p_frag[CM_AT(k, RP)], p_frag[CM_AT(P_MATRICES + (k), RP)]);
+  CM_EACH(P_MATRICES, PV_KEYS2)
+}
 
-// Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag), one CM_N-column piece
-// at a time; FlashAttention-2's O is scaled only where `rescale` says (else keep is 1).
-void accumulate(CmAcc keep, CmAcc coef, bool rescale) {
+// Step 3: O <- O * keep + coef * P V on the accumulators (P in p_frag, the factors in keep_m
+// and coef_m), one CM_N-column piece at a time, for each row matrix; FlashAttention-2's O is
+// scaled only where `rescale` says (else keep is 1). Row matrix r's piece nv is o_acc[r PIECES +
+// nv]; with one, add_pv2's second matrix (o_acc[0] again) is in code that never runs.
+void accumulate(bool rescale) {
   v_turn();
   if (SKIP_PV) return;
 #ifdef CM_FLASH2
   // One branch around every piece's scaling: one a piece, RADV ran the products and selected.
-#define SCALE_PIECE(k) cm_scale(o_acc[CM_AT(k, PIECES)], keep);
-#define ADD_PV_PIECE(k) add_pv(o_acc[CM_AT(k, PIECES)], k);  // coef is 1
-  if (rescale) {
-    CM_EACH(PIECES, SCALE_PIECE)
+#define SCALE_PIECE(i) cm_scale(o_acc[CM_AT(i, RO)], keep_m[CM_AT((i) / PIECES, RM)]);
+#define ADD_PV_PIECE(k)                                              \
+  if (RM == 1u) {                                                    \
+    add_pv(o_acc[CM_AT(k, RO)], k);                                  \
+  } else {                                                           \
+    add_pv2(o_acc[CM_AT(k, RO)], o_acc[CM_AT(PIECES + (k), RO)], k); \
   }
-  CM_EACH(PIECES, ADD_PV_PIECE)
+  if (rescale) {
+    CM_EACH(RO, SCALE_PIECE)
+  }
+  CM_EACH(PIECES, ADD_PV_PIECE)  // coef is 1
 #else
-#define BLEND_PIECE(k)                               \
-  {                                                  \
-    CmAcc pv;                                        \
-    cm_zero(pv);                                     \
-    add_pv(pv, k);                                   \
-    cm_blend(o_acc[CM_AT(k, PIECES)], keep, pv, coef); \
+#define BLEND_PIECE(k)                                                     \
+  {                                                                        \
+    CmAcc pv0, pv1;                                                        \
+    cm_zero(pv0);                                                          \
+    if (RM == 1u) {                                                        \
+      add_pv(pv0, k);                                                      \
+    } else {                                                               \
+      cm_zero(pv1);                                                        \
+      add_pv2(pv0, pv1, k);                                                \
+      cm_blend(o_acc[CM_AT(PIECES + (k), RO)], keep_m[CM_AT(1u, RM)], pv1, \
+               coef_m[CM_AT(1u, RM)]);                                     \
+    }                                                                      \
+    cm_blend(o_acc[CM_AT(k, RO)], keep_m[0], pv0, coef_m[0]);              \
   }
   CM_EACH(PIECES, BLEND_PIECE)
 #endif
 }
 
-// Step 3 after step 2: P and the factors from the block's scratch.
+// Step 3 after step 2: P and the factors from the block's scratch (row matrix r's rows r CM_M ..).
 void tile_accumulate(bool rescale) {
   uint f = block_scratch();
-  CmAcc keep, coef;
 #ifdef CM_FLASH2
-  if (rescale) cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
-  coef = keep;  // (unused: coef is 1)
+#define LOAD_FACTORS(r)                                                                           \
+  if (rescale) cm_load_acc(keep_m[CM_AT(r, RM)], s_sh, f + ((r) * CM_M * SS + FC) / 4u, SS / 4u);
 #else
-  cm_load_acc(keep, s_sh, f + FC / 4u, SS / 4u);
-  cm_load_acc(coef, s_sh, f + FC / 4u + CM_N / 4u, SS / 4u);
+#define LOAD_FACTORS(r)                                                                       \
+  {                                                                                           \
+    cm_load_acc(keep_m[CM_AT(r, RM)], s_sh, f + ((r) * CM_M * SS + FC) / 4u, SS / 4u);        \
+    cm_load_acc(coef_m[CM_AT(r, RM)], s_sh, f + ((r) * CM_M * SS + FC + CM_N) / 4u, SS / 4u); \
+  }
 #endif
-#define LOAD_P(k) cm_load_a(p_frag[CM_AT(k, P_MATRICES)], s_sh, f + (k) * 2u, SS / 4u);
-  CM_EACH(P_MATRICES, LOAD_P)  // P's rows are SS fp32 apart, 2 SS fp16
-  accumulate(keep, coef, rescale);
+  CM_EACH(RM, LOAD_FACTORS)
+  // P's rows are SS fp32 apart, 2 SS fp16
+#define LOAD_P(i)                                                                 \
+  cm_load_a(p_frag[CM_AT(i, RP)], s_sh, f + ((i) / P_MATRICES * CM_M * SS) / 4u + \
+            (i) % P_MATRICES * 2u, SS / 4u);
+  CM_EACH(RP, LOAD_P)
+  accumulate(rescale);
 }
 
 #ifdef CM_ROW_OPS
@@ -684,7 +742,8 @@ void start_rows() {
 // Piece c of the tile's scores (its keys j0 + c CM_N ..) into sc, each through the score hook,
 // and its rows' max into mx (over pieces 0 .. c).
 void piece_scores(uint c, out CmAcc sc, inout CmAcc mx, uint j0, uint n, bool inner) {
-  sc = score_piece(c);
+  score_piece(c);
+  sc = s_rows[0];
   uint in_piece = inner ? CM_INNER : n > c * CM_N ? n - c * CM_N : 0u;
   cm_each(sc, sc, cm_score, j0 + c * CM_N, in_piece);
   CmAcc m;
@@ -718,11 +777,16 @@ void piece_weights(uint c, CmAcc sc, out CmA pa, CmAcc ref, inout CmAcc sum) {
 void tile_row_ops(uint j0, uint n, bool inner) {
   CmAcc mx, sum, ref, keep, coef;
   if (SKIP_SOFTMAX) {  // P = S, the factors 1
-#define SKIPPED_PIECE(k) cm_to_a(p_frag[CM_AT(k, P_MATRICES)], score_piece(k));
+#define SKIPPED_PIECE(k)                              \
+  {                                                   \
+    score_piece(k);                                   \
+    cm_to_a(p_frag[CM_AT(k, P_MATRICES)], s_rows[0]); \
+  }
     CM_EACH(S_PIECES, SKIPPED_PIECE)
     cm_zero(keep);
     [[unroll]] for (int i = 0; i < cm_len(keep); ++i) CM_EL(keep, i) = 1.0;
-    accumulate(keep, keep, false);
+    keep_m[0] = keep;
+    accumulate(false);
     return;
   }
 #define SCORES_PIECE(k) piece_scores(k, s_tile[CM_AT(k, S_PIECES)], mx, j0, n, inner);
@@ -742,7 +806,9 @@ void tile_row_ops(uint j0, uint n, bool inner) {
     CM_EL(coef, i) = c_i;
     save_state(i);
   }
-  accumulate(keep, coef, true);
+  keep_m[0] = keep;
+  coef_m[0] = coef;
+  accumulate(true);
 }
 
 // State word k of the lane's row from w (its row's value in every element), through the group's
@@ -797,20 +863,28 @@ void write_piece(CmAcc o, uint nv, uint at, float mul, uint base, bool valid) {
 }
 
 // The output, times its row's out_scale, from the accumulators through the group's scratch: each
-// lane writes 8 values of row lane / CM_LPG of its block a piece (CM_M * CM_N = 8 * SUBGROUP).
-// Called by every lane in uniform flow.
+// lane writes 8 values of row lane / CM_LPG of each row matrix a piece (CM_M * CM_N = 8 *
+// SUBGROUP). Called by every lane in uniform flow.
 void finish() {
   block_sync();  // the last tile's P and factors are read before out_scale overwrites them
   write_factors(out_scale(0u), 0.0);  // by the lanes that hold the row's state
   block_sync();
   uint r = lane() / CM_LPG, col = (lane() % CM_LPG) * 8u;
-  float mul = uintBitsToFloat(s_sh[block_scratch() + (r * SS + FC) / 4u].x);
-  Row row = local_row(block() * SG_ROWS + r);
-  uint base = output_at(row) + part() * OD + col;
+  float mul[RM];  // row r of each row matrix: its out_scale, where its output starts, its validity
+  uint base[RM];
+  bool valid[RM];
+  [[unroll]] for (uint m = 0u; m < RM; ++m) {
+    mul[m] = uintBitsToFloat(s_sh[block_scratch() + ((m * CM_M + r) * SS + FC) / 4u].x);
+    Row row = local_row(block() * SG_ROWS + m * CM_M + r);
+    base[m] = output_at(row) + part() * OD + col;
+    valid[m] = row.valid;
+  }
   block_sync();  // read before the pieces overwrite it
   uint at = group_scratch() + (r * OS + col) / 4u;
-#define WRITE_PIECE(k) write_piece(o_acc[CM_AT(k, PIECES)], k, at, mul, base, row.valid);
-  CM_EACH(PIECES, WRITE_PIECE)
+#define WRITE_PIECE(i)                                                                      \
+  write_piece(o_acc[CM_AT(i, RO)], (i) % PIECES, at, mul[(i) / PIECES], base[(i) / PIECES], \
+              valid[(i) / PIECES]);
+  CM_EACH(RO, WRITE_PIECE)
   // The row's state, from the first of the lanes that ran its softmax.
   Row own = rows[0];
   if (!own.valid || lane() % LPR != 0u) return;
@@ -827,8 +901,8 @@ void main() {
   Row row = local_row(block() * SG_ROWS + softmax_row());
   rows[0] = row;
   state_start(0u);
-#define ZERO_PIECE(k) cm_zero(o_acc[CM_AT(k, PIECES)]);
-  CM_EACH(PIECES, ZERO_PIECE)
+#define ZERO_PIECE(k) cm_zero(o_acc[CM_AT(k, RO)]);
+  CM_EACH(RO, ZERO_PIECE)
 #ifdef CM_ROW_OPS
   start_rows();
   rows[0] = row;  // (cm_start went through the block's rows)

@@ -54,6 +54,10 @@ SPEC_CONSTANT(17, uint, CM_SKIP, cm_skip, 0)
 // tiles in the same space; flash_cm.comp's V_IN_K), where a call asks for keys a tile that do
 // not fit beside each other.
 SPEC_CONSTANT(18, bool, V_IN_K, v_in_k, false)
+// Cooperative matrices: the row matrices each group multiplies (CM_M rows each), 1 or 2 where a
+// call asks (ExecutionHints::group_rows): with 2, each K^T and V^T matrix read from shared memory
+// feeds two products.
+SPEC_CONSTANT(19, uint, CM_ROW_MATRICES, cm_row_matrices, 1)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

@@ -538,6 +538,14 @@ TEST_F(CliTest, BenchTileSizesAreTunable) {
       "--layout coopmat --block-keys 16");
   ASSERT_EQ(cm.status, 0) << cm.output;
   EXPECT_NE(cm.output.find("  cooperative_matrix 64x16"), std::string::npos) << cm.output;
+  Outcome two = run_cli(
+      "bench --variant flash2 --nq 40 --d 16 --dtype f16 --repeat 1 --check "
+      "--layout coopmat --block-keys 16 --group-rows 32 --json " +
+      path("g.json"));
+  ASSERT_EQ(two.status, 0) << two.output;
+  EXPECT_NE(two.output.find("  cooperative_matrix 128x16, 32 rows a group"), std::string::npos)
+      << two.output;
+  EXPECT_EQ(read_json(path("g.json")).at("results").at(0).at("group_rows"), 32);
   // (at d = 256, 64 keys' K and V^T tiles alone take 69 KiB; the engine uses 48 KiB at most)
   Outcome cm_big = run_cli(
       "bench --variant flash2 --nq 8 --d 256 --dtype f16 --layout coopmat "
@@ -992,8 +1000,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
     programs.insert(p["program"].get<std::string>());
     EXPECT_TRUE(p["statistics"].is_object());
     EXPECT_EQ(p["statistics"].empty(), !statistics) << p.dump(1);
-    ASSERT_EQ(p["spec_constants"].size(), 19u);  // shaders/spec_constants.glsl
-    for (size_t i = 0; i < 19; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    ASSERT_EQ(p["spec_constants"].size(), 20u);  // shaders/spec_constants.glsl
+    for (size_t i = 0; i < 20; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
     EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
     std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
     std::ifstream f(spv, std::ios::binary);

@@ -127,7 +127,9 @@ class GpuTargets(unittest.TestCase):
                  "prefill_f16_64.json": {"results": [row("flash2", 64, 1.0, block_rows=64)]},
                  "rows_128_32.json": {"results": [row("flash2", 128, 1.5, block_rows=32)]},
                  "rows_64_32.json": {"results": [row("flash2", 64, 1.2, block_rows=32)]},
-                 "rows_64_128.json": {"results": [row("flash2", 64, 0.9, block_rows=128)]}}
+                 "rows_64_128.json": {"results": [row("flash2", 64, 0.9, block_rows=128)]},
+                 "groups_64_128.json": {"results": [row("flash2", 64, 0.8, block_rows=128)]},
+                 "groups_64_64.json": {"results": [row("flash2", 64, 1.1, block_rows=64)]}}
         name = "d=%d full: row blocks split (32 rows) against the engine's (flash2)"
         wide = "d=%d full: 128-row workgroups against the engine's (flash2)"
         got = self.run_on(files)
@@ -135,6 +137,9 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(got[name % 64], ("1.20x", "the engine's 64 rows win"))
         self.assertEqual(got[wide % 64], ("0.90x", "128 rows win"))
         self.assertEqual(got[wide % 128], ("-", "no data"))
+        groups = "d=64 full: 32 rows a group, %d a workgroup, against the engine's (flash2)"
+        self.assertEqual(got[groups % 128], ("0.80x", "32 rows a group win"))
+        self.assertEqual(got[groups % 64], ("1.10x", "the engine's rows a group win"))
         files["rows_128_32.json"] = {"results": [row("flash2", 128, 1.0, layout="blocks")]}
         self.assertEqual(self.run_on(files)[name % 128],
                          ("-", "not on the matrix path (blocks, cooperative_matrix)"))
@@ -185,7 +190,7 @@ class GpuTargets(unittest.TestCase):
     def test_an_empty_run_has_no_data(self):
         got = self.run_on({})
         self.assertEqual({v for _, v in got.values()}, {"no data"})
-        self.assertEqual(len(got), 27)
+        self.assertEqual(len(got), 29)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,21 @@ TEST_F(MatrixTest, ModifiersMatchTheReference) {
   expect_modifiers_match(modifiers_case(31), {Variant::flashd, Variant::splitkv});
 }
 
+// An additive mask [1, heads, nq, nk]: values in [-2, 2] (from `seed`), -inf on a stripe and on
+// a few rows' first keys.
+HostTensor striped_mask(int64_t heads, int64_t nq, int64_t nk, uint32_t seed) {
+  HostTensor mask({1, heads, nq, nk});
+  HostTensor noise = random_tensor({1, heads, nq, nk}, seed);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t j = 0; j < nk; ++j) {
+        size_t at = size_t((h * nq + i) * nk + j);
+        bool hidden = (j + 3 * h) % 11 == 0 || (i % 9 == 0 && j < 40);
+        mask.data[at] = hidden ? -INFINITY : 2.0f * noise.data[at];
+      }
+  return mask;
+}
+
 // An additive mask, per head (GQA's packed rows each read their own head's), whose entries the
 // kernel fetches 4 keys a load before each tile's scores (flash_cm.comp's fetch_mask): 150 keys,
 // so rows of 152 words whose last tile reads past them (clamped to the row's last 4); finite
@@ -142,15 +157,7 @@ TEST_F(MatrixTest, AdditiveMaskEntriesFetchedWithEachTileMatchTheReference) {
   const int64_t heads = 4, nq = 70, nk = 150;
   AttentionParams params;
   params.want_lse = true;
-  params.mods.mask = HostTensor({1, heads, nq, nk});
-  HostTensor noise = random_tensor({1, heads, nq, nk}, 41);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < nq; ++i)
-      for (int64_t j = 0; j < nk; ++j) {
-        size_t at = size_t((h * nq + i) * nk + j);
-        bool hidden = (j + 3 * h) % 11 == 0 || (i % 9 == 0 && j < 40);
-        params.mods.mask.data[at] = hidden ? -INFINITY : 2.0f * noise.data[at];
-      }
+  params.mods.mask = striped_mask(heads, nq, nk, 41);
   for (int64_t d : {32, 160}) {
     HostTensor q = random_tensor({1, heads, nq, d}, 42), k = random_tensor({1, 2, nk, d}, 43),
                v = random_tensor({1, 2, nk, d == 32 ? 48 : 96}, 44);
@@ -357,6 +364,54 @@ TEST_F(MatrixTest, WorkgroupsOfTwiceTheRowsACallAsksForMatchTheReference) {
   HostTensor q = round_to_half(random_tensor({1, 1, 4, 256}, 123));
   expect_refused([&] { attention(context(), q, q, q, params, DType::f16); },
                  "invocations a workgroup; this device takes");
+}
+
+// group_rows 32, where the call asks for the matrix layout: each group multiplies two row
+// matrices (32 rows, one softmax lane a row), each K and V matrix read once for both; 128 rows
+// a workgroup (4 groups), or 64 where block_rows asks. The ragged case (GQA, causal, a key mask,
+// partial tiles and workgroups, dv != d) in FlashAttention-2 with an additive mask too (a lane's
+// 16 or 32 entries) and in splitkv's chunks; the modifiers' case in FlashAttention (O blended by
+// keep and coef) and FLASH-D at 64 rows. Past d = 64, a count other than 0, 16 and 32, another
+// layout and the softmax in matrices (nv2's) are refused by name.
+TEST_F(MatrixTest, TwoRowMatricesAGroupACallAsksForMatchTheReference) {
+  Case ragged = ragged_case(131);
+  ragged.params.hints.group_rows = 32;
+  ragged.params.variant = Variant::flash2;
+  ragged.params.mods.mask = striped_mask(4, 70, 150, 132);
+  HostAttentionResult run =
+      expect_matches(ragged.q, ragged.k, ragged.v, ragged.params, "flash2, mask");
+  EXPECT_EQ(run.group_rows, 32u);
+  EXPECT_EQ(run.block_rows, 128u);
+  ragged.params.mods.mask = HostTensor();
+  ragged.params.variant = Variant::splitkv;
+  ragged.params.hints.splits = 3;
+  EXPECT_EQ(expect_matches(ragged.q, ragged.k, ragged.v, ragged.params, "splitkv").group_rows, 32u);
+  Case c = modifiers_case(133);
+  c.params.hints.group_rows = 32;
+  c.params.hints.block_rows = 64;
+  for (Variant variant : {Variant::flash1, Variant::flashd}) {
+    c.params.variant = variant;
+    HostAttentionResult r = expect_matches(c.q, c.k, c.v, c.params, variant_name(variant));
+    EXPECT_EQ(r.block_rows, 64u) << variant_name(variant);
+    EXPECT_EQ(r.group_rows, 32u) << variant_name(variant);
+  }
+  AttentionParams params;
+  params.hints.tile_layout = TileLayout::cooperative_matrix;
+  params.hints.group_rows = 32;
+  HostTensor q128 = round_to_half(random_tensor({1, 1, 4, 128}, 134));
+  expect_refused([&] { attention(context(), q128, q128, q128, params, DType::f16); },
+                 "takes group_rows 0, 16 or 32");
+  HostTensor q = round_to_half(c.q);
+  params.hints.group_rows = 24;
+  expect_refused([&] { attention(context(), q, q, q, params, DType::f16); },
+                 "takes group_rows 0, 16 or 32");
+  params.hints.group_rows = 32;
+  expect_refused([&] { attention(softmax_matrices_context(), q, q, q, params, DType::f16); },
+                 "not matrix_api nv2");
+  params.hints.tile_layout = TileLayout::automatic;
+  expect_refused([&] { attention(context(), q, q, q, params, DType::f16); },
+                 "group_rows (query rows a group of the matrix kernel multiplies) applies to "
+                 "tile_layout cooperative_matrix");
 }
 
 // ContextOptions::matrix_skip (FLASHVK_MATRIX_SKIP in bench), the timing diagnostic, leaves

@@ -182,8 +182,9 @@ TEST(SpirvRewrite, TheEnvironmentCanAskForModulesAsBuilt) {
     ::unsetenv(name);
 }
 
-// The matrices a matrix kernel keeps across a tile's phases (flash_cm.comp's o_acc and p_frag;
-// with the softmax in matrices, s_tile and row_state too) are indexed by constants alone
+// The matrices a matrix kernel keeps across a tile's phases (flash_cm.comp's o_acc, p_frag,
+// s_rows and keep_m, and coef_m but for FlashAttention-2's; with the softmax in matrices,
+// s_tile and row_state too) are indexed by constants alone
 // (OpConstant, or a specialization constant's expression): a driver keeps an array that an index
 // reaches at run time in memory, and NVIDIA's kept o_acc in local memory while [[unroll]] loops'
 // variables indexed it (glslang writes those as loops; only the driver's unrolling made them
@@ -205,8 +206,9 @@ TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
     std::map<std::string, size_t> indexed;  // kept matrices' access chains, by name
     auto kept = [&names](uint32_t id) {
       auto it = names.find(id);
-      return it != names.end() && (it->second == "o_acc" || it->second == "p_frag" ||
-                                   it->second == "s_tile" || it->second == "row_state");
+      static const std::set<std::string> arrays = {"o_acc",  "p_frag", "s_rows",   "keep_m",
+                                                   "coef_m", "s_tile", "row_state"};
+      return it != names.end() && arrays.count(it->second);
     };
     for (size_t i = 5; i < w.size();) {
       uint32_t op = w[i] & 0xffffu, n = w[i] >> 16;
@@ -236,6 +238,11 @@ TEST(SpirvKernels, MatrixKernelsIndexTheMatricesTheyKeepByConstants) {
     }
     EXPECT_GT(indexed["o_acc"], 0u) << name;
     EXPECT_GT(indexed["p_frag"], 0u) << name;
+    EXPECT_GT(indexed["s_rows"], 0u) << name;
+    EXPECT_GT(indexed["keep_m"], 0u) << name;
+    if (name.find("flash1") != std::string::npos || name.find("flashd") != std::string::npos) {
+      EXPECT_GT(indexed["coef_m"], 0u) << name;
+    }
     if (name.find("nv2") != std::string::npos) {
       EXPECT_GT(indexed["s_tile"], 0u) << name;
       EXPECT_GT(indexed["row_state"], 0u) << name;

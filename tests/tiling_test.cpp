@@ -468,18 +468,25 @@ TEST(TilingTest, LanesAskedForKeepTheirRowsWithinTheRegisterBudget) {
 // invocations) up to d = 128, on a device that allows so many (Vulkan's minimum is 128); the
 // engine's choice is unsplit 64 rows up to 128, and block_rows without the layout asked for
 // keeps other tiles.
+// flash2's tiling through khr at N = 4096, d = dv = d, fp16, with block_rows and group_rows.
+Spec matrix_rows(uint32_t d, uint32_t rows, uint32_t group_rows, TileLayout layout,
+                 const DeviceInfo& info = kH100) {
+  AttentionParams params;
+  params.variant = Variant::flash2;
+  params.hints.tile_layout = layout;
+  params.hints.block_rows = rows;
+  params.hints.group_rows = group_rows;
+  return detail::choose_tiling({.info = info,
+                                .matrix_api = MatrixApi::khr,
+                                .dims = dims(8, 8, 4096, 4096, d, d),
+                                .params = params,
+                                .dtype = DType::f16,
+                                .kv = Storage(DType::f16)});
+}
+
 TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
   auto matrix = [](uint32_t d, uint32_t rows, TileLayout layout, const DeviceInfo& info = kH100) {
-    AttentionParams params;
-    params.variant = Variant::flash2;
-    params.hints.tile_layout = layout;
-    params.hints.block_rows = rows;
-    return detail::choose_tiling({.info = info,
-                                  .matrix_api = MatrixApi::khr,
-                                  .dims = dims(8, 8, 4096, 4096, d, d),
-                                  .params = params,
-                                  .dtype = DType::f16,
-                                  .kv = Storage(DType::f16)});
+    return matrix_rows(d, rows, 0, layout, info);
   };
   const TileLayout cm = TileLayout::cooperative_matrix;
   EXPECT_EQ(matrix(128, 0, cm).lanes, 1u);
@@ -505,6 +512,36 @@ TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
   test::expect_refused([&] { matrix(128, 128, cm, narrow); },
                        "or 128 (256 invocations a workgroup; this device takes 128)");
   test::expect_refused([&] { matrix(256, 128, cm); }, "or 128 (256 invocations");
+}
+
+// group_rows 32 (two row matrices a group) where the call asks for the matrix layout: 4 groups
+// of 32 rows (128 invocations) by default, 2 with block_rows 64; a softmax lane a row, so at
+// most 32 keys a tile. Past d = 64 (a lane's output would take twice its registers at 128) and
+// without the layout asked for, refused by name.
+TEST(TilingTest, MatrixGroupsTakeTwoRowMatricesWhereACallAsks) {
+  auto matrix = [](uint32_t d, uint32_t group_rows, uint32_t rows, TileLayout layout) {
+    return matrix_rows(d, rows, group_rows, layout);
+  };
+  const TileLayout cm = TileLayout::cooperative_matrix;
+  EXPECT_EQ(matrix(64, 0, 0, cm).cm_row_matrices, 1u);
+  EXPECT_EQ(matrix(64, 16, 0, cm).cm_row_matrices, 1u);
+  Spec two = matrix(64, 32, 0, cm);
+  EXPECT_EQ(two.layout, cm);
+  EXPECT_EQ(two.cm_row_matrices, 2u);
+  EXPECT_EQ(two.workgroup, 128u);
+  EXPECT_EQ(two.block(), 128u);
+  EXPECT_EQ(two.bc, 32u);
+  // K's 32 x 72 and V^T's 64 x 40 fp16 (the queries pass 16 head dims at a time), then 128 rows
+  // of scratch, FlashAttention's (two factors) 52 fp32
+  EXPECT_EQ(detail::matrix_kernel_bytes(two), 2u * (32 * 72 + 64 * 40) + 128 * 4 * 52 + 64);
+  Spec half = matrix(64, 32, 64, cm);
+  EXPECT_EQ(half.workgroup, 64u);
+  EXPECT_EQ(half.block(), 64u);
+  EXPECT_EQ(matrix(64, 32, 128, cm).workgroup, 128u);
+  test::expect_refused([&] { matrix(128, 32, 0, cm); }, "32 where d and dv are at most 64");
+  test::expect_refused([&] { matrix(64, 32, 32, cm); }, "takes group_rows 0, 16 or 32");
+  test::expect_refused([&] { matrix(64, 32, 0, TileLayout::automatic); },
+                       "applies to tile_layout cooperative_matrix");
 }
 
 TEST(TilingTest, CpuDriverTakesRegisterTiles) {

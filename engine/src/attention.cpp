@@ -273,6 +273,7 @@ AttentionResult run(Context& ctx, detail::Plan& plan) {
   result.device_bytes = plan.allocated_bytes();
   result.tile_layout = plan.tile_layout();
   result.block_rows = plan.block_rows();
+  result.group_rows = plan.group_rows();
   result.block_keys = plan.block_keys();
   result.splits = plan.key_chunks();
   result.out = plan.take_out();
@@ -326,6 +327,7 @@ HostAttentionResult attention(Context& ctx, const HostTensor& q, const HostTenso
   host.device_bytes = r.device_bytes + tq.bytes() + tk.bytes() + tv.bytes();
   host.tile_layout = r.tile_layout;
   host.block_rows = r.block_rows;
+  host.group_rows = r.group_rows;
   host.block_keys = r.block_keys;
   host.splits = r.splits;
   return host;

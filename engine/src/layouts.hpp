@@ -10,9 +10,9 @@
 namespace flashvk::detail {
 
 /// What a workgroup's query rows follow from (Spec's fields): its invocations, ROWS, LANES, and
-/// for cooperative matrices the groups' lanes and rows, SUBGROUP and CM_M.
+/// for cooperative matrices the groups' lanes and rows, SUBGROUP, CM_M and CM_ROW_MATRICES.
 struct WorkgroupShape {
-  uint32_t workgroup, rows, lanes, subgroup, m;
+  uint32_t workgroup, rows, lanes, subgroup, m, row_matrices = 1;
 };
 
 struct LayoutRow {
@@ -34,12 +34,12 @@ struct LayoutRow {
 inline constexpr uint32_t kMatrixRows = 64;
 
 // Each layout's workgroup_rows: one row an invocation; ROWS an invocation (register tiles);
-// CM_M a group of SUBGROUP invocations, a block over LANES groups (cooperative matrices); ROWS
-// (lanes); ROWS a row group of LANES invocations (blocks).
+// CM_ROW_MATRICES of CM_M rows a group of SUBGROUP invocations, a block over LANES groups
+// (cooperative matrices); ROWS (lanes); ROWS a row group of LANES invocations (blocks).
 constexpr uint32_t rows_an_invocation(const WorkgroupShape& w) { return w.workgroup; }
 constexpr uint32_t rows_each(const WorkgroupShape& w) { return w.workgroup * w.rows; }
 constexpr uint32_t rows_of_groups(const WorkgroupShape& w) {
-  return w.workgroup / w.subgroup * w.m / w.lanes;
+  return w.workgroup / w.subgroup * w.m * w.row_matrices / w.lanes;
 }
 constexpr uint32_t rows_asked(const WorkgroupShape& w) { return w.rows; }
 constexpr uint32_t rows_a_row_group(const WorkgroupShape& w) {

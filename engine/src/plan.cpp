@@ -486,6 +486,10 @@ uint32_t Plan::block_rows() const {
   return variant_info(params.variant).fused ? spec.block() : 0;
 }
 
+uint32_t Plan::group_rows() const {
+  return spec.layout == TileLayout::cooperative_matrix ? spec.cm_m * spec.cm_row_matrices : 0;
+}
+
 uint32_t Plan::block_keys() const {
   return variant_info(params.variant).fused ? spec.bc : 0;
 }

@@ -128,6 +128,8 @@ class Plan {
   TileLayout tile_layout() const { return spec.layout; }
   /// Query rows a workgroup covers and keys a tile holds (0, 0 for naive, which has no tiles).
   uint32_t block_rows() const;
+  /// Query rows a group of the matrix kernel multiplies (AttentionResult::group_rows).
+  uint32_t group_rows() const;
   uint32_t block_keys() const;
   /// splitkv's chunks of keys and their length (1 and 0 for the other variants).
   uint32_t key_chunks() const { return splits; }

@@ -98,17 +98,26 @@ MatrixShape coopmat_shape(const DeviceInfo& info) {
   return info.matrix_shape.m ? info.matrix_shape : kMatrixShapes[0];
 }
 
-// The cooperative-matrix kernel's workgroup: groups of the shape's subgroup, one a block of m
-// rows, `rows` rows of matrices in all (NSG in shaders/flash_cm.comp; kMatrixRows, or twice it
+// The row matrices each group of the cooperative-matrix kernel multiplies (CM_ROW_MATRICES in
+// shaders/flash_cm.comp): 2 where a call asks for two matrices' rows a group (group_rows), else 1.
+uint32_t coopmat_row_matrices(const MatrixShape& shape, uint32_t group_rows) {
+  return group_rows == 2 * shape.m ? 2 : 1;
+}
+
+// The cooperative-matrix kernel's workgroup: groups of the shape's subgroup, each `rm` blocks of
+// m rows, `rows` rows of matrices in all (NSG in shaders/flash_cm.comp; kMatrixRows, or twice it
 // where a call asks): at 64, 4 groups of 32 at 16 x 16, 8 of 16 or 8 at Intel's 8-row shapes.
-uint32_t coopmat_workgroup(const MatrixShape& shape, uint32_t rows = kMatrixRows) {
-  return rows / shape.m * shape.subgroup;
+uint32_t coopmat_workgroup(const MatrixShape& shape, uint32_t rows = kMatrixRows, uint32_t rm = 1) {
+  return rows / (shape.m * rm) * shape.subgroup;
 }
 
 // The rows of matrices a call's workgroups take: twice kMatrixRows where it asks for as many
-// query rows (block_rows; their groups each hold their block's head dims whole), else kMatrixRows.
-uint32_t coopmat_rows(uint32_t block_rows) {
-  return block_rows == 2 * kMatrixRows ? block_rows : kMatrixRows;
+// query rows (block_rows; their groups each hold their block's head dims whole), or for two row
+// matrices a group (`rm`) and leaves block_rows to the engine (4 groups on 16 x 16), else
+// kMatrixRows.
+uint32_t coopmat_rows(uint32_t block_rows, uint32_t rm = 1) {
+  return block_rows == 2 * kMatrixRows || (rm == 2 && block_rows == 0) ? 2 * kMatrixRows
+                                                                       : kMatrixRows;
 }
 
 // The head dims a group holds whole: those at which a lane holds what it does at d = 128 on
@@ -118,8 +127,8 @@ constexpr uint32_t coopmat_whole_dims(const MatrixShape& shape) {
   return 64 * shape.subgroup / shape.m;
 }
 // A group's output is at most coopmat_whole_dims / n matrices a row block (a split block's groups
-// hold half of up to twice that), which flash_cm.comp names by literal indices, 8 at most
-// (CM_EACH): so in every shape.
+// hold half of up to twice that; two row blocks, group_rows, half of it each), which
+// flash_cm.comp names by literal indices, 8 at most (CM_EACH): so in every shape.
 constexpr bool at_most_eight_output_matrices() {
   for (const MatrixShape& shape : kMatrixShapes)
     if (coopmat_whole_dims(shape) / shape.n > 8) return false;
@@ -162,17 +171,17 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 // The queries pass through the K/V space: their d head dims where they fit in the tiles' space,
 // else the most of d / 2, d / 4 and d / 8 that do (multiples of 16), else the least of them, or
 // all d where none is a multiple of 16, the space grown to hold them (Q_DIMS).
-// `matrix_rows`: the groups' rows (coopmat_rows).
+// `matrix_rows`: the groups' rows (coopmat_rows), `rm` row matrices each (coopmat_row_matrices).
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
                        uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false,
-                       uint32_t matrix_rows = kMatrixRows) {
-  const uint32_t wg = coopmat_workgroup(shape, matrix_rows);
+                       uint32_t matrix_rows = kMatrixRows, uint32_t rm = 1) {
+  const uint32_t wg = coopmat_workgroup(shape, matrix_rows, rm);
   api = coopmat_kernel_api(api, split);
   uint32_t exchange = api == MatrixApi::emulated ? wg * 4 : 0;  // a float each
   if (api == MatrixApi::emulated_nv2) exchange = wg * 4 * 9;  // and 8 for cm_to_a
   const bool in_matrices = keeps_softmax_in_matrices(api);
   uint32_t rows = layout_row(TileLayout::cooperative_matrix)
-                      .workgroup_rows({wg, 1, split, shape.subgroup, shape.m});
+                      .workgroup_rows({wg, 1, split, shape.subgroup, shape.m, rm});
   if (in_matrices) exchange += rows * 64;
   // keep alone where coef is 1: the lazy-output variants, built with CM_FLASH2 (builds.def)
   const uint32_t factors = variant_info(variant).lazy_output ? 1 : 2;
@@ -211,24 +220,25 @@ struct MatrixTile {
 // Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
 // more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
-// (NVIDIA: registers bound these kernels) the most keys that fit. `matrix_rows`: coopmat_rows.
+// (NVIDIA: registers bound these kernels) the most keys that fit. `matrix_rows` and `rm`:
+// coopmat_rows and coopmat_row_matrices.
 MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t d, uint32_t dv,
                         uint32_t split, MatrixApi api, Variant variant, DType v_storage,
-                        uint32_t asked, uint32_t matrix_rows) {
+                        uint32_t asked, uint32_t matrix_rows, uint32_t rm) {
   const MatrixShape shape = coopmat_shape(info);
-  const uint32_t wg = coopmat_workgroup(shape, matrix_rows);
-  const uint32_t lanes_a_row = shape.subgroup / shape.m * split;  // LPR
+  const uint32_t wg = coopmat_workgroup(shape, matrix_rows, rm);
+  const uint32_t lanes_a_row = shape.subgroup * split / (shape.m * rm);  // LPR
   for (uint32_t keys : {64u, 32u, 16u}) {
     if (asked && keys != asked) continue;
-    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant, false, matrix_rows);
+    uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant, false, matrix_rows, rm);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
     bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
-    if (asked &&
-        coopmat_bytes(shape, keys, d, dv, split, api, variant, true, matrix_rows) <= shared_bytes)
+    if (asked && coopmat_bytes(shape, keys, d, dv, split, api, variant, true, matrix_rows, rm) <=
+                     shared_bytes)
       return {keys, true};
   }
   return {};
@@ -261,22 +271,41 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const bool asked = params.hints.tile_layout == TileLayout::cooperative_matrix;
   const uint32_t keys = asked_matrix_keys(params), rows = params.hints.block_rows;
   const uint32_t split = coopmat_split(shape, dims.d, dims.dv, rows);
-  const uint32_t multiple = 16 * split, matrix_rows = coopmat_rows(rows);
+  const uint32_t rm = coopmat_row_matrices(shape, params.hints.group_rows);
+  const uint32_t multiple = 16 * split, matrix_rows = coopmat_rows(rows, rm);
   // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split, or
   // twice kMatrixRows (unsplit) where the device takes workgroups of as many groups (invocations,
   // and subgroups where they are known: maxComputeWorkgroupSubgroups)
-  const uint32_t wide = coopmat_workgroup(shape, 2 * kMatrixRows);
+  const uint32_t wide = coopmat_workgroup(shape, 2 * kMatrixRows, rm);
   bool rows_fit =
       rows == 0 || (asked && rows == kMatrixRows / split) ||
       (asked && rows == 2 * kMatrixRows && split == 1 && wide <= info.max_workgroup_invocations &&
        (info.max_workgroup_subgroups == 0 ||
         wide / shape.subgroup <= info.max_workgroup_subgroups));
+  // group_rows: the engine's (0), a matrix's rows, or two matrices' where a lane's queries and
+  // output take what they take at coopmat_whole_dims with one (d and dv up to half of it: at
+  // d = 128 on 16 x 16, RADV spilled 116 registers), a block is one group's (split 1), and its
+  // softmax runs on lanes, a lane a row at least
+  const uint32_t group_rows = params.hints.group_rows;
+  bool group_fits =
+      group_rows == 0 || group_rows == shape.m ||
+      (rm == 2 && split == 1 && 2 * dims.d <= whole && 2 * dims.dv <= whole &&
+       shape.subgroup >= 2 * shape.m && !keeps_softmax_in_matrices(coopmat_kernel_api(api, split)));
+  if (asked && !group_fits)
+    throw Error("tile_layout cooperative_matrix takes group_rows 0, " + std::to_string(shape.m) +
+                " or " + std::to_string(2 * shape.m) + " (" + matrix_shape_name(shape) +
+                " matrices; " + std::to_string(2 * shape.m) + " where d and dv are at most " +
+                std::to_string(whole / 2) +
+                ", block_rows is 0, 64 or 128, the softmax runs on lanes (not matrix_api nv2) "
+                "and a subgroup has at least as many lanes), got " +
+                std::to_string(group_rows));
   bool shape_fits = variant_info(params.variant).matrix && dtype == DType::f16 &&
                     format(kv.k).matrix_kv() && format(kv.v).matrix_kv() &&
                     dims.d % multiple == 0 && dims.dv % multiple == 0 && dims.d <= 2 * whole &&
-                    dims.dv <= 2 * whole && rows_fit && (asked || params.hints.block_keys == 0);
+                    dims.dv <= 2 * whole && rows_fit && group_fits &&
+                    (asked || params.hints.block_keys == 0);
   bool fits = shape_fits && coopmat_tile(info, shared_bytes, dims.d, dims.dv, split, api,
-                                         params.variant, kv.v, keys, matrix_rows)
+                                         params.variant, kv.v, keys, matrix_rows, rm)
                                     .keys > 0;
   if (asked) {
     if (api == MatrixApi::none)
@@ -308,7 +337,7 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
       throw Error("tile_layout cooperative_matrix at d=" + std::to_string(dims.d) +
                   ", dv=" + std::to_string(dims.dv) + " needs " +
                   std::to_string(coopmat_bytes(shape, tried, dims.d, dims.dv, split, api,
-                                               params.variant, keys != 0, matrix_rows)) +
+                                               params.variant, keys != 0, matrix_rows, rm)) +
                   " bytes of shared memory with " + std::to_string(tried) +
                   " keys a tile; the kernels may take " + std::to_string(shared_bytes) +
                   " (the least of the device's, max_shared_memory and the engine's 48 KiB)");
@@ -599,6 +628,10 @@ Spec choose_layout(const TilingRequest& request) {
   spec.k_format = static_cast<uint32_t>(kv.k);
   spec.v_format = static_cast<uint32_t>(kv.v);
   if (params.hints.fp16_arithmetic) check_fp16_arithmetic(request);
+  if (params.hints.group_rows && params.hints.tile_layout != TileLayout::cooperative_matrix)
+    throw Error(
+        "group_rows (query rows a group of the matrix kernel multiplies) applies to "
+        "tile_layout cooperative_matrix");
   if (!forced_keys && use_lanes(info, dims, params, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::lanes;
     spec.lanes = lanes_per_key(info, dims, kv);
@@ -625,15 +658,18 @@ Spec choose_layout(const TilingRequest& request) {
       use_coopmat(info, request.matrix_api, dims, params, dtype, kv, shared_bytes, trace)) {
     spec.layout = TileLayout::cooperative_matrix;
     const MatrixShape shape = coopmat_shape(info);
-    const uint32_t matrix_rows = coopmat_rows(params.hints.block_rows);
-    spec.workgroup = coopmat_workgroup(shape, matrix_rows);  // a block of m rows to `lanes` groups
+    const uint32_t rm = coopmat_row_matrices(shape, params.hints.group_rows);
+    const uint32_t matrix_rows = coopmat_rows(params.hints.block_rows, rm);
+    spec.workgroup = coopmat_workgroup(shape, matrix_rows, rm);  // a block to `lanes` groups
+    spec.cm_row_matrices = rm;
     spec.subgroup = shape.subgroup;
     spec.cm_m = shape.m;
     spec.cm_n = shape.n;
     spec.lanes = coopmat_split(shape, dims.d, dims.dv, params.hints.block_rows);
     spec.matrix = coopmat_kernel_api(request.matrix_api, spec.lanes);
-    MatrixTile tile = coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.lanes, spec.matrix,
-                                   params.variant, kv.v, asked_matrix_keys(params), matrix_rows);
+    MatrixTile tile =
+        coopmat_tile(info, shared_bytes, dims.d, dims.dv, spec.lanes, spec.matrix, params.variant,
+                     kv.v, asked_matrix_keys(params), matrix_rows, rm);
     spec.bc = tile.keys;
     spec.v_in_k = tile.v_in_k;
     return spec;
@@ -685,7 +721,7 @@ Spec choose_tiling(const TilingRequest& request) {
 uint32_t matrix_kernel_bytes(const Spec& spec) {
   const MatrixShape shape{spec.cm_m, spec.cm_n, 16, spec.subgroup};
   return coopmat_bytes(shape, spec.bc, spec.d, spec.dv, spec.lanes, spec.matrix, Variant::flash1,
-                       spec.v_in_k, spec.block() * spec.lanes);
+                       spec.v_in_k, spec.block() * spec.lanes, spec.cm_row_matrices);
 }
 
 }  // namespace flashvk::detail

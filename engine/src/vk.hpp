@@ -143,10 +143,11 @@ struct Spec {
   }
   /// Query rows one workgroup covers: one an invocation (shared tiles), ROWS an invocation
   /// (register tiles), ROWS a row group of LANES invocations (blocks), ROWS (lanes: all of a KV
-  /// head's), or CM_M a group of SUBGROUP invocations over LANES (cooperative matrices: LANES
-  /// groups a block of CM_M rows).
+  /// head's), or CM_M CM_ROW_MATRICES a group of SUBGROUP invocations over LANES (cooperative
+  /// matrices: LANES groups a block of them).
   uint32_t block() const {
-    return layout_row(layout).workgroup_rows({workgroup, rows, lanes, subgroup, cm_m});
+    return layout_row(layout).workgroup_rows(
+        {workgroup, rows, lanes, subgroup, cm_m, cm_row_matrices});
   }
   bool operator<(const Spec& o) const {
     auto fields = [](const Spec& s) {

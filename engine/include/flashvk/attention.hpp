@@ -94,6 +94,12 @@ struct ExecutionHints {
   /// the head dims (d and dv multiples of 32; a lane's registers for queries and output halved,
   /// as past d = 128).
   uint32_t block_rows = 0;
+  /// With tile_layout cooperative_matrix, query rows each group of the kernel (a subgroup on
+  /// the matrix units) multiplies: 0 = the engine's, one matrix's rows (16; 8 on Intel), or two
+  /// matrices' (32 on 16x16): each K and V matrix read from shared memory then feeds two
+  /// products, for twice a lane's output registers (d and dv up to 64, block_rows 0 or 128:
+  /// 128 rows a workgroup, or 64; not with matrix_api nv2, whose softmax is a group's matrix).
+  uint32_t group_rows = 0;
   /// Bc, keys per tile; 0 = the most that fit in shared memory. With tile_layout
   /// cooperative_matrix, 16, 32 or 64 (what a tuning sweep varies); with automatic, it asks for
   /// shared tiles.
@@ -184,6 +190,9 @@ struct AttentionResult {
   /// The tiling that ran: query rows per workgroup and keys per K/V tile (0 for naive, which
   /// has no tiles), and splitkv's number of key chunks (1 for the other variants).
   uint32_t block_rows = 0, block_keys = 0, splits = 1;
+  /// cooperative_matrix: query rows each group of the kernel multiplied (ExecutionHints::
+  /// group_rows); 0 for the other layouts.
+  uint32_t group_rows = 0;
 };
 
 /// Runs attention on device tensors, submits and waits.
@@ -208,6 +217,7 @@ struct HostAttentionResult {
   uint64_t device_bytes = 0;
   TileLayout tile_layout = TileLayout::shared;
   uint32_t block_rows = 0, block_keys = 0, splits = 1;  ///< as in AttentionResult
+  uint32_t group_rows = 0;                              ///< as in AttentionResult
 };
 
 /// Q, K and V uploaded in their storage (Tensor::upload); an error names the tensor ("K: ... stores
