@@ -8,7 +8,8 @@ glslang built it), OUT/sdpa.json (PyTorch's SDPA on the same shapes, flash backe
 FlashAttention-2), OUT/modifiers_f16.json (bench --suite modifiers in fp16),
 OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the default matrix API and nv2), each
 set against the tile the engine chose, OUT/rows_D_32.json (flash2's row blocks split over two
-groups) and OUT/rows_D_128.json (workgroups of 128 rows) set against the engine's rows,
+groups), OUT/rows_D_128.json (workgroups of 128 rows) and OUT/groups_64_R.json (32 rows a group,
+R a workgroup) set against the engine's rows,
 OUT/skip_D_PHASES.json (flash2 with phases of the matrix kernel left out; skip_D_none.json: the
 whole kernel, which the others are set against), and OUT/pipelines_f16_D.json (the driver's
 statistics of the prefill shapes' pipelines: the matrix kernels' registers and spills). A
@@ -43,6 +44,18 @@ def prefill_rows(out, prefix=""):
     for path in sorted(glob.glob(os.path.join(out, "prefill_%sf16_*.json" % prefix))):
         rows += load(path)["results"]
     return rows
+
+
+def against(name, mine, base, verdict):
+    """Row `name` setting bench row `mine` against `base` (either may be None): no data, not
+    on the matrix path, or the ratio of their times and verdict(ratio)."""
+    if mine is None or base is None:
+        return (name, "-", "no data")
+    if mine["tile_layout"] != MATRIX or base["tile_layout"] != MATRIX:
+        return (name, "-", "not on the matrix path (%s, %s)" %
+                (mine["tile_layout"], base["tile_layout"]))
+    x = mine["ms"] / base["ms"]
+    return (name, "%.2fx" % x, verdict(x))
 
 
 def find(rows, **want):
@@ -134,14 +147,8 @@ def evaluate(out):
                 name = "d=%d %s: %s (flash2)" % (d, "causal" if causal else "full", what)
                 mine = find(rows, variant="flash2", d=d, causal=causal)
                 base = find(prefill, variant="flash2", d=d, causal=causal)
-                if mine is None or base is None:
-                    results.append((name, "-", "no data"))
-                elif mine["tile_layout"] != MATRIX or base["tile_layout"] != MATRIX:
-                    results.append((name, "-", "not on the matrix path (%s, %s)" %
-                                    (mine["tile_layout"], base["tile_layout"])))
-                else:
-                    x = mine["ms"] / base["ms"]
-                    results.append((name, "%.2fx" % x, faster if x < 1.0 else slower))
+                results.append(against(name, mine, base,
+                                       lambda x: faster if x < 1.0 else slower))
     # The tile sizes gpu_bench.sh swept (--block-keys) against the engine's own choice on the
     # same shape: the block_keys of flash2's full prefill row, default API or nv2.
     for api, prefix in (("default", ""), ("nv2", "nv2_")):
@@ -176,16 +183,21 @@ def evaluate(out):
         path = os.path.join(out, "rows_%d_%d.json" % (d, rows))
         other = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
         chosen = find(prefill, variant="flash2", d=d, causal=False)
-        if other is None or chosen is None:
-            results.append((name, "-", "no data"))
-        elif other["tile_layout"] != MATRIX or chosen["tile_layout"] != MATRIX:
-            results.append((name, "-", "not on the matrix path (%s, %s)" %
-                            (other["tile_layout"], chosen["tile_layout"])))
-        else:
-            x = other["ms"] / chosen["ms"]
+
+        def rows_verdict(x, other=other, chosen=chosen):
             won = x < 1.0 and other["block_rows"] != chosen["block_rows"]
-            results.append((name, "%.2fx" % x, "%d rows win" % other["block_rows"] if won else
-                            "the engine's %d rows win" % chosen["block_rows"]))
+            return ("%d rows win" % other["block_rows"] if won else
+                    "the engine's %d rows win" % chosen["block_rows"])
+        results.append(against(name, other, chosen, rows_verdict))
+    # Two row matrices a group (--group-rows 32: each K and V matrix read from shared memory
+    # for two products), in workgroups of 128 rows and of 64, against the engine's 16 a group.
+    for rows in (128, 64):
+        name = "d=64 full: 32 rows a group, %d a workgroup, against the engine's (flash2)" % rows
+        path = os.path.join(out, "groups_64_%d.json" % rows)
+        other = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
+        chosen = find(prefill, variant="flash2", d=64, causal=False)
+        results.append(against(name, other, chosen, lambda x: "32 rows a group win" if x < 1.0
+                               else "the engine's rows a group win"))
     # The prefill shapes' matrix kernels as the driver built them (pipelines_f16_D.json): no
     # register spilled and no local memory (NVIDIA's "Local Memory Size", the report's scratch).
     for d in (64, 128):
