@@ -64,7 +64,7 @@ MODIFIERS  --layout auto|shared|registers|coopmat|lanes|blocks
                       groups)
   --group-rows N      coopmat: query rows each subgroup multiplies (default 16, a matrix's;
                       32: each K and V matrix read from shared memory feeds two products,
-                      d <= 64, 128 rows a workgroup unless --block-rows 64)
+                      d <= 128; 128 rows a workgroup, 64 past d = 64)
   --block-keys N      keys per K/V tile (shared tiles: at most what fits in shared memory;
                       register tiles: the subgroup size; coopmat: 16, 32 or 64)
   --splits N          splitkv's number of key chunks (default: from the device); these three

@@ -21,8 +21,8 @@
 #   rows_D_32.json      flash2's matrix kernel with its row blocks split over two groups
 #                       (--block-rows 32), at d = 64 and 128; rows_D_128.json with 128 rows a
 #                       workgroup (--block-rows 128), and pipelines_rows_D_128.json their registers;
-#                       groups_64_R.json with 32 rows a group (--group-rows 32), R a workgroup,
-#                       and pipelines_groups_64.json their registers
+#                       groups_D_R.json with 32 rows a group (--group-rows 32), R a workgroup,
+#                       and pipelines_groups_D.json their registers
 #   skip_D_PHASES.json  flash2's matrix kernel at d = D with PHASES left out (FLASHVK_MATRIX_SKIP,
 #                       its commas as +; none: nothing, the whole kernel); pipelines_skip_D_
 #                       PHASES.json: the registers of those that keep the results (queries)
@@ -232,13 +232,16 @@ for d in "${prefill_d[@]}"; do
   step pipelines --variant flash2 "${prefill_dims[@]}" --d "$d" --dtype f16 --layout coopmat \
     --block-rows 128 --json "$out/pipelines_rows_${d}_128.json"
 done
-# Issue #43: two row matrices a group (--group-rows 32, d <= 64: each K and V matrix read from
-# shared memory feeds two products, twice a lane's output registers; RADV navi31 at d = 64: 256
-# VGPRs, 5 waves, no spill), in 128-row workgroups (4 groups) and 64-row ones (2), which
-# gpu_targets.py sets against the engine's 16 rows a group; their registers too.
+# Issue #43: two row matrices a group (--group-rows 32: each K and V matrix read from shared
+# memory feeds two products, twice a lane's output registers; RADV navi31: no spill), at d = 64
+# in 128-row workgroups (4 groups) and 64-row ones (2), at d = 128 in 64-row ones with the
+# queries read from shared memory at each tile, which gpu_targets.py sets against the engine's
+# 16 rows a group; their registers too.
 for d in "${prefill_d[@]}"; do
-  ((d > 64)) && continue
-  for rows in 128 64; do
+  ((d > 128)) && continue
+  rows_list=(128 64)
+  ((d > 64)) && rows_list=(64)
+  for rows in "${rows_list[@]}"; do
     step bench --variant flash2 "${prefill_shape[@]}" --d "$d" --dtype f16 --layout coopmat \
       --group-rows 32 --block-rows "$rows" --json "$out/groups_${d}_$rows.json"
   done

@@ -8,7 +8,7 @@ glslang built it), OUT/sdpa.json (PyTorch's SDPA on the same shapes, flash backe
 FlashAttention-2), OUT/modifiers_f16.json (bench --suite modifiers in fp16),
 OUT/tiles_API_D_KEYS.json (flash2 at each tile size, in the default matrix API and nv2), each
 set against the tile the engine chose, OUT/rows_D_32.json (flash2's row blocks split over two
-groups), OUT/rows_D_128.json (workgroups of 128 rows) and OUT/groups_64_R.json (32 rows a group,
+groups), OUT/rows_D_128.json (workgroups of 128 rows) and OUT/groups_D_R.json (32 rows a group,
 R a workgroup) set against the engine's rows,
 OUT/skip_D_PHASES.json (flash2 with phases of the matrix kernel left out; skip_D_none.json: the
 whole kernel, which the others are set against), and OUT/pipelines_f16_D.json (the driver's
@@ -190,12 +190,14 @@ def evaluate(out):
                     "the engine's %d rows win" % chosen["block_rows"])
         results.append(against(name, other, chosen, rows_verdict))
     # Two row matrices a group (--group-rows 32: each K and V matrix read from shared memory
-    # for two products), in workgroups of 128 rows and of 64, against the engine's 16 a group.
-    for rows in (128, 64):
-        name = "d=64 full: 32 rows a group, %d a workgroup, against the engine's (flash2)" % rows
-        path = os.path.join(out, "groups_64_%d.json" % rows)
+    # for two products), at d = 64 in workgroups of 128 rows and of 64, at d = 128 of 64 (the
+    # queries from shared memory), against the engine's 16 a group.
+    for d, rows in ((64, 128), (64, 64), (128, 64)):
+        name = "d=%d full: 32 rows a group, %d a workgroup, against the engine's (flash2)" % (
+            d, rows)
+        path = os.path.join(out, "groups_%d_%d.json" % (d, rows))
         other = find(load(path)["results"], variant="flash2") if os.path.exists(path) else None
-        chosen = find(prefill, variant="flash2", d=64, causal=False)
+        chosen = find(prefill, variant="flash2", d=d, causal=False)
         results.append(against(name, other, chosen, lambda x: "32 rows a group win" if x < 1.0
                                else "the engine's rows a group win"))
     # The prefill shapes' matrix kernels as the driver built them (pipelines_f16_D.json): no

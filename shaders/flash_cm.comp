@@ -10,8 +10,8 @@
 //
 // The matrices are the device's shape (coopmat.glsl): CM_M x 16 times 16 x CM_N by a group of
 // SUBGROUP lanes (16 x 16 by 32 on NVIDIA and AMD; 8-row shapes on Intel). A workgroup is NSG
-// groups. A row block of RM x CM_M packed query rows (RM row matrices: 1, or 2 where a call asks,
-// d and dv up to 64: ExecutionHints::group_rows) belongs to SPLIT groups (LANES: 1, or 2 where d
+// groups. A row block of RM x CM_M packed query rows (RM row matrices: 1, or 2 where a call asks:
+// ExecutionHints::group_rows; past d = 64 Q_SHARED) belongs to SPLIT groups (LANES: 1, or 2 where d
 // or dv is over 128, 64 on Arc's 8 x 8: tiling.cpp's coopmat_split), each of which keeps
 // 1 / SPLIT of the block's head dims: D / SPLIT of its queries as matrices and DV / SPLIT of its
 // output columns as accumulator matrices (fp32) from the first tile to the last, so that at
@@ -91,7 +91,8 @@ const uint Q_DIMS = SPLIT > 1u       ? D
                     : Q_PASS(D / 2u) ? D / 2u
                                      : D;
 const uint QS = Q_DIMS + 8u;  // a staged query row's stride, fp16
-const uint KV_SIZE = KV_TILES > WG_ROWS * QS ? KV_TILES : WG_ROWS * QS;
+// (With Q_SHARED the queries stay in q_sh instead.)
+const uint KV_SIZE = Q_SHARED ? KV_TILES : WG_ROWS * QS > KV_TILES ? WG_ROWS * QS : KV_TILES;
 shared uvec4 kv_sh[KV_SIZE / 8u];
 
 // Q and K eight fp16 values at a time, V four (d and dv are multiples of 16).
@@ -133,15 +134,15 @@ uvec2 block_head(bool of_k, uint x) {
 //            are the same: it tells what the registers that hold the next tile cost (a GPU's
 //            occupancy) against the loads' latency they hide
 //   queries  Q's matrices are not held in registers from the first tile to the last: each
-//            tile reads them from shared memory, where they stay (q_sh; the results are the
-//            same). The host refuses it where q_sh does not fit (ContextImpl::driver_constants)
+//            tile reads them from shared memory, where they stay (the host sets Q_SHARED: the
+//            results are the same). It refuses it where q_sh does not fit (ContextImpl::
+//            driver_constants)
 const bool SKIP_STAGING = (CM_SKIP & 1u) != 0u;
 const bool SKIP_SCORES = (CM_SKIP & 2u) != 0u;
 const bool SKIP_SOFTMAX = (CM_SKIP & 4u) != 0u;
 const bool SKIP_PV = (CM_SKIP & 8u) != 0u;
 const bool SKIP_PREFETCH = (CM_SKIP & 16u) != 0u;
-const bool SKIP_QUERIES = (CM_SKIP & 32u) != 0u;
-shared uvec4 q_sh[SKIP_QUERIES ? WG_ROWS * KS / 8u : 1u];  // the queries, with SKIP_QUERIES
+shared uvec4 q_sh[Q_SHARED ? WG_ROWS * KS / 8u : 1u];  // the queries, with Q_SHARED
 
 #define CM_B_ARRAY kv_sh  // every right operand comes from the K/V tile
 #include "coopmat.glsl"
@@ -171,7 +172,7 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
 // driver's unrolling makes constant): where a driver indexes an array at run time it keeps it in
 // memory, as NVIDIA's appeared to keep o_acc (local memory of o_acc's size at 9811b21: 128 B at
 // d = 64 beside 234 registers, 256 B at 128 beside 255). CM_EACH(n, F) is F(k) for each literal k
-// below n (at most 8: tiling.cpp checks the shapes), CM_AT(k, n) is k, clamped to 0 where k is
+// below n (at most 16: tiling.cpp checks the shapes), CM_AT(k, n) is k, clamped to 0 where k is
 // past n in code that never runs (such an index crashed RADV's compiler). tests/spirv_test.cpp
 // checks every build for matrix units. The queries, read in one loop (score_piece), are the
 // exception: NVIDIA kept q_frag in registers. (An element of a matrix is another matter: CM_NV's
@@ -183,13 +184,16 @@ shared uvec4 s_sh[NSG * SG_ROWS * SS / 4u];  // per group: S, P and the factors;
 #define CM_EACH(n, F) \
   for (uint cm_k = 0u; cm_k < (n); ++cm_k) { F(cm_k) }
 #else
-#define CM_EACH(n, F)                                                             \
-  if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u) \
-  if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)
+#define CM_EACH(n, F)                                                                 \
+  if (0u < (n)) F(0u) if (1u < (n)) F(1u) if (2u < (n)) F(2u) if (3u < (n)) F(3u)     \
+  if (4u < (n)) F(4u) if (5u < (n)) F(5u) if (6u < (n)) F(6u) if (7u < (n)) F(7u)     \
+  if (8u < (n)) F(8u) if (9u < (n)) F(9u) if (10u < (n)) F(10u) if (11u < (n)) F(11u) \
+  if (12u < (n)) F(12u) if (13u < (n)) F(13u) if (14u < (n)) F(14u) if (15u < (n)) F(15u)
 #endif
 #define CM_AT(k, n) ((k) < (n) ? (k) : 0u)
-// (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims, or 4 with RM = 2; BC at most
-// 64.) Row matrix r's matrices follow row matrix r - 1's in each array.
+// (QD and OD are at most 8 CM_N, tiling.cpp's coopmat_whole_dims; BC at most 64; so 16 matrices
+// in an array at most.) Row matrix r's matrices follow row matrix r - 1's in each array; where
+// they would be more than 8 queries' (two row matrices past d = 64), Q_SHARED: none.
 const uint Q_MATRICES = QD / 16u, P_MATRICES = BC / 16u, PIECES = OD / CM_N;
 const uint RQ = RM * Q_MATRICES, RP = RM * P_MATRICES, RO = RM * PIECES;  // the arrays' lengths
 CmA q_frag[RQ];      // the group's head dims of its block's queries, 16 a matrix
@@ -274,19 +278,19 @@ void load_query_dims(uint x0) {
 // Stages the workgroup's queries in kv_sh and loads each group's rows and dims as matrices:
 // all at once where they fit (its own loop, as before passes: through load_query_dims RADV gave
 // the kernel 224 (d = 64) and 515 (d = 128) more instructions, and with that loop not unrolled
-// spilled it), else Q_DIMS head dims at a time. SKIP_QUERIES: stages them all in q_sh, where the
+// spilled it), else Q_DIMS head dims at a time. Q_SHARED: stages them all in q_sh, where the
 // tiles read them.
 void load_queries() {
-  if (SKIP_QUERIES || Q_DIMS == D) {
+  if (Q_SHARED || Q_DIMS == D) {
     for (uint e = gl_LocalInvocationID.x; e < WG_ROWS * D / 8u; e += WG) {
       uint r = e / (D / 8u), t = e % (D / 8u);
-      if (SKIP_QUERIES)
+      if (Q_SHARED)
         q_sh[r * KS / 8u + t] = query_piece(r, t);
       else
         kv_sh[r * KS / 8u + t] = query_piece(r, t);
     }
     barrier();
-    if (SKIP_QUERIES) return;
+    if (Q_SHARED) return;
     [[unroll]] for (uint i = 0u; i < RQ; ++i)
       cm_load_a(q_frag[i], kv_sh, query_matrix(i / Q_MATRICES, i % Q_MATRICES), KS / 8u);
     return;
@@ -421,7 +425,7 @@ void v_turn() {
 // unscaled, into its scratch.
 // Row matrix r's scores of head dims 16 k .. against K^T's matrix kt, into acc.
 void add_scores(inout CmAcc acc, uint r, uint k, CmBt kt) {
-  if (SKIP_QUERIES) {
+  if (Q_SHARED) {
     CmA qa;
     cm_load_a(qa, q_sh, query_matrix(r, k), KS / 8u);
     cm_mul_add(acc, qa, kt);

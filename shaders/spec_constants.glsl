@@ -58,6 +58,10 @@ SPEC_CONSTANT(18, bool, V_IN_K, v_in_k, false)
 // call asks (ExecutionHints::group_rows): with 2, each K^T and V^T matrix read from shared memory
 // feeds two products.
 SPEC_CONSTANT(19, uint, CM_ROW_MATRICES, cm_row_matrices, 1)
+// Cooperative matrices: the queries stay in shared memory and each tile reads their matrices
+// there, instead of each group holding its own in registers: with two row matrices past d = 64
+// (tiling.cpp), or where FLASHVK_MATRIX_SKIP's `queries` asks (ContextImpl::driver_constants).
+SPEC_CONSTANT(20, bool, Q_SHARED, q_shared, false)
 #ifdef SPEC_CONSTANTS_IN_GLSL
 #undef SPEC_WORKGROUP
 #undef SPEC_CONSTANT

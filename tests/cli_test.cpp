@@ -1000,8 +1000,8 @@ TEST_F(CliTest, PipelinesListsEachPipelineWithItsConstantsAndSpirv) {
     programs.insert(p["program"].get<std::string>());
     EXPECT_TRUE(p["statistics"].is_object());
     EXPECT_EQ(p["statistics"].empty(), !statistics) << p.dump(1);
-    ASSERT_EQ(p["spec_constants"].size(), 20u);  // shaders/spec_constants.glsl
-    for (size_t i = 0; i < 20; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
+    ASSERT_EQ(p["spec_constants"].size(), 21u);  // shaders/spec_constants.glsl
+    for (size_t i = 0; i < 21; ++i) EXPECT_EQ(p["spec_constants"][i]["id"], i);
     EXPECT_EQ(p["spec_constants"][7]["name"], "MODS");
     std::string spv = path("spv/" + p["shader"].get<std::string>() + ".spv");
     std::ifstream f(spv, std::ios::binary);

@@ -371,8 +371,9 @@ TEST_F(MatrixTest, WorkgroupsOfTwiceTheRowsACallAsksForMatchTheReference) {
 // a workgroup (4 groups), or 64 where block_rows asks. The ragged case (GQA, causal, a key mask,
 // partial tiles and workgroups, dv != d) in FlashAttention-2 with an additive mask too (a lane's
 // 16 or 32 entries) and in splitkv's chunks; the modifiers' case in FlashAttention (O blended by
-// keep and coef) and FLASH-D at 64 rows. Past d = 64, a count other than 0, 16 and 32, another
-// layout and the softmax in matrices (nv2's) are refused by name.
+// keep and coef) and FLASH-D at 64 rows; past d = 64 (d = 96), the queries read from shared
+// memory at each tile (Q_SHARED). Split blocks (d = 256), a count other than 0, 16 and 32,
+// another layout and the softmax in matrices (nv2's) are refused by name.
 TEST_F(MatrixTest, TwoRowMatricesAGroupACallAsksForMatchTheReference) {
   Case ragged = ragged_case(131);
   ragged.params.hints.group_rows = 32;
@@ -395,11 +396,25 @@ TEST_F(MatrixTest, TwoRowMatricesAGroupACallAsksForMatchTheReference) {
     EXPECT_EQ(r.block_rows, 64u) << variant_name(variant);
     EXPECT_EQ(r.group_rows, 32u) << variant_name(variant);
   }
+  AttentionParams shared_q = ragged.params;
+  shared_q.variant = Variant::flash2;
+  shared_q.hints.splits = 0;
+  HostTensor q96 = random_tensor({1, 4, 40, 96}, 135), k96 = random_tensor({1, 2, 90, 96}, 136),
+             v96 = random_tensor({1, 2, 90, 96}, 137);
+  shared_q.mods.key_mask.resize(90);
+  HostAttentionResult wide = expect_matches(q96, k96, v96, shared_q, "d = 96");
+  EXPECT_EQ(wide.block_rows, 64u);
+  AttentionParams described = shared_q;
+  described.hints.tile_layout = TileLayout::cooperative_matrix;
+  std::vector<PipelineDescription> pipes =
+      describe_pipelines(context(), PipelineCall{1, 4, 2, 40, 90, 96, 96, described, DType::f16});
+  ASSERT_FALSE(pipes.empty());
+  EXPECT_EQ(pipes[0].spec_constants.at(20).second, 1u) << "Q_SHARED";
   AttentionParams params;
   params.hints.tile_layout = TileLayout::cooperative_matrix;
   params.hints.group_rows = 32;
-  HostTensor q128 = round_to_half(random_tensor({1, 1, 4, 128}, 134));
-  expect_refused([&] { attention(context(), q128, q128, q128, params, DType::f16); },
+  HostTensor q256 = round_to_half(random_tensor({1, 1, 4, 256}, 134));
+  expect_refused([&] { attention(context(), q256, q256, q256, params, DType::f16); },
                  "takes group_rows 0, 16 or 32");
   HostTensor q = round_to_half(c.q);
   params.hints.group_rows = 24;

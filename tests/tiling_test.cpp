@@ -516,8 +516,9 @@ TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
 
 // group_rows 32 (two row matrices a group) where the call asks for the matrix layout: 4 groups
 // of 32 rows (128 invocations) by default, 2 with block_rows 64; a softmax lane a row, so at
-// most 32 keys a tile. Past d = 64 (a lane's output would take twice its registers at 128) and
-// without the layout asked for, refused by name.
+// most 32 keys a tile. Past d = 64 the queries stay in shared memory, 64 rows a workgroup, and
+// the next tile's registers are halved: 16 keys at d = 128. Split (past d = 128, or block_rows
+// 32) and without the layout asked for, refused by name.
 TEST(TilingTest, MatrixGroupsTakeTwoRowMatricesWhereACallAsks) {
   auto matrix = [](uint32_t d, uint32_t group_rows, uint32_t rows, TileLayout layout) {
     return matrix_rows(d, rows, group_rows, layout);
@@ -538,7 +539,17 @@ TEST(TilingTest, MatrixGroupsTakeTwoRowMatricesWhereACallAsks) {
   EXPECT_EQ(half.workgroup, 64u);
   EXPECT_EQ(half.block(), 64u);
   EXPECT_EQ(matrix(64, 32, 128, cm).workgroup, 128u);
-  test::expect_refused([&] { matrix(128, 32, 0, cm); }, "32 where d and dv are at most 64");
+  EXPECT_FALSE(two.q_shared);
+  Spec wide = matrix(128, 32, 0, cm);
+  EXPECT_TRUE(wide.q_shared);
+  EXPECT_EQ(wide.cm_row_matrices, 2u);
+  EXPECT_EQ(wide.workgroup, 64u);
+  EXPECT_EQ(wide.block(), 64u);
+  EXPECT_EQ(wide.bc, 16u);
+  // K's 16 x 136, V^T's 128 x 24 and the queries' 64 x 136 fp16, then 64 rows of scratch of 44
+  EXPECT_EQ(detail::matrix_kernel_bytes(wide),
+            2u * (16 * 136 + 128 * 24 + 64 * 136) + 64 * 4 * 44 + 64);
+  test::expect_refused([&] { matrix(256, 32, 0, cm); }, "32 where d and dv are at most 128");
   test::expect_refused([&] { matrix(64, 32, 32, cm); }, "takes group_rows 0, 16 or 32");
   test::expect_refused([&] { matrix(64, 32, 0, TileLayout::automatic); },
                        "applies to tile_layout cooperative_matrix");

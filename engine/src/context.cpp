@@ -731,9 +731,11 @@ std::array<uint32_t, spec_id::count> ContextImpl::driver_constants(const Spec& s
   std::array<uint32_t, spec_id::count> values = spec.constants();
   if (spec.layout != TileLayout::cooperative_matrix) return values;
   values[spec_id::cm_skip] = matrix_skip;
-  // queries takes a shared array the tiling does not count: the block's rows of Q in fp16, each
-  // padded by 16 bytes (flash_cm.comp's q_sh), over what the tiling counts at most.
-  if (matrix_skip & kSkipQueries) {
+  // queries keeps Q in shared memory (Q_SHARED), an array the tiling counts only where it keeps
+  // it there itself: the block's rows of Q in fp16, each padded by 16 bytes (flash_cm.comp's
+  // q_sh), over what the tiling counts at most.
+  if (matrix_skip & kSkipQueries) values[spec_id::q_shared] = 1;
+  if ((matrix_skip & kSkipQueries) && !spec.q_shared) {
     uint32_t bytes = matrix_kernel_bytes(spec) + spec.block() * (spec.d + 8) * 2;
     if (bytes > info.max_shared_memory)
       throw Error(

@@ -113,11 +113,13 @@ uint32_t coopmat_workgroup(const MatrixShape& shape, uint32_t rows = kMatrixRows
 
 // The rows of matrices a call's workgroups take: twice kMatrixRows where it asks for as many
 // query rows (block_rows; their groups each hold their block's head dims whole), or for two row
-// matrices a group (`rm`) and leaves block_rows to the engine (4 groups on 16 x 16), else
-// kMatrixRows.
-uint32_t coopmat_rows(uint32_t block_rows, uint32_t rm = 1) {
-  return block_rows == 2 * kMatrixRows || (rm == 2 && block_rows == 0) ? 2 * kMatrixRows
-                                                                       : kMatrixRows;
+// matrices a group (`rm`) whose queries stay in registers and leaves block_rows to the engine
+// (4 groups on 16 x 16), else kMatrixRows (the queries of 128 rows in shared memory, beside the
+// tiles, would take more than 48 KiB at d = 128).
+uint32_t coopmat_rows(uint32_t block_rows, uint32_t rm = 1, bool q_shared = false) {
+  return block_rows == 2 * kMatrixRows || (rm == 2 && !q_shared && block_rows == 0)
+             ? 2 * kMatrixRows
+             : kMatrixRows;
 }
 
 // The head dims a group holds whole: those at which a lane holds what it does at d = 128 on
@@ -135,6 +137,15 @@ constexpr bool at_most_eight_output_matrices() {
   return true;
 }
 static_assert(at_most_eight_output_matrices(), "flash_cm.comp's CM_EACH names 8 matrices at most");
+
+// Whether the queries stay in shared memory, each tile reading their matrices (Q_SHARED in
+// shaders/flash_cm.comp), rather than in a group's registers: with two row matrices a group past
+// half of coopmat_whole_dims (64 on 16 x 16), where its queries and output would take twice the
+// registers they take at coopmat_whole_dims with one (RADV, navi31, flash2 at d = 128: 341
+// pre-scheduling VGPRs, 116 spilled; with the queries shared, 155 and none at 16 keys a tile).
+bool coopmat_queries_shared(const MatrixShape& shape, uint32_t d, uint32_t dv, uint32_t rm) {
+  return rm == 2 && 2 * std::max(d, dv) > coopmat_whole_dims(shape);
+}
 
 // Groups of the cooperative-matrix kernel that share a block of query rows, each holding
 // 1 / split of its head dims (LANES in shaders/flash_cm.comp): 2 where d or dv is over
@@ -171,7 +182,9 @@ MatrixApi coopmat_kernel_api(MatrixApi api, uint32_t split) {
 // The queries pass through the K/V space: their d head dims where they fit in the tiles' space,
 // else the most of d / 2, d / 4 and d / 8 that do (multiples of 16), else the least of them, or
 // all d where none is a multiple of 16, the space grown to hold them (Q_DIMS).
-// `matrix_rows`: the groups' rows (coopmat_rows), `rm` row matrices each (coopmat_row_matrices).
+// `matrix_rows`: the groups' rows (coopmat_rows), `rm` row matrices each (coopmat_row_matrices);
+// where the queries stay in shared memory (coopmat_queries_shared), they take rows of their own
+// instead of passing through the K/V space.
 uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint32_t dv,
                        uint32_t split, MatrixApi api, Variant variant, bool v_in_k = false,
                        uint32_t matrix_rows = kMatrixRows, uint32_t rm = 1) {
@@ -196,7 +209,8 @@ uint32_t coopmat_bytes(const MatrixShape& shape, uint32_t keys, uint32_t d, uint
                     : d % 64 == 0          ? d / 4
                     : d % 32 == 0          ? d / 2
                                            : d;
-  uint32_t kv = 2 * std::max(tiles, rows * (q_dims + 8));
+  const bool q_shared = coopmat_queries_shared(shape, d, dv, rm);
+  uint32_t kv = q_shared ? 2 * (tiles + rows * (d + 8)) : 2 * std::max(tiles, rows * (q_dims + 8));
   uint32_t row = in_matrices ? factors * shape.n : std::max(keys, keys / 2 + factors * shape.n);
   return kv + matrix_rows * 4 * (row + 4) + exchange + 64;
 }
@@ -216,7 +230,9 @@ struct MatrixTile {
 // does on NVIDIA at d = 128 with 64 keys: the next tile, which each invocation fetches into
 // registers during the current one (KF uvec4 of K, and VQ items of V, 8 keys' 4 head dims: 4
 // uvec4 each, 6 from the 5-bit formats: their values' word and two of their block's head), at
-// most 16 uvec4, and a softmax lane's scores and weights (keys / LPR each) at most 32. So
+// most 16 uvec4 (8 with two row matrices a group, whose output takes twice the registers: RADV
+// spilled 55 at d = 128 with 32 keys), and a softmax lane's scores and weights (keys / LPR each)
+// at most 32. So
 // Intel's 64-invocation workgroups and Arc's one lane a row take fewer keys. On RDNA a tile of
 // more than 16 keys is taken only where whole workgroups leave 4 subgroups a SIMD
 // (rdna_subgroups_per_simd: at d = 64, 64 keys would leave 3; at d = 256, 32 keys 2). Elsewhere
@@ -233,7 +249,7 @@ MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t 
     uint32_t bytes = coopmat_bytes(shape, keys, d, dv, split, api, variant, false, matrix_rows, rm);
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
-    bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 && keys / lanes_a_row <= 32;
+    bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 / rm && keys / lanes_a_row <= 32;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};
@@ -272,7 +288,9 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
   const uint32_t keys = asked_matrix_keys(params), rows = params.hints.block_rows;
   const uint32_t split = coopmat_split(shape, dims.d, dims.dv, rows);
   const uint32_t rm = coopmat_row_matrices(shape, params.hints.group_rows);
-  const uint32_t multiple = 16 * split, matrix_rows = coopmat_rows(rows, rm);
+  const uint32_t multiple = 16 * split,
+                 matrix_rows =
+                     coopmat_rows(rows, rm, coopmat_queries_shared(shape, dims.d, dims.dv, rm));
   // block_rows: the engine's (0), or where the call asks for the layout kMatrixRows / split, or
   // twice kMatrixRows (unsplit) where the device takes workgroups of as many groups (invocations,
   // and subgroups where they are known: maxComputeWorkgroupSubgroups)
@@ -282,20 +300,18 @@ bool use_coopmat(const DeviceInfo& info, MatrixApi api, const Dims& dims,
       (asked && rows == 2 * kMatrixRows && split == 1 && wide <= info.max_workgroup_invocations &&
        (info.max_workgroup_subgroups == 0 ||
         wide / shape.subgroup <= info.max_workgroup_subgroups));
-  // group_rows: the engine's (0), a matrix's rows, or two matrices' where a lane's queries and
-  // output take what they take at coopmat_whole_dims with one (d and dv up to half of it: at
-  // d = 128 on 16 x 16, RADV spilled 116 registers), a block is one group's (split 1), and its
-  // softmax runs on lanes, a lane a row at least
+  // group_rows: the engine's (0), a matrix's rows, or two matrices' where a block is one group's
+  // (split 1: d and dv up to coopmat_whole_dims) and its softmax runs on lanes, a lane a row at
+  // least
   const uint32_t group_rows = params.hints.group_rows;
-  bool group_fits =
-      group_rows == 0 || group_rows == shape.m ||
-      (rm == 2 && split == 1 && 2 * dims.d <= whole && 2 * dims.dv <= whole &&
-       shape.subgroup >= 2 * shape.m && !keeps_softmax_in_matrices(coopmat_kernel_api(api, split)));
+  bool group_fits = group_rows == 0 || group_rows == shape.m ||
+                    (rm == 2 && split == 1 && shape.subgroup >= 2 * shape.m &&
+                     !keeps_softmax_in_matrices(coopmat_kernel_api(api, split)));
   if (asked && !group_fits)
     throw Error("tile_layout cooperative_matrix takes group_rows 0, " + std::to_string(shape.m) +
                 " or " + std::to_string(2 * shape.m) + " (" + matrix_shape_name(shape) +
                 " matrices; " + std::to_string(2 * shape.m) + " where d and dv are at most " +
-                std::to_string(whole / 2) +
+                std::to_string(whole) +
                 ", block_rows is 0, 64 or 128, the softmax runs on lanes (not matrix_api nv2) "
                 "and a subgroup has at least as many lanes), got " +
                 std::to_string(group_rows));
@@ -659,7 +675,8 @@ Spec choose_layout(const TilingRequest& request) {
     spec.layout = TileLayout::cooperative_matrix;
     const MatrixShape shape = coopmat_shape(info);
     const uint32_t rm = coopmat_row_matrices(shape, params.hints.group_rows);
-    const uint32_t matrix_rows = coopmat_rows(params.hints.block_rows, rm);
+    spec.q_shared = coopmat_queries_shared(shape, dims.d, dims.dv, rm);
+    const uint32_t matrix_rows = coopmat_rows(params.hints.block_rows, rm, spec.q_shared);
     spec.workgroup = coopmat_workgroup(shape, matrix_rows, rm);  // a block to `lanes` groups
     spec.cm_row_matrices = rm;
     spec.subgroup = shape.subgroup;

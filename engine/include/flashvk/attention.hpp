@@ -97,8 +97,9 @@ struct ExecutionHints {
   /// With tile_layout cooperative_matrix, query rows each group of the kernel (a subgroup on
   /// the matrix units) multiplies: 0 = the engine's, one matrix's rows (16; 8 on Intel), or two
   /// matrices' (32 on 16x16): each K and V matrix read from shared memory then feeds two
-  /// products, for twice a lane's output registers (d and dv up to 64, block_rows 0 or 128:
-  /// 128 rows a workgroup, or 64; not with matrix_api nv2, whose softmax is a group's matrix).
+  /// products, for twice a lane's output registers (d and dv up to 128; block_rows 0: 128 rows
+  /// a workgroup, 64 past d = 64, where the queries stay in shared memory; or 64 or 128; not
+  /// with matrix_api nv2, whose softmax is a group's matrix).
   uint32_t group_rows = 0;
   /// Bc, keys per tile; 0 = the most that fit in shared memory. With tile_layout
   /// cooperative_matrix, 16, 32 or 64 (what a tuning sweep varies); with automatic, it asks for
