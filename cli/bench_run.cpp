@@ -218,9 +218,9 @@ AttentionParams case_params(const Case& c, Variant variant, const Options& o) {
   if (variant_info(variant).fused) {
     params.hints.tile_layout = o.layout;
     params.hints.fp16_arithmetic = o.fp16_arithmetic || c.fp16_arithmetic;
+    params.hints.group_rows = o.group_rows;  // (the matrix kernel's: naive has none)
   }
   params.hints.block_rows = o.block_rows;
-  params.hints.group_rows = o.group_rows;
   params.hints.block_keys = o.block_keys;
   if (variant_info(variant).splits_keys) params.hints.splits = o.splits;
   return params;

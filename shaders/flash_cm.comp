@@ -790,6 +790,7 @@ void tile_row_ops(uint j0, uint n, bool inner) {
     cm_zero(keep);
     [[unroll]] for (int i = 0; i < cm_len(keep); ++i) CM_EL(keep, i) = 1.0;
     keep_m[0] = keep;
+    coef_m[0] = keep;
     accumulate(false);
     return;
   }

@@ -696,12 +696,14 @@ TEST_F(MatrixTest, BlockFormatsAreDecodedAsTilesAreStaged) {
     Variant variant;
     DType k, v;
     bool in_matrices;
+    uint32_t group_rows = 0;
   };
   const Run runs[] = {{Variant::flash2, DType::q8_0, DType::q5_0, false},
                       {Variant::flashd, DType::q4_1, DType::iq4_nl, false},
                       {Variant::splitkv, DType::q5_1, DType::q4_1, false},
                       {Variant::flash1, DType::q4_0, DType::q8_0, true},
-                      {Variant::flashd, DType::f16, DType::q4_0, true}};
+                      {Variant::flashd, DType::f16, DType::q4_0, true},
+                      {Variant::flash2, DType::q4_0, DType::q5_1, false, 32}};
   AttentionParams params;
   params.want_lse = true;
   params.mods.causal = true;
@@ -715,22 +717,28 @@ TEST_F(MatrixTest, BlockFormatsAreDecodedAsTilesAreStaged) {
                v = exact_blocks({1, 2, 150, dv}, r.v, ++seed);
     std::string what = std::string(variant_name(r.variant)) + ", " +
                        storage_name({DType::f16, r.k, r.v}) + ", d = " + std::to_string(d) +
-                       (r.in_matrices ? ", softmax in matrices" : "");
+                       (r.in_matrices ? ", softmax in matrices" : "") +
+                       (r.group_rows ? ", 32 rows a group" : "");
     ASSERT_EQ(stored_values(k, r.k).data, k.data) << what;  // the grid is what they store
     ASSERT_EQ(stored_values(v, r.v).data, v.data) << what;
     ASSERT_EQ(round_to_half(k).data, k.data) << what;
     ASSERT_EQ(round_to_half(v).data, v.data) << what;
     params.variant = r.variant;
     params.hints.splits = r.variant == Variant::splitkv ? 3 : 0;
+    params.hints.group_rows = r.group_rows;
     reference::Result ref = reference::direct(q, k, v, params);
     Context& ctx = r.in_matrices ? softmax_matrices_context() : context();
     HostAttentionResult gpu = attention(ctx, q, k, v, params, {DType::f16, r.k, r.v});
     EXPECT_EQ(gpu.tile_layout, TileLayout::cooperative_matrix) << what;
+    if (r.group_rows) {
+      EXPECT_EQ(gpu.group_rows, r.group_rows) << what;
+    }
     EXPECT_LE(max_error(gpu.out.data, ref.out),
               tolerance(q, k, v, params) + weight_rounding(gpu, v))
         << what;
     EXPECT_LE(max_lse_error(gpu.lse.data, ref.lse), 2e-5) << what;
   }
+  params.hints.group_rows = 0;
   // Off the grid (the first run's formats): within what decoding to fp16 may add
   // (decode_rounding: each value fp16 does not hold moves by at most 2^-10 of itself).
   const Run& r = runs[0];

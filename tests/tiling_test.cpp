@@ -463,11 +463,6 @@ TEST(TilingTest, LanesAskedForKeepTheirRowsWithinTheRegisterBudget) {
   EXPECT_EQ(lanes(dims(32, 8, 1, 16384, 128, 128), f16, 1), 4u);
 }
 
-// block_rows on the matrix kernel asked for: 32 splits each block of rows over two groups (half
-// the head dims each, LANES 2) at d = 128 too, 64 rows where d allows; 128 takes 8 groups (256
-// invocations) up to d = 128, on a device that allows so many (Vulkan's minimum is 128); the
-// engine's choice is unsplit 64 rows up to 128, and block_rows without the layout asked for
-// keeps other tiles.
 // flash2's tiling through khr at N = 4096, d = dv = d, fp16, with block_rows and group_rows.
 Spec matrix_rows(uint32_t d, uint32_t rows, uint32_t group_rows, TileLayout layout,
                  const DeviceInfo& info = kH100) {
@@ -484,6 +479,11 @@ Spec matrix_rows(uint32_t d, uint32_t rows, uint32_t group_rows, TileLayout layo
                                 .kv = Storage(DType::f16)});
 }
 
+// block_rows on the matrix kernel asked for: 32 splits each block of rows over two groups (half
+// the head dims each, LANES 2) at d = 128 too, 64 rows where d allows; 128 takes 8 groups (256
+// invocations) up to d = 128, on a device that allows so many (Vulkan's minimum is 128); the
+// engine's choice is unsplit 64 rows up to 128, and block_rows without the layout asked for
+// keeps other tiles.
 TEST(TilingTest, MatrixRowBlocksSplitWhereACallAsks) {
   auto matrix = [](uint32_t d, uint32_t rows, TileLayout layout, const DeviceInfo& info = kH100) {
     return matrix_rows(d, rows, 0, layout, info);
@@ -550,6 +550,20 @@ TEST(TilingTest, MatrixGroupsTakeTwoRowMatricesWhereACallAsks) {
   EXPECT_EQ(detail::matrix_kernel_bytes(wide),
             2u * (16 * 136 + 128 * 24 + 64 * 136) + 64 * 4 * 44 + 64);
   test::expect_refused([&] { matrix(256, 32, 0, cm); }, "32 where d and dv are at most 128");
+  // 5-bit V (a key of a fetched item three words) at d = 128: even 16 keys' next tile passes
+  // the halved bound; the least tile is taken
+  AttentionParams five_bit;
+  five_bit.variant = Variant::flash2;
+  five_bit.hints.tile_layout = cm;
+  five_bit.hints.group_rows = 32;
+  Spec q5 = detail::choose_tiling({.info = kH100,
+                                   .matrix_api = MatrixApi::khr,
+                                   .dims = dims(8, 8, 4096, 4096, 128, 128),
+                                   .params = five_bit,
+                                   .dtype = DType::f16,
+                                   .kv = Storage(DType::f16, DType::q8_0, DType::q5_0)});
+  EXPECT_EQ(q5.layout, cm);
+  EXPECT_EQ(q5.bc, 16u);
   test::expect_refused([&] { matrix(64, 32, 32, cm); }, "takes group_rows 0, 16 or 32");
   test::expect_refused([&] { matrix(64, 32, 0, TileLayout::automatic); },
                        "applies to tile_layout cooperative_matrix");

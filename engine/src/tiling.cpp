@@ -250,6 +250,8 @@ MatrixTile coopmat_tile(const DeviceInfo& info, uint32_t shared_bytes, uint32_t 
     uint32_t k_items = (keys * d / 8 + wg - 1) / wg, v_items = (keys / 8 * dv / 4 + wg - 1) / wg;
     uint32_t v_words = format(v_storage).head_halves > 2 ? 3 : 2;  // a key of an item
     bool prefetch = 4 * k_items + 8 * v_words * v_items <= 64 / rm && keys / lanes_a_row <= 32;
+    // (two row matrices take the least tile where none keeps the bound: 5-bit V at d = 128)
+    if (rm == 2 && keys == 16) prefetch = true;
     bool thin = keys > 16 && is_rdna(info) &&
                 rdna_subgroups_per_simd(bytes, wg, shape.subgroup, 8) < 4;
     if (bytes <= shared_bytes && (asked || (prefetch && !thin))) return {keys, false};

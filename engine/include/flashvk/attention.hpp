@@ -96,10 +96,11 @@ struct ExecutionHints {
   uint32_t block_rows = 0;
   /// With tile_layout cooperative_matrix, query rows each group of the kernel (a subgroup on
   /// the matrix units) multiplies: 0 = the engine's, one matrix's rows (16; 8 on Intel), or two
-  /// matrices' (32 on 16x16): each K and V matrix read from shared memory then feeds two
-  /// products, for twice a lane's output registers (d and dv up to 128; block_rows 0: 128 rows
-  /// a workgroup, 64 past d = 64, where the queries stay in shared memory; or 64 or 128; not
-  /// with matrix_api nv2, whose softmax is a group's matrix).
+  /// matrices' (32 on 16x16; not on Arc's 8x8 by 8 lanes): each K and V matrix read from shared
+  /// memory then feeds two products, for twice a lane's output registers. d and dv up to 128;
+  /// block_rows 0 (128 rows a workgroup, 64 past d = 64, where the queries stay in shared
+  /// memory and 128 rows would not fit) or 64; not with matrix_api nv2, whose softmax is a
+  /// group's matrix. Traces, which run shared tiles, ignore it.
   uint32_t group_rows = 0;
   /// Bc, keys per tile; 0 = the most that fit in shared memory. With tile_layout
   /// cooperative_matrix, 16, 32 or 64 (what a tuning sweep varies); with automatic, it asks for
