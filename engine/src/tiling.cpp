@@ -129,20 +129,21 @@ constexpr uint32_t coopmat_whole_dims(const MatrixShape& shape) {
   return 64 * shape.subgroup / shape.m;
 }
 // A group's output is at most coopmat_whole_dims / n matrices a row block (a split block's groups
-// hold half of up to twice that; two row blocks, group_rows, half of it each), which
-// flash_cm.comp names by literal indices, 8 at most (CM_EACH): so in every shape.
-constexpr bool at_most_eight_output_matrices() {
+// hold half of up to twice that), for one or two row blocks (group_rows, unsplit), which
+// flash_cm.comp names by literal indices, 16 at most (CM_EACH): so in every shape.
+constexpr bool at_most_sixteen_output_matrices() {
   for (const MatrixShape& shape : kMatrixShapes)
-    if (coopmat_whole_dims(shape) / shape.n > 8) return false;
+    if (2 * coopmat_whole_dims(shape) / shape.n > 16) return false;
   return true;
 }
-static_assert(at_most_eight_output_matrices(), "flash_cm.comp's CM_EACH names 8 matrices at most");
+static_assert(at_most_sixteen_output_matrices(),
+              "flash_cm.comp's CM_EACH names 16 matrices at most");
 
 // Whether the queries stay in shared memory, each tile reading their matrices (Q_SHARED in
 // shaders/flash_cm.comp), rather than in a group's registers: with two row matrices a group past
 // half of coopmat_whole_dims (64 on 16 x 16), where its queries and output would take twice the
 // registers they take at coopmat_whole_dims with one (RADV, navi31, flash2 at d = 128: 341
-// pre-scheduling VGPRs, 116 spilled; with the queries shared, 155 and none at 16 keys a tile).
+// pre-scheduling VGPRs, 116 spilled; with the queries shared, 227 and none at 16 keys a tile).
 bool coopmat_queries_shared(const MatrixShape& shape, uint32_t d, uint32_t dv, uint32_t rm) {
   return rm == 2 && 2 * std::max(d, dv) > coopmat_whole_dims(shape);
 }
