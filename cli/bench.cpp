@@ -212,9 +212,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "their emulation, "
         "which needs fp16 storage); " +
         ctx.device().name + " has none (see `flashvk devices`)");
-  // Tile sizes (and fp16 arithmetic) the device cannot run are refused before any output, by the
-  // engine's message (the first case, and those of its group: --suite modifiers).
-  if (o.block_rows || o.group_rows || o.block_keys || o.fp16_arithmetic)
+  // Layouts and tile sizes (and fp16 arithmetic) the device or a variant cannot run are refused
+  // before any output, by the engine's message (the first case, and those of its group: --suite
+  // modifiers): `--layout lanes` over the default variants, which only splitkv runs, was refused
+  // after the table's header.
+  if (o.layout != TileLayout::automatic || o.block_rows || o.group_rows || o.block_keys ||
+      o.fp16_arithmetic)
     for (size_t i = 0; i < cases.size() && (i == 0 || cases[i].with_previous); ++i)
       for (Variant v : cases[i].variants) warm_up(ctx, cases[i], case_params(cases[i], v, o));
   std::printf("device: %s (driver %s), median of %s%d\n", ctx.device().name.c_str(),

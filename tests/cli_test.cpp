@@ -587,6 +587,12 @@ TEST_F(CliTest, BenchLayoutIsCheckedAndTheMatrixLayoutRefusedWithoutMatrices) {
   EXPECT_EQ(none.output.rfind("flashvk: error: --layout coopmat needs cooperative matrices", 0),
             0u)
       << none.output;
+  // A layout a variant of the list cannot run (the default list: every variant) is refused
+  // before the table, in the engine's words.
+  Outcome lanes = run_cli("bench --nq 1 --nk 64 --d 16 --layout lanes");
+  EXPECT_EQ(lanes.status, 1) << lanes.output;
+  EXPECT_EQ(lanes.output.rfind("flashvk: error: tile_layout lanes runs splitkv", 0), 0u)
+      << lanes.output;
   Outcome api = run_cli("bench --nq 8 --d 16 --matrix-api tensor");
   EXPECT_EQ(api.status, 2) << api.output;
   EXPECT_NE(api.output.find("--matrix-api must be auto, khr, nv, nv2, emulated, emulated-nv2 or "
