@@ -237,8 +237,8 @@ float row_sum(float x) {
 // The packed row (head in group, query) of local row r of this workgroup (see packed_row()).
 Row local_row(uint r) {
   uint group = pc.heads / pc.kv_heads;
-  uint b = gl_WorkGroupID.y / pc.kv_heads;
-  uint hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint b = workgroup_kv_head() / pc.kv_heads;
+  uint hkv = workgroup_kv_head() % pc.kv_heads;
   uint packed = row_block() * WG_ROWS + r;
   bool valid = packed < group * pc.nq;
   uint hg = valid ? packed / pc.nq : 0u;

@@ -172,7 +172,7 @@ float row_score_fetched(uint rr, uint j, bool seen, float scaled_dot, float mask
 // word holding tile t's bit (bit t % 32).
 uint mask_tile_word(uint t) {
   uint tiles = (lengths.tile_keys + BC - 1u) / BC, words = (tiles + 31u) / 32u;
-  uint base = pc.mask_tiles + (gl_WorkGroupID.y * gl_NumWorkGroups.x + row_block()) * words;
+  uint base = pc.mask_tiles + (workgroup_kv_head() * gl_NumWorkGroups.x + row_block()) * words;
   return table_words[base + t / 32u];
 }
 

@@ -68,7 +68,7 @@ void main() {
   uint lane = gl_LocalInvocationID.x;
   uint cluster = lane / LANES, sub = lane % LANES;
   uint group = pc.heads / pc.kv_heads;
-  uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint b = workgroup_kv_head() / pc.kv_heads, hkv = workgroup_kv_head() % pc.kv_heads;
   [[unroll]] for (uint rr = 0; rr < ROWS; ++rr) {
     uint r = row_block() * ROWS + rr;
     bool valid = r < group * pc.nq;
@@ -233,7 +233,7 @@ void main() {
   // leaves nothing wrong for the next.
   controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
                  gl_SemanticsAcquireRelease);
-  uint block = row_block() + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  uint block = row_block() + workgroup_kv_head() * gl_NumWorkGroups.x;
   if (gl_LocalInvocationID.x == 0u)
     last_sh = atomicAdd(chunks_done[block], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
                         gl_SemanticsAcquireRelease) == pc.splits - 1u;

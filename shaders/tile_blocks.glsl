@@ -40,7 +40,7 @@ uint row_group() { return gl_LocalInvocationID.x / LANES; }   // which 4 rows
 // invocations take neighbouring rows, so that the shared-memory writes do not collide.
 void load_q_tile() {
   uint group = pc.heads / pc.kv_heads, rows = group * pc.nq;
-  uint b = gl_WorkGroupID.y / pc.kv_heads, hkv = gl_WorkGroupID.y % pc.kv_heads;
+  uint b = workgroup_kv_head() / pc.kv_heads, hkv = workgroup_kv_head() % pc.kv_heads;
   const uint steps = (BR * D + WG - 1u) / WG;
   [[unroll]] for (uint s = 0; s < steps; ++s) {
     uint e = gl_LocalInvocationID.x + s * WG;
